@@ -1,0 +1,5 @@
+import sys
+
+from mesh.cli import main
+
+sys.exit(main())

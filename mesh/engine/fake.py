@@ -1,0 +1,216 @@
+"""An honest fake of :class:`~mesh.engine.types.Engine` for tests of the layers above it.
+
+It keeps the same accounting rules as the real pool (cells, sequence ids, budgets, states)
+and "generates" a deterministic echo of the session's last input, one word per token, with
+an optional delay per step. It is for unit tests and for measuring the A2A layer's own
+overhead (``bench/a2a_bench.py``); ``mesh serve`` never uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import time
+from collections.abc import AsyncIterator
+
+from mesh.engine.types import (
+    AttachCheck,
+    ContextOverflow,
+    Piece,
+    PoolFull,
+    PoolInfo,
+    PoolLoad,
+    SamplingParams,
+    SessionFailed,
+    SessionLoad,
+    SessionState,
+    TurnResult,
+)
+
+__all__ = ["FakeEngine", "FakeSession"]
+
+
+def _count(text: str) -> int:
+    return len(text.split())
+
+
+class _FakeGeneration:
+    def __init__(self, session: FakeSession, params: SamplingParams) -> None:
+        self._session = session
+        self._params = params
+        self._closed = False
+        self.result: TurnResult | None = None
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self._run()
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def _run(self) -> AsyncIterator[Piece]:
+        s = self._session
+        engine = s.engine
+        if s.detached:
+            raise SessionFailed(f"session {s.id} is detached")
+        if engine.fail_next is not None:
+            reason, engine.fail_next = engine.fail_next, None
+            await s.detach()
+            raise SessionFailed(reason)
+        prompt = s.pending
+        s.pending = []
+        s.state = SessionState.PREFILLING
+        s.private_cells += sum(_count(t) for t in prompt)
+        words = (" ".join(prompt).split() or ["ok"]) * self._params.max_tokens
+        s.state = SessionState.DECODING
+        start = time.monotonic()
+        out: list[str] = []
+        finish = "length"
+        for word in words[: self._params.max_tokens]:
+            if self._closed:
+                finish = "cancelled"
+                break
+            if s.private_cells + 1 > engine.info.session_budget:
+                s.state = SessionState.IDLE
+                raise ContextOverflow(
+                    f"session {s.id} reached its budget of {engine.info.session_budget} tokens"
+                )
+            if engine.step_delay_s:
+                await asyncio.sleep(engine.step_delay_s)
+            else:
+                await asyncio.sleep(0)
+            s.private_cells += 1
+            s.num_generated += 1
+            text = (" " if out else "") + word
+            out.append(text)
+            yield Piece(token=len(out), text=text)
+            joined = "".join(out)
+            if any(stop in joined for stop in self._params.stop):
+                finish = "stop"
+                break
+        s.state = SessionState.IDLE
+        self.result = TurnResult(
+            text="".join(out),
+            num_prompt_tokens=sum(_count(t) for t in prompt),
+            num_generated=len(out),
+            finish_reason=finish,
+            decode_s=time.monotonic() - start,
+        )
+
+
+class FakeSession:
+    def __init__(self, engine: FakeEngine, sid: str) -> None:
+        self.engine = engine
+        self.id = sid
+        self.pending: list[str] = []
+        self.private_cells = 0
+        self.num_generated = 0
+        self.state = SessionState.IDLE
+        self.detached = False
+        self.created = time.monotonic()
+
+    @property
+    def context_len(self) -> int:
+        return self.engine.info.prefix_tokens + self.private_cells
+
+    def append(self, text: str) -> None:
+        if self.detached:
+            raise SessionFailed(f"session {self.id} is detached")
+        queued = sum(_count(t) for t in self.pending)
+        if self.private_cells + queued + _count(text) > self.engine.info.session_budget:
+            raise ContextOverflow(
+                f"appending {_count(text)} tokens would exceed session {self.id}'s budget "
+                f"of {self.engine.info.session_budget} tokens"
+            )
+        self.pending.append(text)
+        self.state = SessionState.PREFILLING
+
+    def generate(self, params: SamplingParams) -> _FakeGeneration:
+        params.validate()
+        return _FakeGeneration(self, params)
+
+    async def detach(self) -> None:
+        if not self.detached:
+            self.detached = True
+            self.engine.sessions.pop(self.id, None)
+
+
+class FakeEngine:
+    """Fake pool: ``max_sessions`` slots, a word-count "tokenizer", instant or slow steps."""
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int = 8,
+        session_budget: int = 4096,
+        prefix_tokens: int = 100,
+        step_delay_s: float = 0.0,
+    ) -> None:
+        self.info = PoolInfo(
+            model_path="fake",
+            model_name="fake",
+            n_ctx=prefix_tokens + max_sessions * session_budget,
+            n_seq_max=max_sessions + 1,
+            max_sessions=max_sessions,
+            session_budget=session_budget,
+            n_vocab=0,
+            prefix_tokens=prefix_tokens,
+            prefix_hash=hashlib.sha256(b"fake").hexdigest(),
+            warm_started=False,
+            build_s=0.0,
+        )
+        self.step_delay_s = step_delay_s
+        self.sessions: dict[str, FakeSession] = {}
+        self.fail_next: str | None = None  # next generate() fails with this reason
+        self._ids = itertools.count(1)
+
+    def check_attach(self) -> AttachCheck:
+        if len(self.sessions) >= self.info.max_sessions:
+            return AttachCheck(False, f"all {self.info.max_sessions} session slots are in use")
+        return AttachCheck(True)
+
+    async def attach(self) -> FakeSession:
+        check = self.check_attach()
+        if not check.ok:
+            raise PoolFull(check.reason)
+        session = FakeSession(self, f"s{next(self._ids)}")
+        self.sessions[session.id] = session
+        return session
+
+    def load(self) -> PoolLoad:
+        now = time.monotonic()
+        sessions = tuple(
+            SessionLoad(
+                id=s.id,
+                state=s.state,
+                private_cells=s.private_cells,
+                context_len=s.context_len,
+                decode_tps=None,
+                duty_cycle=None,
+                age_s=now - s.created,
+                num_generated=s.num_generated,
+            )
+            for s in self.sessions.values()
+        )
+        private = sum(s.private_cells for s in sessions)
+        prefix = self.info.prefix_tokens
+        return PoolLoad(
+            taken_at=now,
+            sessions=sessions,
+            step_ms=None,
+            agg_tps=0.0,
+            cells_used=prefix + private,
+            cells_total=self.info.n_ctx,
+            prefix_cells=prefix,
+            naive_cells=private + prefix * len(sessions),
+            free_seq_ids=self.info.max_sessions - len(sessions),
+            max_sessions=self.info.max_sessions,
+            session_budget=self.info.session_budget,
+        )
+
+    def count_tokens(self, text: str) -> int:
+        return _count(text)
+
+    async def aclose(self) -> None:
+        for s in list(self.sessions.values()):
+            await s.detach()

@@ -1,0 +1,323 @@
+"""The one module that imports ``llama_cpp``: small owners of llama.cpp's native handles.
+
+Each class owns one handle and frees it in ``close()`` (idempotent). Nothing here is
+thread-safe: the pool calls every method that touches the context from its engine thread.
+:class:`LlamaModel`'s tokenizer methods only read the vocabulary and may be called from any
+thread.
+
+llama.cpp aborts the whole process on some invalid batches (more output rows than
+``n_outputs_max``, a sequence id out of range). :meth:`LlamaContext.decode` checks those
+preconditions itself and raises :class:`ValueError` instead of handing such a batch over.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import llama_cpp.llama_cpp as ll
+import numpy as np
+import numpy.typing as npt
+
+from mesh.engine.types import ModelError
+
+__all__ = ["Batch", "LlamaContext", "LlamaModel", "Sampler", "TokenSampler", "backend_init"]
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    return None
+
+
+_LOG_CB = ll.llama_log_callback(_silent_log)  # kept alive for the process's life
+
+
+def backend_init(verbose: bool = False) -> None:
+    """Initialise llama.cpp once per process; silence its log unless ``verbose``."""
+    global _backend_ready
+    with _backend_lock:
+        if _backend_ready:
+            return
+        if not verbose and not os.environ.get("MESH_LLAMA_VERBOSE"):
+            ll.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        _backend_ready = True
+
+
+class LlamaModel:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(
+        self, path: str | Path, *, n_gpu_layers: int = 0, extra_buffers: bool = False
+    ) -> None:
+        backend_init()
+        p = Path(path)
+        if not p.is_file():
+            raise ModelError(f"model file not found at {p}; pass --model PATH or set MESH_MODEL")
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        # llama.cpp's "extra" CPU buffer types (weight repacking, AMX) segfault inside
+        # ggml_backend_amx_mul_mat on AMX-capable Xeons (measured on the dev machine);
+        # the plain path is safe and was faster there.
+        params.use_extra_bufts = extra_buffers
+        handle = ll.llama_model_load_from_file(str(p).encode(), params)
+        if not handle:
+            raise ModelError(
+                f"llama.cpp could not load {p}: not a supported GGUF model "
+                "(set MESH_LLAMA_VERBOSE=1 to see llama.cpp's log)"
+            )
+        self._handle: Any = handle
+        self.path = p
+        vocab = ll.llama_model_get_vocab(handle)
+        self._vocab = vocab
+        self.n_vocab: int = ll.llama_vocab_n_tokens(vocab)
+        self.n_ctx_train: int = ll.llama_model_n_ctx_train(handle)
+        self.n_swa: int = ll.llama_model_n_swa(handle)
+        self.bos: int = ll.llama_vocab_bos(vocab)
+        self.eos: int = ll.llama_vocab_eos(vocab)
+        self.add_bos: bool = bool(ll.llama_vocab_get_add_bos(vocab))
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(handle, buf, ctypes.sizeof(buf))
+        self.description = buf.value.decode("utf-8", "replace")
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            raise RuntimeError("model is closed")
+        return self._handle
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        """Token ids of ``text``; special tokens (``<start_of_turn>``...) are parsed."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), arr, cap, add_bos, True)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            arr = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), arr, cap, add_bos, True)
+        return list(arr[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token renders to (special tokens render as nothing)."""
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    def close(self) -> None:
+        if self._handle is not None:
+            ll.llama_model_free(self._handle)
+            self._handle = None
+
+
+class Batch:
+    """A reusable ``llama_batch`` of up to ``capacity`` tokens, one sequence id each."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._batch: Any = ll.llama_batch_init(capacity, 0, 1)
+        self.n_tokens = 0
+        self.n_outputs = 0
+        self.max_seq = 0
+
+    def clear(self) -> None:
+        self.n_tokens = 0
+        self.n_outputs = 0
+        self.max_seq = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        """Append one token; returns its index in the batch (the logits row if requested)."""
+        i = self.n_tokens
+        if i >= self.capacity:
+            raise ValueError(f"batch is full ({self.capacity} tokens)")
+        b = self._batch
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq
+        b.logits[i] = 1 if logits else 0
+        self.n_tokens = i + 1
+        self.n_outputs += 1 if logits else 0
+        self.max_seq = max(self.max_seq, seq)
+        return i
+
+    @property
+    def raw(self) -> Any:
+        self._batch.n_tokens = self.n_tokens
+        return self._batch
+
+    def close(self) -> None:
+        if self._batch is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+
+
+class LlamaContext:
+    """One llama.cpp context with a unified KV cache shared by every sequence."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        n_ctx: int,
+        n_seq_max: int,
+        n_batch: int,
+        n_outputs_max: int,
+        n_threads: int,
+        swa_full: bool,
+    ) -> None:
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.n_outputs_max = n_outputs_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.kv_unified = True  # prefix sharing is metadata-only only with a unified cache
+        params.swa_full = swa_full
+        params.no_perf = True
+        handle = ll.llama_init_from_model(model.handle, params)
+        if not handle:
+            raise ModelError(
+                f"llama.cpp could not create a context of {n_ctx} cells for {n_seq_max} "
+                "sequences (out of memory?); lower --max-sessions or --session-budget"
+            )
+        self._handle: Any = handle
+        self.model = model
+        self.n_ctx: int = ll.llama_n_ctx(handle)
+        self.n_seq_max: int = ll.llama_n_seq_max(handle)
+        self.n_batch = n_batch
+        self.n_outputs_max = n_outputs_max
+        self._mem = ll.llama_get_memory(handle)
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            raise RuntimeError("context is closed")
+        return self._handle
+
+    def decode(self, batch: Batch) -> int:
+        """Run one ``llama_decode``; returns llama.cpp's status (0 = ok).
+
+        Raises ValueError for a batch that llama.cpp would abort the process on.
+        """
+        if batch.n_tokens == 0:
+            raise ValueError("empty batch")
+        if batch.n_tokens > self.n_batch:
+            raise ValueError(f"batch of {batch.n_tokens} tokens exceeds n_batch {self.n_batch}")
+        if batch.n_outputs > self.n_outputs_max:
+            raise ValueError(
+                f"batch asks for {batch.n_outputs} output rows; n_outputs_max is "
+                f"{self.n_outputs_max}"
+            )
+        if batch.max_seq >= self.n_seq_max:
+            raise ValueError(f"sequence id {batch.max_seq} >= n_seq_max {self.n_seq_max}")
+        return int(ll.llama_decode(self.handle, batch.raw))
+
+    def logits_row(self, index: int) -> npt.NDArray[np.float32]:
+        """The logits of batch row ``index`` (a view: valid until the next decode)."""
+        ptr = ll.llama_get_logits_ith(self.handle, index)
+        if not ptr:
+            raise RuntimeError(f"no logits for batch row {index}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    # --- KV memory: every call here edits metadata of the unified cache -----------------
+
+    def seq_copy(self, src: int, dst: int) -> None:
+        """Share every cell of ``src`` with ``dst`` (metadata only with a unified cache)."""
+        ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+
+    def seq_remove(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Drop ``seq`` from its cells in ``[p0, p1)``; cells no sequence holds are freed."""
+        return bool(ll.llama_memory_seq_rm(self._mem, seq, p0, p1))
+
+    def seq_pos_range(self, seq: int) -> tuple[int, int]:
+        """(min, max) position held by ``seq``; (-1, -1) when it holds none."""
+        return (
+            int(ll.llama_memory_seq_pos_min(self._mem, seq)),
+            int(ll.llama_memory_seq_pos_max(self._mem, seq)),
+        )
+
+    def seq_state_size(self, seq: int) -> int:
+        return int(ll.llama_state_seq_get_size(self.handle, seq))
+
+    def save_seq(self, path: Path, seq: int, tokens: list[int]) -> int:
+        arr = (ll.llama_token * len(tokens))(*tokens)
+        return int(ll.llama_state_seq_save_file(self.handle, str(path).encode(), seq, arr, len(tokens)))
+
+    def load_seq(self, path: Path, seq: int, capacity: int) -> list[int] | None:
+        arr = (ll.llama_token * max(capacity, 1))()
+        count = ctypes.c_size_t(0)
+        n = ll.llama_state_seq_load_file(
+            self.handle, str(path).encode(), seq, arr, capacity, ctypes.byref(count)
+        )
+        if n == 0:
+            return None
+        return list(arr[: count.value])
+
+    def close(self) -> None:
+        if self._handle is not None:
+            ll.llama_free(self._handle)
+            self._handle = None
+
+
+class TokenSampler:
+    """Interface of a per-turn sampler: pick the next token from batch row ``index``."""
+
+    def sample(self, ctx: LlamaContext, index: int) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+
+class GreedySampler(TokenSampler):
+    """argmax over the logits row: 5x cheaper than llama.cpp's sampler chain here."""
+
+    def sample(self, ctx: LlamaContext, index: int) -> int:
+        return int(np.argmax(ctx.logits_row(index)))
+
+
+class Sampler(TokenSampler):
+    """llama.cpp sampler chain: top-k -> top-p -> temperature -> seeded draw."""
+
+    def __init__(self, *, temperature: float, top_k: int, top_p: float, seed: int) -> None:
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if top_k > 0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(top_k))
+        if top_p < 1.0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        self._chain: Any = chain
+
+    def sample(self, ctx: LlamaContext, index: int) -> int:
+        return int(ll.llama_sampler_sample(self._chain, ctx.handle, index))
+
+    def close(self) -> None:
+        if self._chain is not None:
+            ll.llama_sampler_free(self._chain)
+            self._chain = None
+
+
+def make_sampler(*, temperature: float, top_k: int, top_p: float, seed: int) -> TokenSampler:
+    if temperature == 0.0:
+        return GreedySampler()
+    return Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+
+def library_version() -> str:
+    return str(getattr(llama_cpp, "__version__", "unknown"))

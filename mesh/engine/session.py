@@ -1,0 +1,204 @@
+"""Per-session state and the async handles callers hold.
+
+Ownership table (who may touch what):
+
+| field                         | written by                   | read by                        |
+|-------------------------------|------------------------------|--------------------------------|
+| ``SeqState.pending``/``carry``| caller (append, under lock)  | engine thread (under lock)     |
+|                               | engine thread (takes tokens) |                                |
+| ``SeqState.reserved``         | both, under the pool lock    | both, under the pool lock      |
+| ``SeqState.private``, ``pos`` | engine thread only           | snapshots (published copies)   |
+| ``Turn`` fields               | engine thread only           | -                              |
+
+``reserved`` counts every cell the session holds or is promised: decoded suffix cells
+(``private``), queued tokens (``pending``) and the sampled-but-not-yet-decoded ``carry``.
+It is what budgets are checked against, so a step can never need a cell that was not
+promised: llama.cpp never sees a batch it has no room for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mesh.engine.types import (
+    Piece,
+    SamplingParams,
+    SessionFailed,
+    SessionState,
+    TurnResult,
+)
+
+if TYPE_CHECKING:
+    from mesh.engine.llama import TokenSampler
+    from mesh.engine.pool import SharedKVPool
+
+__all__ = ["PooledSession", "SeqState", "Turn"]
+
+_EWMA_ALPHA = 0.2
+
+
+@dataclass(eq=False)
+class Turn:
+    """One ``generate`` call in flight (engine-thread state)."""
+
+    params: SamplingParams
+    sampler: TokenSampler
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Piece | TurnResult | BaseException]
+    num_prompt: int
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    num_generated: int = 0
+    text: str = ""
+    cancelled: bool = False
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
+
+    def post(self, item: Piece | TurnResult | BaseException) -> None:
+        """Hand an item to the awaiting consumer (thread-safe; a closed loop drops it)."""
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass(eq=False)
+class SeqState:
+    """Everything the pool knows about one attached session."""
+
+    id: str
+    seq: int
+    prefix_len: int
+    budget: int
+    created: float = field(default_factory=time.monotonic)
+    pending: deque[int] = field(default_factory=deque)
+    carry: int | None = None  # sampled, not yet decoded (the next decode row)
+    private: int = 0  # suffix cells decoded into this sequence
+    reserved: int = 0  # private + len(pending) + (carry is not None)
+    turn: Turn | None = None
+    turns_started: int = 0
+    num_generated: int = 0
+    decode_tps: float | None = None
+    busy_s: float = 0.0
+    _busy_since: float | None = None
+    failed: str | None = None
+    detached: bool = False
+
+    @property
+    def pos(self) -> int:
+        """Position of the next token this sequence decodes."""
+        return self.prefix_len + self.private
+
+    @property
+    def state(self) -> SessionState:
+        if self.turn is not None and self.carry is not None and not self.pending:
+            return SessionState.DECODING
+        if self.pending and (self.turn is not None or len(self.pending) > 1):
+            return SessionState.PREFILLING
+        if self.turn is not None:
+            return SessionState.PREFILLING
+        return SessionState.IDLE
+
+    def mark_busy(self, now: float) -> None:
+        """Account busy time for the duty cycle (called by the engine thread per step)."""
+        busy = self.state is not SessionState.IDLE
+        if busy and self._busy_since is None:
+            self._busy_since = now
+        elif not busy and self._busy_since is not None:
+            self.busy_s += now - self._busy_since
+            self._busy_since = None
+
+    def duty_cycle(self, now: float) -> float | None:
+        age = now - self.created
+        if age <= 0.5:
+            return None
+        busy = self.busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
+        return min(1.0, busy / age)
+
+    def observe_decode(self, step_s: float) -> None:
+        rate = 1.0 / step_s if step_s > 0 else 0.0
+        if self.decode_tps is None:
+            self.decode_tps = rate
+        else:
+            self.decode_tps += _EWMA_ALPHA * (rate - self.decode_tps)
+
+
+class PoolGeneration:
+    """Async iterator over a turn's pieces; see :class:`mesh.engine.types.Generation`."""
+
+    def __init__(self, session: PooledSession, params: SamplingParams) -> None:
+        self._session = session
+        self._params = params
+        self._turn: Turn | None = None
+        self._done = False
+        self.result: TurnResult | None = None
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[Piece]:
+        if self._turn is not None:
+            raise RuntimeError("a generation can be iterated once")
+        turn = await self._session.pool.start_turn(self._session.state, self._params)
+        self._turn = turn
+        try:
+            while True:
+                item = await turn.queue.get()
+                if isinstance(item, Piece):
+                    yield item
+                elif isinstance(item, TurnResult):
+                    self.result = item
+                    return
+                else:
+                    raise item
+        finally:
+            self._done = True
+            if self.result is None:
+                # The consumer stopped early (break, cancellation): end the turn.
+                turn.cancelled = True
+                self._session.pool.wake()
+
+    async def aclose(self) -> None:
+        if self._turn is not None and not self._done:
+            self._turn.cancelled = True
+            self._session.pool.wake()
+
+
+class PooledSession:
+    """A caller's handle on one pooled session; see :class:`mesh.engine.types.Session`."""
+
+    def __init__(self, pool: SharedKVPool, state: SeqState) -> None:
+        self.pool = pool
+        self.state = state
+        self.id = state.id
+
+    @property
+    def context_len(self) -> int:
+        return self.state.prefix_len + self.state.private
+
+    @property
+    def seq_id(self) -> int:
+        return self.state.seq
+
+    def append(self, text: str) -> None:
+        if self.state.detached:
+            raise SessionFailed(self.state.failed or f"session {self.id} is detached")
+        self.pool.append_tokens(self.state, self.pool.tokenize(text))
+
+    def append_tokens(self, tokens: list[int]) -> None:
+        if self.state.detached:
+            raise SessionFailed(self.state.failed or f"session {self.id} is detached")
+        self.pool.append_tokens(self.state, tokens)
+
+    def generate(self, params: SamplingParams) -> PoolGeneration:
+        params.validate()
+        return PoolGeneration(self, params)
+
+    async def detach(self) -> None:
+        await self.pool.detach(self.state)

@@ -1,0 +1,307 @@
+"""The engine's public vocabulary: configuration, sampling, load snapshots, errors.
+
+Nothing here touches llama.cpp, so the gate, the worker and the HTTP layers can import
+these types (and build honest fakes of the engine) without loading a model.
+
+The seam itself is two protocols, :class:`Engine` and :class:`Session`:
+
+* ``Engine.check_attach()`` answers whether a session can be attached *now* without
+  mutating anything; ``Engine.attach()`` commits (check, then commit).
+* ``Session.append(text)`` queues suffix text for prefill; it never blocks on the model.
+* ``Session.generate(params)`` prefills whatever was appended, then streams the generated
+  pieces. The returned :class:`Generation` is an async iterator of :class:`Piece`; when it
+  is exhausted, ``Generation.result`` holds the :class:`TurnResult`. Generated tokens stay
+  in the session's context, so the next ``append`` continues the conversation.
+* ``Session.detach()`` frees the session's private KV cells; the shared prefix stays.
+  Detaching twice is a no-op. A session whose decode failed is detached by the engine and
+  its generation raises :class:`SessionFailed`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "AttachCheck",
+    "ContextOverflow",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "Generation",
+    "ModelError",
+    "Piece",
+    "PoolFull",
+    "PoolInfo",
+    "PoolLoad",
+    "SamplingParams",
+    "Session",
+    "SessionFailed",
+    "SessionLoad",
+    "SessionState",
+    "StepSample",
+    "TurnResult",
+]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class EngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class ModelError(EngineError):
+    """The model file is missing, unreadable or not a GGUF llama.cpp can load."""
+
+
+class PoolFull(EngineError):
+    """No sequence id or not enough free KV cells for another session."""
+
+
+class ContextOverflow(EngineError):
+    """A session would grow past its context budget."""
+
+
+class SessionFailed(EngineError):
+    """The session cannot go on (a decode failed, it was detached, or the pool closed)."""
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the pool is built. Validation does no I/O; see :meth:`validate`.
+
+    ``n_ctx`` is the KV buffer in cells, shared by the prefix and every session's private
+    suffix; ``None`` sizes it as ``prefix + max_sessions * session_budget`` (rounded up).
+    ``session_budget`` is the most private cells one session may hold (its context limit
+    beyond the prefix).
+    """
+
+    model_path: str
+    max_sessions: int = 16
+    session_budget: int = 2048
+    n_ctx: int | None = None
+    n_threads: int | None = None  # None: every core
+    n_batch: int = 512  # token budget of one decode step (decode tokens + prefill chunks)
+    prefill_chunk: int = 256  # most prefix tokens decoded per call while building the prefix
+    swa_full: bool = True  # full-size SWA cache, so a session can roll back safely
+    seed: int = 0
+    cache_dir: str | None = None  # where warm-start prefix snapshots live; None: no cache
+    n_gpu_layers: int = -1  # layers to offload when llama.cpp was built with a GPU backend
+    # llama.cpp's extra CPU buffer types (repacked weights, AMX). Off by default: the AMX
+    # path segfaults on AMX-capable Xeons with llama-cpp-python 0.3.36.
+    extra_buffers: bool = False
+
+    def validate(self) -> None:
+        if not self.model_path:
+            raise ValueError("model_path is empty; pass --model PATH or set MESH_MODEL")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.session_budget < 16:
+            raise ValueError(f"session_budget must be >= 16 tokens, got {self.session_budget}")
+        if self.n_ctx is not None and self.n_ctx < 64:
+            raise ValueError(f"n_ctx must be >= 64 cells, got {self.n_ctx}")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise ValueError(f"n_threads must be >= 1, got {self.n_threads}")
+        if self.n_batch < self.max_sessions + 1:
+            raise ValueError(
+                f"n_batch ({self.n_batch}) must exceed max_sessions ({self.max_sessions}) "
+                "so every decoding session fits in one step"
+            )
+        if not 1 <= self.prefill_chunk <= self.n_batch:
+            raise ValueError(f"prefill_chunk must be in 1..n_batch, got {self.prefill_chunk}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-turn sampling. ``temperature == 0`` is greedy (top_k/top_p are then unused)."""
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    seed: int | None = None  # None: derived from the pool seed and the session id
+    stop: tuple[str, ...] = ()
+    stop_at_eos: bool = True
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token and the text it completed (may be empty mid-UTF-8 sequence)."""
+
+    token: int
+    text: str
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """How a turn ended. ``finish_reason``: ``stop`` (stop string), ``eos``, ``length``."""
+
+    text: str
+    num_prompt_tokens: int
+    num_generated: int
+    finish_reason: str
+    decode_s: float
+
+
+@dataclass(frozen=True)
+class AttachCheck:
+    """Answer of :meth:`Engine.check_attach`: ``ok`` or the reason it would be refused."""
+
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """Facts learned when the pool was built; immutable for the pool's life."""
+
+    model_path: str
+    model_name: str
+    n_ctx: int
+    n_seq_max: int
+    max_sessions: int
+    session_budget: int
+    n_vocab: int
+    prefix_tokens: int
+    prefix_hash: str  # sha256 of the prefix token ids
+    warm_started: bool
+    build_s: float
+
+
+# --------------------------------------------------------------------------- load
+
+
+class SessionState(str, enum.Enum):
+    PREFILLING = "prefilling"  # has appended text not yet decoded
+    DECODING = "decoding"  # generating tokens
+    IDLE = "idle"  # waiting for input (a tool call, the next turn)
+
+
+@dataclass(frozen=True)
+class SessionLoad:
+    """One session in a :class:`PoolLoad` snapshot."""
+
+    id: str
+    state: SessionState
+    private_cells: int  # suffix cells this session owns (appended + generated)
+    context_len: int  # prefix + private cells: what attention reads per token
+    decode_tps: float | None  # EWMA of this session's decode tokens/s; None until measured
+    duty_cycle: float | None  # observed share of wall time spent prefilling or decoding
+    age_s: float
+    num_generated: int
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """Timing of one engine step, for the gate's online throughput model."""
+
+    num_decode: int  # sessions that decoded a token in the step
+    num_prefill_tokens: int
+    sum_context: int  # Σ context_len of the decoding sessions
+    step_s: float  # wall time of the whole step (host work + llama_decode)
+
+
+@dataclass(frozen=True)
+class PoolLoad:
+    """A consistent snapshot of the pool, taken between steps. Pure data."""
+
+    taken_at: float  # time.monotonic() of the snapshot
+    sessions: tuple[SessionLoad, ...]
+    step_ms: float | None  # EWMA of step wall time
+    agg_tps: float  # decode tokens/s over the recent window, all sessions
+    cells_used: int  # prefix + Σ private cells
+    cells_total: int  # n_ctx
+    prefix_cells: int
+    naive_cells: int  # what the same sessions would hold with a private prefix copy each
+    free_seq_ids: int
+    max_sessions: int
+    session_budget: int
+    recent_steps: tuple[StepSample, ...] = field(default_factory=tuple)
+
+    @property
+    def reduction(self) -> float:
+        """naive / pooled cell count (1.0 with no sessions)."""
+        if not self.sessions or not self.cells_used:
+            return 1.0
+        return self.naive_cells / self.cells_used
+
+    @property
+    def cells_free(self) -> int:
+        return self.cells_total - self.cells_used
+
+    def count(self, state: SessionState) -> int:
+        return sum(1 for s in self.sessions if s.state is state)
+
+
+# --------------------------------------------------------------------------- seams
+
+
+@runtime_checkable
+class Generation(Protocol):
+    """Async iterator of :class:`Piece`; ``result`` is set once it is exhausted."""
+
+    result: TurnResult | None
+
+    def __aiter__(self) -> AsyncIterator[Piece]: ...
+
+    async def aclose(self) -> None:
+        """Stop generating early (the tokens so far stay in the session)."""
+
+
+@runtime_checkable
+class Session(Protocol):
+    id: str
+
+    @property
+    def context_len(self) -> int: ...
+
+    def append(self, text: str) -> None:
+        """Queue suffix text; raises ContextOverflow if it cannot fit the budget."""
+
+    def generate(self, params: SamplingParams) -> Generation:
+        """Prefill what was appended, then stream up to ``params.max_tokens`` pieces."""
+
+    async def detach(self) -> None:
+        """Free this session's private cells. Idempotent."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    @property
+    def info(self) -> PoolInfo: ...
+
+    def check_attach(self) -> AttachCheck:
+        """Would ``attach`` succeed now? Pure read; mutates nothing."""
+
+    async def attach(self) -> Session:
+        """Share the prefix with a new session; raises PoolFull with the reason."""
+
+    def load(self) -> PoolLoad:
+        """A snapshot for the gate and ``/capacity``."""
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens ``text`` is (no BOS), for budgeting."""
+
+    async def aclose(self) -> None:
+        """Stop the engine thread and free every native handle."""

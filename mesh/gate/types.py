@@ -1,0 +1,56 @@
+"""The admission seam between the gate and the layers that start work.
+
+The pure decision lives in :mod:`mesh.gate.decide`; :class:`Admission` is its async face:
+a bounded FIFO queue in front of the pool. Callers that start work (the coordinator's
+executor, the session API) use only this protocol:
+
+* ``check_queue()`` — pure read: would a new request be accepted (admitted now or queued)
+  or refused because the queue is full? Used to answer HTTP 429 before any task exists.
+* ``admit(key, on_position)`` — wait until the gate admits; returns a :class:`Ticket`.
+  Raises :class:`QueueFull` at once if the queue is full. ``on_position`` is awaited with
+  the 1-based queue position whenever it changes (0 = admitted). Cancelling the wait
+  removes the entry from the queue; nothing else is lost.
+* ``Ticket.release()`` — the worker is done (its session detached). Idempotent.
+* ``capacity()`` — the JSON-able ``/capacity`` document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["Admission", "OnPosition", "QueueCheck", "QueueFull", "Ticket"]
+
+
+class QueueFull(Exception):
+    """The wait queue is at its bound; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class QueueCheck:
+    ok: bool
+    queue_len: int
+    retry_after_s: float
+    reason: str = ""
+
+
+OnPosition = Callable[[int], Awaitable[None]]
+
+
+class Ticket(Protocol):
+    key: str
+
+    async def release(self) -> None: ...
+
+
+class Admission(Protocol):
+    def check_queue(self) -> QueueCheck: ...
+
+    async def admit(self, key: str, on_position: OnPosition | None = None) -> Ticket: ...
+
+    def capacity(self) -> dict[str, Any]: ...

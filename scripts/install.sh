@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create .venv in the checkout and install mesh into it (editable), with test extras when
+# asked. Quick the second time: it reinstalls only when pyproject.toml changed.
+# The first install compiles llama.cpp (llama-cpp-python ships as source): ~10 minutes on
+# 2 cores; pip caches the built wheel after that.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$py" -m venv .venv
+    .venv/bin/python -m pip install --quiet --upgrade pip
+fi
+spec="."
+[ -n "$extras" ] && spec=".[$extras]"
+hash="$(sha256sum pyproject.toml | cut -c1-16)"
+stamp=".venv/.mesh-install-$hash-${extras:-base}"
+if [ ! -f "$stamp" ]; then
+    echo "installing mesh into .venv (first time: llama.cpp compiles, ~10 min)..." >&2
+    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+        .venv/bin/python -m pip install --quiet -e "$spec"
+    find .venv -maxdepth 1 -name '.mesh-install-*' ! -name ".mesh-install-$hash-*" -delete
+    touch "$stamp"
+fi
