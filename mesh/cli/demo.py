@@ -80,10 +80,12 @@ async def _demo(args: argparse.Namespace) -> int:
     for i, text in enumerate(texts[:3]):
         print(f"[{sessions[i].id}] {_TASKS[i % len(_TASKS)]}{text.strip()[:120]!r}")
     print()
-    print("| sessions | wall s | agg tok/s | per-session tok/s | KV cells pooled | naive | reduction |")
+    print("| sessions | wall s | agg tok/s | per-session tok/s | KV cells pooled | naive "
+          "| reduction |")
     print("|---|---|---|---|---|---|---|")
     total = sum(done)
-    print(f"| {len(sessions)} | {wall:.2f} | {total / wall:.1f} | {total / wall / len(sessions):.1f} "
+    per = total / wall / len(sessions)
+    print(f"| {len(sessions)} | {wall:.2f} | {total / wall:.1f} | {per:.1f} "
           f"| {load.cells_used} | {load.naive_cells} | {load.reduction:.2f}× |")
     for s in sessions:
         await s.detach()

@@ -256,7 +256,8 @@ class LlamaContext:
 
     def save_seq(self, path: Path, seq: int, tokens: list[int]) -> int:
         arr = (ll.llama_token * len(tokens))(*tokens)
-        return int(ll.llama_state_seq_save_file(self.handle, str(path).encode(), seq, arr, len(tokens)))
+        path_b = str(path).encode()
+        return int(ll.llama_state_seq_save_file(self.handle, path_b, seq, arr, len(tokens)))
 
     def load_seq(self, path: Path, seq: int, capacity: int) -> list[int] | None:
         arr = (ll.llama_token * max(capacity, 1))()

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,6 +84,7 @@ class SharedKVPool:
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._held = False
         self._sessions: dict[int, SeqState] = {}
         self._free_seqs: list[int] = []
         self._reserved_total = 0
@@ -221,6 +222,20 @@ class SharedKVPool:
 
         self._commands.put(run)
         return await asyncio.wrap_future(fut)
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """Run no step inside this block (commands still run): turns started inside it
+        begin in the same step, which makes a multi-session schedule reproducible."""
+
+        def hold(value: bool) -> None:
+            self._held = value
+
+        await self._call(lambda: hold(True))
+        try:
+            yield
+        finally:
+            await self._call(lambda: hold(False))
 
     def tokenize(self, text: str) -> list[int]:
         assert self._model is not None, "pool not started"
@@ -370,10 +385,9 @@ class SharedKVPool:
                 return
 
     def _has_work(self) -> bool:
-        for st in self._sessions.values():
-            if st.turn is not None or len(st.pending) > 1:
-                return True
-        return False
+        if self._held:
+            return False
+        return any(st.turn is not None or len(st.pending) > 1 for st in self._sessions.values())
 
     def _step(self) -> None:
         assert self._ctx is not None and self._batch is not None
@@ -419,6 +433,7 @@ class SharedKVPool:
             if st.carry is not None:  # cannot happen: carry is only set with empty pending
                 raise AssertionError("carry with pending tokens")
         if batch.n_tokens == 0:
+            self._publish()  # cancellations above changed states
             return
         t1 = time.monotonic()
         rc = self._ctx.decode(batch)

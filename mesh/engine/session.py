@@ -137,16 +137,24 @@ class PoolGeneration:
         self._params = params
         self._turn: Turn | None = None
         self._done = False
+        self._iterated = False
         self.result: TurnResult | None = None
 
     def __aiter__(self) -> AsyncIterator[Piece]:
         return self._run()
 
+    async def start(self) -> None:
+        """Register the turn with the engine now (iteration does it otherwise)."""
+        if self._turn is None:
+            self._turn = await self._session.pool.start_turn(self._session.state, self._params)
+
     async def _run(self) -> AsyncIterator[Piece]:
-        if self._turn is not None:
+        if self._iterated:
             raise RuntimeError("a generation can be iterated once")
-        turn = await self._session.pool.start_turn(self._session.state, self._params)
-        self._turn = turn
+        self._iterated = True
+        await self.start()
+        turn = self._turn
+        assert turn is not None
         try:
             while True:
                 item = await turn.queue.get()

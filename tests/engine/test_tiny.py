@@ -1,0 +1,142 @@
+"""The tiny random-weight GGUF: deterministic bytes, and real llama.cpp loads and decodes it."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import gguf
+import llama_cpp
+import numpy as np
+import pytest
+
+from mesh.engine import tiny
+
+
+@contextlib.contextmanager
+def open_llama(path: Path) -> Iterator[llama_cpp.Llama]:
+    llm = llama_cpp.Llama(str(path), n_ctx=256, n_threads=1, logits_all=True, verbose=False)
+    try:
+        yield llm
+    finally:
+        llm.close()
+
+
+def longest_run(tokens: list[int]) -> int:
+    best = run = 1
+    for a, b in itertools.pairwise(tokens):
+        run = run + 1 if a == b else 1
+        best = max(best, run)
+    return best
+
+
+@pytest.fixture(params=["llama", "gemma3"])
+def model_path(request: pytest.FixtureRequest) -> Path:
+    name = "tiny_model_path" if request.param == "llama" else "tiny_gemma3_path"
+    path: Path = request.getfixturevalue(name)
+    return path
+
+
+def test_same_seed_gives_same_bytes(tiny_model_path: Path, tmp_path: Path) -> None:
+    again = tiny.write_tiny_model(tmp_path / "again.gguf", seed=0)
+    assert again.read_bytes() == tiny_model_path.read_bytes()
+
+
+def test_other_seed_gives_other_weights(tiny_model_path: Path, tmp_path: Path) -> None:
+    other = tiny.write_tiny_model(tmp_path / "other.gguf", seed=1)
+    assert other.stat().st_size == tiny_model_path.stat().st_size
+    assert other.read_bytes() != tiny_model_path.read_bytes()
+
+
+def test_gemma3_metadata_and_tensors(tiny_gemma3_path: Path) -> None:
+    reader = gguf.GGUFReader(tiny_gemma3_path)
+    arch = reader.fields["general.architecture"]
+    assert bytes(arch.parts[arch.data[0]]).decode() == "gemma3"
+    assert "gemma3.attention.sliding_window" in reader.fields
+    assert "gemma3.attention.sliding_window_pattern" in reader.fields
+    names = {t.name for t in reader.tensors}
+    for suffix in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
+        assert f"blk.0.{suffix}.weight" in names
+    assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in reader.tensors)
+
+
+def test_unknown_variant_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown tiny model variant"):
+        tiny.write_tiny_model(tmp_path / "x.gguf", variant="mistral")  # type: ignore[arg-type]
+
+
+def test_loads_and_decodes(model_path: Path) -> None:
+    with open_llama(model_path) as llm:
+        tokens = llm.tokenize(b"The worker sends a request to the model.")
+        llm.eval(tokens)
+        logits = np.asarray(llm.scores[: len(tokens)])
+    assert np.isfinite(logits).all()
+    assert logits.std(axis=1).min() > 0.5  # every row spread out, not flat
+    assert len({int(row.argmax()) for row in logits}) > 1
+
+
+def test_greedy_generation_wanders(model_path: Path) -> None:
+    with open_llama(model_path) as llm:
+        out: list[int] = []
+        for token in llm.generate(llm.tokenize(b"Hello there, model."), temp=0.0):
+            out.append(token)
+            if len(out) == 64:
+                break
+    assert len(out) == 64
+    assert longest_run(out) < 8
+    assert len(set(out[32:])) > 8
+
+
+def test_english_tokenizes_to_about_a_token_per_word(tiny_model_path: Path) -> None:
+    text = "the worker will read the file and write the result for each step of the task"
+    with open_llama(tiny_model_path) as llm:
+        tokens = llm.tokenize(text.encode(), add_bos=False)
+        assert llm.detokenize(tokens).decode().strip() == text
+    assert len(tokens) <= 1.3 * len(text.split())
+
+
+def test_bytes_outside_the_vocabulary_round_trip(tiny_model_path: Path) -> None:
+    text = "naïve → 東京\n\ttabs"
+    with open_llama(tiny_model_path) as llm:
+        tokens = llm.tokenize(text.encode(), add_bos=False)
+        assert llm.detokenize(tokens).decode().strip() == text
+
+
+def test_gemma3_has_a_sliding_window(tiny_gemma3_path: Path) -> None:
+    with open_llama(tiny_gemma3_path) as llm:
+        assert llama_cpp.llama_model_n_swa(llm._model.model) == tiny.SLIDING_WINDOW
+
+
+def test_tiny_model_path_writes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = tiny.tiny_model_path(tmp_path, variant="gemma3")
+    assert first.parent == tmp_path
+    assert f"v{tiny.TINY_FORMAT_VERSION}" in first.name and "gemma3" in first.name
+
+    def must_not_write(*args: object, **kwargs: object) -> Path:
+        raise AssertionError("the cached tiny model was written again")
+
+    monkeypatch.setattr(tiny, "write_tiny_model", must_not_write)
+    assert tiny.tiny_model_path(tmp_path, variant="gemma3") == first
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temp files left
+
+
+def test_tiny_model_path_default_dir_follows_xdg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = tiny.tiny_model_path()
+    assert path.parent == tmp_path / "mesh" / "models"
+    assert path.read_bytes()[:4] == b"GGUF"
+
+
+def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(path: Path, **kwargs: object) -> Path:
+        Path(path).write_bytes(b"GGUF partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tiny, "write_tiny_model", broken)
+    with pytest.raises(OSError, match="disk full"):
+        tiny.tiny_model_path(tmp_path)
+    assert list(tmp_path.iterdir()) == []
