@@ -85,6 +85,7 @@ class SharedKVPool:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._held = False
+        self._outbox: list[tuple[Turn, Piece | TurnResult | BaseException]] = []
         self._sessions: dict[int, SeqState] = {}
         self._free_seqs: list[int] = []
         self._reserved_total = 0
@@ -183,7 +184,7 @@ class SharedKVPool:
             self._thread = None
         for st in list(self._sessions.values()):
             if st.turn is not None:
-                st.turn.post(SessionFailed("the pool was closed"))
+                st.turn.post(SessionFailed("the pool was closed"))  # thread has stopped
                 st.turn.sampler.close()
             st.detached = True
             st.failed = "the pool was closed"
@@ -342,7 +343,7 @@ class SharedKVPool:
         assert self._ctx is not None
         self._ctx.seq_remove(st.seq)  # shared prefix cells stay: sequence 0 holds them
         if st.turn is not None:
-            st.turn.post(SessionFailed(reason or f"session {st.id} was detached"))
+            self._post(st.turn, SessionFailed(reason or f"session {st.id} was detached"))
             st.turn.sampler.close()
             st.turn = None
         with self._lock:
@@ -358,6 +359,16 @@ class SharedKVPool:
 
     # ------------------------------------------------------------------ engine thread
 
+    def _post(self, turn: Turn, item: Piece | TurnResult | BaseException) -> None:
+        """Queue an item for its consumer; sent by :meth:`_flush` after the snapshot is
+        published, so a consumer that sees a turn end also sees the pool after it."""
+        self._outbox.append((turn, item))
+
+    def _flush(self) -> None:
+        out, self._outbox = self._outbox, []
+        for turn, item in out:
+            turn.post(item)
+
     def _run(self) -> None:
         while not self._stopping:
             try:
@@ -371,6 +382,8 @@ class SharedKVPool:
                     if st.turn is not None:
                         self._release(st, reason=f"engine error: {exc!r}")
                 self._publish()
+            self._flush()
+        self._flush()
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -511,7 +524,7 @@ class SharedKVPool:
                 stopped = True
         turn.text += piece_text
         if piece_text or not stopped:
-            turn.post(Piece(token=tok, text=piece_text))
+            self._post(turn, Piece(token=tok, text=piece_text))
         if stopped:
             self._finish(st, "stop")
         elif turn.num_generated >= params.max_tokens:
@@ -525,7 +538,7 @@ class SharedKVPool:
         if tail and reason != "stop":
             turn.text += tail
         now = time.monotonic()
-        turn.post(TurnResult(text=turn.text, num_prompt_tokens=turn.num_prompt,
+        self._post(turn, TurnResult(text=turn.text, num_prompt_tokens=turn.num_prompt,
                              num_generated=turn.num_generated, finish_reason=reason,
                              decode_s=now - (turn.first_token_at or turn.started)))
         turn.sampler.close()
