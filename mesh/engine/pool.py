@@ -85,6 +85,7 @@ class SharedKVPool:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._held = False
+        self._shared_cells = 0  # cells held by the prefix sequence (0 in naive mode)
         self._outbox: list[tuple[Turn, Piece | TurnResult | BaseException]] = []
         self._sessions: dict[int, SeqState] = {}
         self._free_seqs: list[int] = []
@@ -119,7 +120,10 @@ class SharedKVPool:
             tokens = list(self._prefix_input)
         if not tokens:
             raise ValueError("the prefix is empty; a pool needs at least one prefix token")
-        n_ctx = cfg.n_ctx or len(tokens) + cfg.max_sessions * cfg.session_budget
+        if cfg.share_prefix:
+            n_ctx = cfg.n_ctx or len(tokens) + cfg.max_sessions * cfg.session_budget
+        else:
+            n_ctx = cfg.n_ctx or cfg.max_sessions * (len(tokens) + cfg.session_budget)
         n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the cache to 256 cells anyway
         if len(tokens) >= n_ctx:
             raise ValueError(
@@ -141,11 +145,14 @@ class SharedKVPool:
         ).hexdigest()
         warm_started = False
         snap = None
-        if cfg.cache_dir:
+        self._shared_cells = len(tokens)
+        if cfg.cache_dir and cfg.share_prefix:
             snap = warm.snapshot_path(Path(cfg.cache_dir), cfg.model_path, prefix_hash,
                                       ctx_key=f"{n_ctx}:{n_seq_max}:{cfg.swa_full}:unified")
             warm_started = warm.restore(ctx, snap, PREFIX_SEQ, tokens)
-        if not warm_started:
+        if not cfg.share_prefix:
+            self._shared_cells = 0  # naive baseline: no shared prefix sequence at all
+        elif not warm_started:
             self._prefill_prefix(tokens, progress)
             if snap is not None:
                 warm.save(ctx, snap, PREFIX_SEQ, tokens)
@@ -255,8 +262,9 @@ class SharedKVPool:
         if not self._free_seqs:
             return AttachCheck(False, f"all {self.config.max_sessions} session slots are "
                                "in use; detach a session or raise --max-sessions")
-        free_cells = self.info.n_ctx - self.info.prefix_tokens - self._reserved_total
-        if free_cells < 1:
+        free_cells = self.info.n_ctx - self._shared_cells - self._reserved_total
+        need = 1 if self.config.share_prefix else len(self._prefix) + 1
+        if free_cells < need:
             return AttachCheck(False, f"the KV buffer ({self.info.n_ctx} cells) is full")
         return AttachCheck(True)
 
@@ -270,10 +278,20 @@ class SharedKVPool:
                 seq = self._free_seqs.pop()
                 self._next_id += 1
                 sid = f"s{self._next_id}"
-            self._ctx.seq_copy(PREFIX_SEQ, seq)  # metadata only: shares the prefix cells
-            st = SeqState(id=sid, seq=seq, prefix_len=len(self._prefix),
-                          budget=self.config.session_budget)
+            if self.config.share_prefix:
+                self._ctx.seq_copy(PREFIX_SEQ, seq)  # metadata only: shares prefix cells
+                st = SeqState(id=sid, seq=seq, prefix_len=len(self._prefix),
+                              budget=self.config.session_budget)
+            else:  # naive baseline: the session prefills a private copy of the prefix
+                st = SeqState(id=sid, seq=seq, prefix_len=0,
+                              budget=self.config.session_budget + len(self._prefix))
             self._sessions[seq] = st
+            if not self.config.share_prefix:
+                try:
+                    self.append_tokens(st, list(self._prefix))
+                except ContextOverflow as exc:
+                    self._release(st, reason=str(exc))
+                    raise PoolFull(str(exc)) from exc
             self._publish()
             return PooledSession(self, st)
 
@@ -289,7 +307,7 @@ class SharedKVPool:
                     f"appending {n} more would overflow it (raise --session-budget or start "
                     "a new session)"
                 )
-            free = self.info.n_ctx - self.info.prefix_tokens - self._reserved_total
+            free = self.info.n_ctx - self._shared_cells - self._reserved_total
             if n > free:
                 raise ContextOverflow(
                     f"the KV buffer has {free} free cells; appending {n} tokens does not fit"
@@ -499,7 +517,7 @@ class SharedKVPool:
             return
         with self._lock:
             room = (st.reserved + 1 <= st.budget and
-                    self._reserved_total + 1 <= self.info.n_ctx - self.info.prefix_tokens)
+                    self._reserved_total + 1 <= self.info.n_ctx - self._shared_cells)
             if room:
                 st.carry = tok
                 st.reserved += 1
@@ -558,7 +576,7 @@ class SharedKVPool:
             self._rate_window.popleft()
         span = (now - self._rate_window[0][0]) if len(self._rate_window) > 1 else 0.0
         agg = sum(n for _, n in self._rate_window) / span if span > 0 else 0.0
-        prefix = len(self._prefix)
+        prefix = self._shared_cells
         sessions = tuple(
             SessionLoad(id=st.id, state=st.state, private_cells=st.private,
                         context_len=st.pos, decode_tps=st.decode_tps,
@@ -571,7 +589,8 @@ class SharedKVPool:
         self._snapshot = PoolLoad(
             taken_at=now, sessions=sessions, step_ms=self._step_ms, agg_tps=agg,
             cells_used=prefix + private, cells_total=n_ctx, prefix_cells=prefix,
-            naive_cells=private + prefix * len(sessions), free_seq_ids=len(self._free_seqs),
+            naive_cells=(private + len(self._prefix) * len(sessions) if prefix else private),
+            free_seq_ids=len(self._free_seqs),
             max_sessions=self.config.max_sessions, session_budget=self.config.session_budget,
             recent_steps=tuple(self._recent_steps),
         )

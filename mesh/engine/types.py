@@ -96,6 +96,9 @@ class EngineConfig:
     # llama.cpp's extra CPU buffer types (repacked weights, AMX). Off by default: the AMX
     # path segfaults on AMX-capable Xeons with llama-cpp-python 0.3.36.
     extra_buffers: bool = False
+    # False is the baseline without a pool: every session prefills its own private copy
+    # of the prefix (for comparisons; sizes n_ctx for max_sessions * (prefix + budget)).
+    share_prefix: bool = True
 
     def validate(self) -> None:
         if not self.model_path:

@@ -437,3 +437,30 @@ def test_missing_model_names_the_fix(tmp_path: Path) -> None:
     pool = SharedKVPool(cfg, PREFIX)
     with pytest.raises(ModelError, match="pass --model PATH or set MESH_MODEL"):
         run(body(pool.start))
+
+
+def test_naive_baseline_holds_a_private_prefix_per_session(tiny_model_path: Path) -> None:
+    async def body() -> None:
+        shared = await make_pool(tiny_model_path)
+        naive = await make_pool(tiny_model_path, share_prefix=False)
+        try:
+            outs = []
+            for pool in (shared, naive):
+                first = await pool.attach()
+                outs.append(await tokens_of(first, "same input"))  # alone in its steps
+                for _ in range(2):
+                    await tokens_of(await pool.attach(), "other")
+            p = shared.info.prefix_tokens
+            s_load, n_load = shared.load(), naive.load()
+            assert s_load.prefix_cells == p and n_load.prefix_cells == 0
+            assert n_load.cells_used == s_load.cells_used + 2 * p
+            assert n_load.cells_used == n_load.naive_cells == s_load.naive_cells
+            assert n_load.reduction == 1.0 and s_load.reduction > 1.0
+            ranges = await naive.seq_pos_ranges()
+            assert all(hi >= p - 1 for seq, (lo, hi) in ranges.items() if seq != 0)
+            assert outs[0] == outs[1], "one session alone in its step: same greedy tokens"
+        finally:
+            await shared.aclose()
+            await naive.aclose()
+
+    run(body())
