@@ -1,0 +1,257 @@
+"""The immutable project prefix: built once from a template and a project directory.
+
+Composition follows the template's ``prefix.sections`` in order, within a token budget
+(``prefix.target_tokens`` or the ``target_tokens`` argument, the one knob that scales a
+prefix from a CPU demo to a 128K-token GPU run):
+
+* ``text``: a template file rendered with Jinja (always included in full);
+* ``tree``: the project's file tree, capped at ``max_entries`` lines and the section's share;
+* ``files``: matching project files in full or outlined, each capped at
+  ``max_tokens_per_file``; files are taken in pattern order, then path order, and each file
+  appears once. A file that does not fit is cut to what is left (if at least
+  ``_MIN_PIECE_TOKENS``) or skipped; binary and too-large files are skipped. Every
+  skip is listed with its reason in :attr:`Prefix.skipped`.
+
+With ``prefix.fill`` on, a prefix still under its target gets a labelled appendix of project
+text (files repeated in path order) up to the target, so prefix size is a controlled knob of
+an experiment even on a small project. The build is deterministic: same template, same
+project bytes, same counter → same text. It reads nothing outside the project directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mesh.template.loader import Template
+from mesh.template.manifest import FilesSection, TemplateError, TextSection, TreeSection
+from mesh.template.outline import outline
+from mesh.template.project import ProjectScan, glob_match, read_text, scan_project
+
+__all__ = ["CountTokens", "IncludedFile", "Prefix", "SkippedFile", "build_prefix"]
+
+CountTokens = Callable[[str], int]
+_MIN_PIECE_TOKENS = 48
+_TRUNCATED = "\n... [truncated]"
+
+
+@dataclass(frozen=True)
+class IncludedFile:
+    path: str
+    section: str
+    mode: str  # "full" | "outline", with " (truncated)" when cut to fit
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """The prefix text and an account of what went into it."""
+
+    text: str
+    num_tokens: int  # count_tokens(text): an estimate unless the counter is the model's
+    target_tokens: int
+    num_fill_tokens: int
+    included: tuple[IncludedFile, ...]
+    skipped: tuple[SkippedFile, ...]
+    sha256: str
+
+
+def truncate(text: str, max_tokens: int, count: CountTokens) -> tuple[str, int]:
+    """``text`` cut at a line end so it counts at most ``max_tokens`` (marker included)."""
+    n = count(text)
+    if n <= max_tokens:
+        return text, n
+    keep = len(text) * max_tokens // max(n, 1)
+    for _ in range(12):
+        cut = text[:keep]
+        newline = cut.rfind("\n")
+        if newline > keep * 3 // 4:
+            cut = cut[:newline]
+        candidate = cut + _TRUNCATED
+        n = count(candidate)
+        if n <= max_tokens:
+            return candidate, n
+        keep = keep * 9 // 10
+    return "", 0
+
+
+class _Builder:
+    def __init__(self, template: Template, scan: ProjectScan, count: CountTokens, target: int):
+        self.template = template
+        self.scan = scan
+        self.count = count
+        self.target = target
+        self.max_bytes = template.manifest.prefix.max_file_bytes
+        self.parts: list[str] = []
+        self.used = 0
+        self.included: list[IncludedFile] = []
+        self.skipped: list[SkippedFile] = []
+        self.seen: set[str] = set()
+        self.deferred: list[SkippedFile] = []  # over a section's share; reason = section title
+
+    @property
+    def remaining(self) -> int:
+        return max(self.target - self.used, 0)
+
+    def add(self, text: str, tokens: int | None = None) -> None:
+        self.parts.append(text)
+        self.used += self.count(text) if tokens is None else tokens
+
+    def text(self, section: TextSection) -> None:
+        project = self.scan.root.name
+        self.add(self.template.render(section.file, project=project, target_tokens=self.target))
+
+    def tree(self, section: TreeSection) -> None:
+        entries = sorted(
+            [(d, True) for d in self.scan.dirs]
+            + [(f, False) for f in self.scan.files]
+            + [(link, True) for link in self.scan.links],
+            key=lambda entry: entry[0].split("/"),  # parents before children, "a/" < "a-b"
+        )
+        lines = [f"{self.scan.root.name}/"]
+        for rel, is_dir in entries[: section.max_entries]:
+            depth = rel.count("/") + 1
+            name = rel.rsplit("/", 1)[-1]
+            if rel in self.scan.links:
+                name += " -> (symlink, not followed)"
+            elif is_dir:
+                name += "/"
+            lines.append("  " * depth + name)
+        if len(entries) > section.max_entries:
+            lines.append(f"... ({len(entries) - section.max_entries} more entries)")
+        budget = min(self.remaining, int(section.share * self.target))
+        body, tokens = truncate(f"## {section.title}\n\n" + "\n".join(lines), budget, self.count)
+        if body:
+            self.add(body, tokens)
+
+    def files(self, section: FilesSection) -> None:
+        for rel in section.required:
+            if rel not in self.scan.files:
+                raise TemplateError(
+                    self.scan.root / rel, None, f"required by section {section.title!r}: missing"
+                )
+        rels = self._select(section)
+        self.seen.update(rels)
+        budget = min(self.remaining, int(section.share * self.target))
+        self._add_files(section, rels, budget, section.title)
+
+    def second_chance(self, sections: list[FilesSection]) -> None:
+        """Offer what the sections' shares left unused to the files they had to skip."""
+        for section in sections:
+            rels = [s.path for s in self.deferred if s.reason == section.title]
+            if rels:
+                self.deferred = [s for s in self.deferred if s.path not in rels]
+                self._add_files(section, rels, self.remaining, f"{section.title} (continued)")
+        self.skipped.extend(
+            SkippedFile(s.path, "over the prefix token budget") for s in self.deferred
+        )
+
+    def _add_files(self, section: FilesSection, rels: list[str], budget: int, title: str) -> None:
+        header = f"## {title}"
+        head_tokens = self.count(header)
+        pieces: list[str] = []
+        for rel in rels:
+            text, reason = read_text(self.scan.root, rel, self.max_bytes)
+            if text is None:
+                self.skipped.append(SkippedFile(rel, reason))
+                continue
+            body = outline(rel, text) if section.mode == "outline" else text.rstrip("\n")
+            body, tokens = truncate(body, section.max_tokens_per_file, self.count)
+            room = budget - head_tokens - 16  # 16: the piece's own heading and fences
+            if tokens > room:
+                if room < _MIN_PIECE_TOKENS:
+                    self.deferred.append(SkippedFile(rel, section.title))
+                    continue
+                body, tokens = truncate(body, room, self.count)
+            mode = section.mode + (" (truncated)" if body.endswith(_TRUNCATED) else "")
+            piece = f"### {rel} ({mode})\n```\n{body}\n```"
+            tokens = self.count(piece)
+            pieces.append(piece)
+            budget -= tokens
+            self.included.append(IncludedFile(rel, section.title, mode, tokens))
+        if pieces:
+            self.add("\n\n".join([header, *pieces]))
+
+    def _select(self, section: FilesSection) -> list[str]:
+        out: list[str] = []
+        for pattern in section.include:
+            for rel in self.scan.files:
+                if rel in self.seen or rel in out:
+                    continue
+                if glob_match(pattern, rel) and not any(
+                    glob_match(x, rel) for x in section.exclude
+                ):
+                    out.append(rel)
+        return out
+
+    def fill(self) -> int:
+        """Append labelled project text until the target; returns the tokens added."""
+        sources: list[tuple[str, str]] = []
+        for rel in self.scan.files:
+            text, _ = read_text(self.scan.root, rel, self.max_bytes)
+            if text and text.strip():
+                sources.append((rel, text))
+        if not sources:
+            sources = [("(template text)", "\n\n".join(self.parts) or self.template.name)]
+        added = 0
+        header = "## Appendix: project text repeated to reach the prefix size"
+        if self.remaining < _MIN_PIECE_TOKENS:
+            return 0
+        self.add(header)
+        for i in range(1_000_000):
+            if self.remaining < _MIN_PIECE_TOKENS:
+                break
+            rel, text = sources[i % len(sources)]
+            title = f"### {rel} (copy {i // len(sources) + 1})"
+            piece, tokens = truncate(f"{title}\n{text}", self.remaining, self.count)
+            if not piece:
+                break
+            self.add(piece, tokens)
+            added += tokens
+        return added
+
+
+def build_prefix(
+    template: Template,
+    project_dir: Path | str,
+    count_tokens: CountTokens,
+    *,
+    target_tokens: int | None = None,
+) -> Prefix:
+    """Compose the prefix of ``template`` for ``project_dir`` (see the module doc)."""
+    spec = template.manifest.prefix
+    target = spec.target_tokens if target_tokens is None else target_tokens
+    if target < 64:
+        raise ValueError(f"target_tokens must be >= 64, got {target}")
+    root = Path(project_dir).expanduser()
+    if not root.is_dir():
+        raise TemplateError(root, None, "project directory not found")
+    scan = scan_project(root.resolve(), tuple(spec.exclude), spec.include_hidden)
+    builder = _Builder(template, scan, count_tokens, target)
+    for section in spec.sections:
+        if isinstance(section, TextSection):
+            builder.text(section)
+        elif isinstance(section, TreeSection):
+            builder.tree(section)
+        else:
+            builder.files(section)
+    builder.second_chance([s for s in spec.sections if isinstance(s, FilesSection)])
+    num_fill = builder.fill() if spec.fill else 0
+    text = "\n\n".join(builder.parts) + "\n"
+    return Prefix(
+        text=text,
+        num_tokens=count_tokens(text),
+        target_tokens=target,
+        num_fill_tokens=num_fill,
+        included=tuple(builder.included),
+        skipped=tuple(builder.skipped),
+        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+    )

@@ -1,0 +1,216 @@
+"""The agent worker: one subtask as a multi-turn loop on one pool session.
+
+Turn loop (formats come from the template):
+
+1. attach a session; append the rendered instructions (the session's first suffix);
+2. generate up to ``max_tokens_per_turn`` tokens (stopping at the tool-call or answer close
+   tag), streaming every piece as a ``TEXT`` event;
+3. parse the turn: an answer (inside the answer tags, or a turn with no tool call at all)
+   ends the subtask; each tool call is run, its (token-capped) output rendered with the
+   template's ``tool_result`` file and appended; unreadable calls are answered with errors;
+4. repeat until an answer, ``max_turns`` (the last turn's calls are not run: nobody would
+   read their results) or ``max_total_tokens``; a session that outgrows its context budget
+   ends with ``max_tokens`` too.
+
+The session is detached in every case, shielded from cancellation. Engine failures become
+:class:`WorkerFailed` naming the subtask and turn; tool refusals (:class:`ToolError`) are
+reported to the model, not raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from mesh.engine.types import ContextOverflow, Engine, EngineError, SamplingParams, Session
+from mesh.engine.types import TurnResult as EngineTurn
+from mesh.template.loader import Template
+from mesh.template.prefix import truncate
+from mesh.worker.toolcalls import ToolCall, parse_turn
+from mesh.worker.tools import ToolError, ToolFn
+from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
+
+__all__ = ["AgentWorker", "WorkerFailed", "WorkerLimits", "release", "stream_turn"]
+
+
+class WorkerFailed(Exception):
+    """The subtask failed; the message is the reason shown to the client."""
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    max_turns: int = 8
+    max_tokens_per_turn: int = 256
+    max_total_tokens: int = 2048
+    max_tool_output_tokens: int = 512
+
+    @classmethod
+    def from_template(cls, template: Template) -> WorkerLimits:
+        m = template.manifest
+        return cls(
+            max_turns=m.turns.max_turns,
+            max_tokens_per_turn=m.turns.max_tokens_per_turn,
+            max_total_tokens=m.turns.max_total_tokens,
+            max_tool_output_tokens=m.tools.max_output_tokens,
+        )
+
+    def validate(self) -> None:
+        for name in ("max_turns", "max_tokens_per_turn", "max_total_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_tool_output_tokens < 16:
+            raise ValueError("max_tool_output_tokens must be >= 16")
+
+
+async def stream_turn(
+    session: Session, params: SamplingParams, emit: Emit, turn: int
+) -> EngineTurn:
+    """Generate one turn, emitting each piece; on any early exit, stop the generation."""
+    generation = session.generate(params)
+    pieces = generation.__aiter__()
+    finished = False
+    try:
+        async for piece in pieces:
+            if piece.text:
+                await emit(WorkerEvent(EventKind.TEXT, piece.text, turn))
+        finished = True
+    finally:
+        if not finished:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await generation.aclose()
+                close = getattr(pieces, "aclose", None)
+                if close is not None:
+                    await close()
+    if generation.result is None:
+        raise WorkerFailed(f"the engine ended turn {turn} without a result")
+    return generation.result
+
+
+async def release(session: Session) -> None:
+    """Detach ``session`` even while the caller is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        await session.detach()
+
+
+class AgentWorker:
+    """A :class:`~mesh.worker.types.Worker` running the template's turn loop.
+
+    ``tools`` maps tool names to async callables; only names the template enables are
+    offered (a call to any other is answered with an error).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        template: Template,
+        tools: Mapping[str, ToolFn],
+        *,
+        limits: WorkerLimits | None = None,
+    ) -> None:
+        self._engine = engine
+        self._template = template
+        enabled = set(template.manifest.tools.enabled)
+        self._tools: dict[str, ToolFn] = {n: fn for n, fn in tools.items() if n in enabled}
+        self.limits = limits or WorkerLimits.from_template(template)
+        self.limits.validate()
+
+    async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
+        try:
+            session = await self._engine.attach()
+        except EngineError as exc:
+            raise WorkerFailed(f"subtask {subtask.id}: no session: {exc}") from exc
+        try:
+            await emit(WorkerEvent(EventKind.STATUS, f"session {session.id} attached"))
+            return await self._turns(session, subtask, emit)
+        finally:
+            await release(session)
+
+    async def _turns(self, session: Session, subtask: Subtask, emit: Emit) -> WorkerResult:
+        syntax = self._template.manifest.tool_calls
+        lim = self.limits
+        state = _Tally(session.id)
+        try:
+            session.append(self._template.instructions(subtask.id, subtask.instructions))
+            for turn in range(1, lim.max_turns + 1):
+                state.turns = turn
+                budget = min(lim.max_tokens_per_turn, lim.max_total_tokens - state.generated)
+                await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {turn}", turn))
+                params = SamplingParams(
+                    max_tokens=budget,
+                    temperature=self._template.manifest.turns.temperature,
+                    stop=(syntax.close, syntax.answer_close),
+                )
+                result = await stream_turn(session, params, emit, turn)
+                state.generated += result.num_generated
+                state.last_text = result.text
+                parsed = parse_turn(result.text, syntax)
+                if parsed.answer is not None:
+                    return state.result(parsed.answer, "answer")
+                if not parsed.calls and not parsed.errors:
+                    return state.result(result.text.strip(), "answer")
+                if turn == lim.max_turns:
+                    break
+                if state.generated >= lim.max_total_tokens:
+                    return state.result(result.text.strip(), "max_tokens")
+                for call in parsed.calls:
+                    output, is_error = await self._call(call, emit, turn)
+                    state.tool_calls += 1
+                    session.append(
+                        self._template.tool_result(
+                            call=call.display(), output=output, is_error=is_error, turn=turn
+                        )
+                    )
+                for error in parsed.errors:
+                    await emit(WorkerEvent(EventKind.TOOL_RESULT, error, turn, {"error": True}))
+                    session.append(
+                        self._template.tool_result(
+                            call="(unreadable call)", output=error, is_error=True, turn=turn
+                        )
+                    )
+        except ContextOverflow as exc:
+            return state.result(state.last_text.strip(), "max_tokens", context_overflow=str(exc))
+        except EngineError as exc:
+            raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
+        return state.result(state.last_text.strip(), "max_turns")
+
+    async def _call(self, call: ToolCall, emit: Emit, turn: int) -> tuple[str, bool]:
+        data = {"name": call.name, "arguments": dict(call.arguments)}
+        await emit(WorkerEvent(EventKind.TOOL_CALL, call.display(), turn, data))
+        fn = self._tools.get(call.name)
+        is_error = True
+        if fn is None:
+            output = f"unknown tool {call.name!r}; available: {', '.join(sorted(self._tools))}"
+        else:
+            try:
+                output = await fn(call.arguments)
+                is_error = False
+            except ToolError as exc:
+                output = str(exc)
+            except OSError as exc:  # the project changed under us: report, don't fail
+                output = f"{call.name} failed: {exc}"
+        output, _ = truncate(output, self.limits.max_tool_output_tokens, self._engine.count_tokens)
+        await emit(WorkerEvent(EventKind.TOOL_RESULT, output, turn, {"error": is_error}))
+        return output, is_error
+
+
+@dataclass
+class _Tally:
+    session_id: str
+    turns: int = 0
+    generated: int = 0
+    tool_calls: int = 0
+    last_text: str = ""
+
+    def result(self, answer: str, finish: str, **extra: Any) -> WorkerResult:
+        return WorkerResult(
+            answer=answer,
+            num_turns=self.turns,
+            num_generated=self.generated,
+            num_tool_calls=self.tool_calls,
+            finish_reason=finish,
+            data={"session_id": self.session_id, **extra},
+        )

@@ -1,0 +1,218 @@
+"""Scenario mode: real generation, scripted tool calls with seeded latency and output.
+
+A scenario subtask runs S steps; each step generates exactly N tokens on the session (EOS
+does not end it early), then makes the step's scripted tool call: it appends the call in
+the template's syntax (as if the model had written it), sleeps the step's latency, and
+appends a seeded output of the step's token size. The model is never asked to emit a
+well-formed call, so a base model such as Gemma 3 270M drives the scenario as well as any.
+
+The schedule is a pure function of the parameters (:func:`plan_schedule`): same seed, same
+steps, latencies, tools and outputs. Recognised ``Subtask.params`` keys: ``steps``,
+``tokens_per_step``, ``seed``, ``tools`` (list of names), ``tool_latency_s`` and
+``tool_output_tokens`` (distribution tables as in the manifest); the rest of the defaults
+come from the template's ``[scenario]`` table. Other keys are left to the harness.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mesh.engine.types import ContextOverflow, Engine, EngineError, SamplingParams
+from mesh.template.loader import Template
+from mesh.template.manifest import Distribution, FixedDist, LogNormalDist, UniformDist
+from mesh.worker.loop import WorkerFailed, release, stream_turn
+from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
+
+__all__ = [
+    "ScenarioParams",
+    "ScenarioWorker",
+    "StepPlan",
+    "plan_schedule",
+    "sample",
+    "simulated_output",
+]
+
+# Vocabulary of simulated tool output (a string split once; ruff would explode a literal).
+_VOCABULARY = """
+parcel route courier depot stop weight plan dispatch grid distance tour capacity assign
+deliver check config error result value index cache queue worker session token prefix
+batch step limit budget retry timeout status report update path
+"""
+_WORDS = tuple(_VOCABULARY.split())
+
+
+class ScenarioParams(BaseModel):
+    """One scenario subtask's knobs, after defaults from the template."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    steps: int = Field(ge=1)
+    tokens_per_step: int = Field(ge=1)
+    seed: int = 0
+    tools: tuple[str, ...] = Field(min_length=1)
+    tool_latency_s: Distribution
+    tool_output_tokens: Distribution
+
+    @classmethod
+    def from_subtask(cls, params: Mapping[str, Any], template: Template) -> ScenarioParams:
+        defaults = template.manifest.scenario.model_dump()
+        defaults.pop("packages")
+        try:
+            return cls.model_validate({**defaults, **params})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"scenario params: {loc}: {first['msg']}") from exc
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    index: int  # 1-based
+    tokens: int  # tokens to generate before the call
+    tool: str
+    arguments: Mapping[str, Any]
+    latency_s: float
+    output_tokens: int
+    output_seed: int
+
+
+def sample(dist: FixedDist | UniformDist | LogNormalDist, rng: random.Random) -> float:
+    """One draw of a manifest distribution (log-normal draws are clipped to [min, max])."""
+    if isinstance(dist, FixedDist):
+        return dist.value
+    if isinstance(dist, UniformDist):
+        return rng.uniform(dist.min, dist.max)
+    value = rng.lognormvariate(math.log(dist.median), dist.sigma)
+    return float(min(max(value, dist.min), dist.max))
+
+
+def plan_schedule(params: ScenarioParams) -> tuple[StepPlan, ...]:
+    """The steps of one scenario subtask; a pure function of ``params``."""
+    rng = random.Random(params.seed)
+    steps: list[StepPlan] = []
+    for i in range(params.steps):
+        tool = params.tools[(params.seed + i) % len(params.tools)]
+        target = f"src/module_{rng.randrange(100):02d}.py"
+        arguments = {"path": target} if tool != "grep" else {"text": rng.choice(_WORDS)}
+        latency = round(sample(params.tool_latency_s, rng), 4)
+        size = max(1, round(sample(params.tool_output_tokens, rng)))
+        steps.append(
+            StepPlan(
+                i + 1, params.tokens_per_step, tool, arguments, latency, size, rng.getrandbits(32)
+            )
+        )
+    return tuple(steps)
+
+
+def simulated_output(step: StepPlan, count_tokens: Callable[[str], int]) -> str:
+    """Seeded tool-shaped text of about ``step.output_tokens`` tokens (one line over, at most)."""
+    rng = random.Random(step.output_seed)
+    lines: list[str] = []
+    used = 0
+    while used < step.output_tokens:
+        n = len(lines) + 1
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 9)))
+        if step.tool == "grep":
+            line = f"src/module_{rng.randrange(100):02d}.py:{rng.randint(1, 400)}: {words}"
+        elif step.tool == "run_tests":
+            verdict = "PASSED" if rng.random() > 0.1 else "FAILED"
+            line = f"tests/test_{rng.choice(_WORDS)}.py::test_{words.replace(' ', '_')} {verdict}"
+        else:
+            line = f"{n}\t{words}"
+        lines.append(line)
+        used += max(1, count_tokens(line + "\n"))
+    return "\n".join(lines)
+
+
+class ScenarioWorker:
+    """A :class:`~mesh.worker.types.Worker` for scenario subtasks (see the module doc).
+
+    ``sleep`` is how a latency is waited (``anyio.sleep``; tests pass a recorder).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        template: Template,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+    ) -> None:
+        self._engine = engine
+        self._template = template
+        self._sleep = sleep
+
+    async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
+        params = ScenarioParams.from_subtask(subtask.params, self._template)
+        schedule = plan_schedule(params)
+        try:
+            session = await self._engine.attach()
+        except EngineError as exc:
+            raise WorkerFailed(f"subtask {subtask.id}: no session: {exc}") from exc
+        syntax = self._template.manifest.tool_calls
+        generated = 0
+        done = 0
+        last = ""
+        data: dict[str, Any] = {"session_id": session.id, "seed": params.seed}
+        finish = "answer"
+        try:
+            session.append(self._template.instructions(subtask.id, subtask.instructions))
+            for step in schedule:
+                await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {step.index}", step.index))
+                sampling = SamplingParams(
+                    max_tokens=step.tokens,
+                    temperature=self._template.manifest.turns.temperature,
+                    seed=params.seed + step.index,
+                    stop_at_eos=False,
+                )
+                result = await stream_turn(session, sampling, emit, step.index)
+                generated += result.num_generated
+                last = result.text
+                call = syntax.format(step.tool, dict(step.arguments))
+                shown = f"{step.tool}({', '.join(f'{k}={v!r}' for k, v in step.arguments.items())})"
+                await emit(
+                    WorkerEvent(
+                        EventKind.TOOL_CALL,
+                        shown,
+                        step.index,
+                        {"latency_s": step.latency_s, "simulated": True},
+                    )
+                )
+                session.append(call)
+                await self._sleep(step.latency_s)
+                output = simulated_output(step, self._engine.count_tokens)
+                await emit(
+                    WorkerEvent(
+                        EventKind.TOOL_RESULT,
+                        output,
+                        step.index,
+                        {"output_tokens": step.output_tokens},
+                    )
+                )
+                session.append(
+                    self._template.tool_result(
+                        call=shown, output=output, is_error=False, turn=step.index
+                    )
+                )
+                done += 1
+        except ContextOverflow as exc:
+            finish = "max_tokens"
+            data["context_overflow"] = str(exc)
+        except EngineError as exc:
+            raise WorkerFailed(f"subtask {subtask.id} failed on step {done + 1}: {exc}") from exc
+        finally:
+            await release(session)
+        return WorkerResult(
+            answer=last.strip(),
+            num_turns=done,
+            num_generated=generated,
+            num_tool_calls=done,
+            finish_reason=finish,
+            data=data,
+        )

@@ -1,0 +1,240 @@
+"""Real tools for workers, confined to the project directory.
+
+Confinement rules (every path argument, every call):
+
+* the path is relative: absolute paths, drive letters and ``~`` are refused;
+* no component is ``..``, and no component is hidden (``.git``, ``.env``: secrets live there);
+* the path, resolved with every symlink followed, lies inside the resolved root; a symlink
+  (file or directory) that leads out is refused, one that stays inside is allowed;
+* walks (``list_files`` with depth, ``grep`` on a folder) never follow symlinked folders.
+
+A refused or malformed call raises :class:`ToolError`: the worker reports it to the model
+as an error result, it does not fail the subtask. Outputs are capped in characters here and
+in tokens by the worker. (The project is assumed not to be rewritten while a tool runs;
+a symlink swapped between the check and the read is outside this threat model.)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio.to_thread
+
+from mesh.template.project import DEFAULT_EXCLUDED_DIRS
+
+__all__ = ["ProjectTools", "ToolError", "ToolFn", "delegate_tool"]
+
+ToolFn = Callable[[Mapping[str, Any]], Awaitable[str]]
+T = TypeVar("T")
+
+
+class ToolError(Exception):
+    """A call the tool refuses (bad arguments, a path outside the project...)."""
+
+
+def _arg(args: Mapping[str, Any], name: str, kind: type[T], default: T | None = None) -> T:
+    value = args.get(name, default)
+    if value is None:
+        raise ToolError(f"missing argument {name!r}")
+    if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+        raise ToolError(f"argument {name!r} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _check_args(args: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = set(args) - allowed
+    if unknown:
+        raise ToolError(f"unknown arguments {sorted(unknown)}; allowed: {sorted(allowed)}")
+
+
+def _cap(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [output truncated: {len(text) - limit} more characters]"
+
+
+class ProjectTools:
+    """``list_files``, ``read_file`` and ``grep`` over one project root (see module doc)."""
+
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        max_output_chars: int = 16_000,
+        max_file_bytes: int = 1_048_576,
+    ) -> None:
+        self.root = Path(root).resolve(strict=True)
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"project root {self.root} is not a directory")
+        self.max_output_chars = max_output_chars
+        self.max_file_bytes = max_file_bytes
+
+    # ------------------------------------------------------------------ confinement
+
+    def resolve(self, path: str) -> Path:
+        """The real path of ``path`` inside the root, or :class:`ToolError`."""
+        if not isinstance(path, str):
+            raise ToolError(f"path must be a string, got {path!r}")
+        if "\x00" in path:
+            raise ToolError("path contains a NUL byte")
+        text = path.strip() or "."
+        posix = text.replace("\\", "/")
+        if posix.startswith(("/", "~")) or (len(posix) > 1 and posix[1] == ":"):
+            raise ToolError(f"{path!r}: paths must be relative to the project root")
+        parts = [p for p in posix.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise ToolError(f"{path!r}: '..' is not allowed")
+        if any(p.startswith(".") for p in parts):
+            raise ToolError(f"{path!r}: hidden files and folders are not available")
+        try:
+            real = self.root.joinpath(*parts).resolve(strict=True)
+        except FileNotFoundError:
+            raise ToolError(f"{path!r}: no such file or folder") from None
+        except (OSError, RuntimeError) as exc:
+            raise ToolError(f"{path!r}: cannot resolve ({exc})") from None
+        if not real.is_relative_to(self.root):
+            raise ToolError(f"{path!r}: leads outside the project (symlink)")
+        if any(p.startswith(".") for p in real.relative_to(self.root).parts):
+            raise ToolError(f"{path!r}: leads to a hidden file or folder (symlink)")
+        return real
+
+    def _rel(self, real: Path) -> str:
+        rel = real.relative_to(self.root).as_posix()
+        return rel if rel != "." else "."
+
+    def _walk(self, top: Path, max_depth: int) -> list[tuple[Path, bool]]:
+        """Entries under ``top`` (sorted, depth-limited), symlinked dirs not entered."""
+        out: list[tuple[Path, bool]] = []
+        base_depth = len(top.parts)
+        for here, dirnames, filenames in os.walk(top, followlinks=False):
+            depth = len(Path(here).parts) - base_depth
+            keep = sorted(
+                d for d in dirnames if not d.startswith(".") and d not in DEFAULT_EXCLUDED_DIRS
+            )
+            dirnames[:] = [d for d in keep if not os.path.islink(os.path.join(here, d))]
+            if depth + 1 >= max_depth:
+                dirnames[:] = []
+            out.extend((Path(here, d), True) for d in keep)
+            out.extend((Path(here, f), False) for f in sorted(filenames) if not f.startswith("."))
+        return sorted(out)
+
+    # ------------------------------------------------------------------ tools
+
+    def list_files(self, args: Mapping[str, Any]) -> str:
+        _check_args(args, {"path", "depth"})
+        top = self.resolve(_arg(args, "path", str, "."))
+        depth = _arg(args, "depth", int, 2)
+        if not 1 <= depth <= 6:
+            raise ToolError("depth must be between 1 and 6")
+        if not top.is_dir():
+            raise ToolError(f"{args.get('path')!r} is not a folder")
+        lines: list[str] = []
+        for entry, is_dir in self._walk(top, depth):
+            rel = entry.relative_to(self.root).as_posix()
+            suffix = "@" if entry.is_symlink() else "/" if is_dir else ""
+            lines.append(rel + suffix)
+        return _cap("\n".join(lines) or "(empty folder)", self.max_output_chars)
+
+    def read_file(self, args: Mapping[str, Any]) -> str:
+        _check_args(args, {"path", "start", "lines"})
+        real = self.resolve(_arg(args, "path", str))
+        start = _arg(args, "start", int, 1)
+        count = _arg(args, "lines", int, 200)
+        if start < 1 or not 1 <= count <= 2000:
+            raise ToolError("start must be >= 1 and lines between 1 and 2000")
+        text = self._text(real)
+        lines = text.splitlines()
+        chosen = lines[start - 1 : start - 1 + count]
+        body = "\n".join(f"{start + i}\t{line}" for i, line in enumerate(chosen))
+        end = start + len(chosen) - 1
+        footer = f"({self._rel(real)}: lines {start}-{end} of {len(lines)})"
+        return _cap(body, self.max_output_chars) + "\n" + footer
+
+    def grep(self, args: Mapping[str, Any]) -> str:
+        _check_args(args, {"text", "path", "ignore_case", "max_matches"})
+        needle = _arg(args, "text", str)
+        if not needle:
+            raise ToolError("text must not be empty")
+        top = self.resolve(_arg(args, "path", str, "."))
+        ignore_case = _arg(args, "ignore_case", bool, False)
+        max_matches = _arg(args, "max_matches", int, 50)
+        if not 1 <= max_matches <= 500:
+            raise ToolError("max_matches must be between 1 and 500")
+        wanted = needle.lower() if ignore_case else needle
+        files = [top] if top.is_file() else [p for p, d in self._walk(top, 64) if not d]
+        matches: list[str] = []
+        searched = 0
+        for path in files:
+            real = path.resolve()
+            if not real.is_relative_to(self.root) or not real.is_file():
+                continue
+            try:
+                text = self._text(real)
+            except ToolError:
+                continue  # binary or too large: not searched
+            searched += 1
+            for no, line in enumerate(text.splitlines(), 1):
+                if wanted in (line.lower() if ignore_case else line):
+                    shown = line if len(line) <= 300 else line[:300] + "..."
+                    matches.append(f"{path.relative_to(self.root).as_posix()}:{no}: {shown}")
+                    if len(matches) >= max_matches:
+                        break
+            if len(matches) >= max_matches:
+                break
+        summary = f"({len(matches)} matches in {searched} files searched)"
+        return _cap("\n".join([*matches, summary]), self.max_output_chars)
+
+    def _text(self, real: Path) -> str:
+        if not real.is_file():
+            raise ToolError(f"{self._rel(real)!r} is not a file")
+        size = real.stat().st_size
+        if size > self.max_file_bytes:
+            raise ToolError(f"{self._rel(real)!r} is too large ({size} bytes)")
+        data = real.read_bytes()
+        if b"\x00" in data[:8192]:
+            raise ToolError(f"{self._rel(real)!r} is a binary file")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{self._rel(real)!r} is not UTF-8 text") from None
+
+    def as_tools(self) -> dict[str, ToolFn]:
+        """The three tools as async callables (file I/O runs in a worker thread)."""
+
+        def wrap(fn: Callable[[Mapping[str, Any]], str]) -> ToolFn:
+            async def call(args: Mapping[str, Any]) -> str:
+                return await anyio.to_thread.run_sync(fn, args)
+
+            return call
+
+        return {
+            "list_files": wrap(self.list_files),
+            "read_file": wrap(self.read_file),
+            "grep": wrap(self.grep),
+        }
+
+
+def delegate_tool(send: Callable[[str, str], Awaitable[str]]) -> ToolFn:
+    """The ``delegate`` tool over ``send(peer, text) -> answer`` (injected by the coordinator).
+
+    A peer that fails (any exception from ``send``) is reported to the model as a tool
+    error; cancellation still propagates.
+    """
+
+    async def delegate(args: Mapping[str, Any]) -> str:
+        _check_args(args, {"peer", "text"})
+        peer = _arg(args, "peer", str)
+        text = _arg(args, "text", str)
+        if not peer.strip() or not text.strip():
+            raise ToolError("peer and text must not be empty")
+        try:
+            return await send(peer, text)
+        except ToolError:
+            raise
+        except Exception as exc:
+            raise ToolError(f"peer {peer!r} failed: {type(exc).__name__}: {exc}") from exc
+
+    return delegate

@@ -1,0 +1,154 @@
+"""The project prefix: deterministic, sized by the template, confined to the project.
+
+Token counts here use a character counter, ``ceil(len / 4)`` (about 4 characters per
+token, the usual ratio for English and code with BPE tokenizers), so sizes are stable
+without a model; the real pool counts with the model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mesh.template import TemplateError, build_prefix, load_template, sample_project_dir
+from mesh.template.project import glob_match
+
+
+def count(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    (root / "README.md").write_text("# proj\n\nA project.\n" + "Some words here.\n" * 40)
+    (root / "pkg" / "__init__.py").write_text('"""The package."""\n')
+    core = (
+        '"""Core logic."""\n\n\nclass Engine:\n    """Runs."""\n\n'
+        '    def go(self, n: int) -> int:\n        """Go n times."""\n        return n\n\n\n'
+        "def helper(x: str) -> str:\n    return x\n"
+    )
+    (root / "pkg" / "core.py").write_text(core + "# filler\n" * 200)
+    return root
+
+
+@pytest.mark.parametrize("name", ["light", "heavy"])
+def test_prefix_is_deterministic(name: str, project: Path) -> None:
+    template = load_template(name)
+    first = build_prefix(template, project, count)
+    second = build_prefix(load_template(name), project, count)
+    assert first.text == second.text
+    assert first.sha256 == second.sha256
+    assert first.included == second.included
+
+
+def test_light_prefix_is_about_1200_tokens() -> None:
+    prefix = build_prefix(load_template("light"), sample_project_dir(), count)
+    assert 1000 <= prefix.num_tokens <= 1300
+    assert prefix.target_tokens == 1200
+
+
+def test_heavy_prefix_is_at_least_8k_tokens_and_scales() -> None:
+    heavy = load_template("heavy")
+    prefix = build_prefix(heavy, sample_project_dir(), count)
+    assert prefix.num_tokens >= 8000
+    for section in ("# Tools", "## Project tree", "## Source outlines", "## Latest test results"):
+        assert section in prefix.text
+    big = build_prefix(heavy, sample_project_dir(), count, target_tokens=32_768)
+    assert 32_000 <= big.num_tokens <= 33_500
+    assert big.num_fill_tokens > prefix.num_fill_tokens
+
+
+def test_prefix_lists_included_files_and_outlines_python(project: Path) -> None:
+    prefix = build_prefix(load_template("heavy"), project, count)
+    modes = {f.path: f.mode for f in prefix.included}
+    assert modes["README.md"] == "full"
+    assert modes["pkg/core.py"] == "outline"
+    assert "def go(self, n: int) -> int" in prefix.text
+    assert "class Engine:" in prefix.text
+
+
+def test_binary_and_huge_files_are_skipped_and_listed(project: Path) -> None:
+    (project / "pkg" / "blob.py").write_bytes(b"\x00\x01binary")
+    (project / "pkg" / "huge.py").write_text("x = 1\n" * 100_000)
+    prefix = build_prefix(load_template("heavy"), project, count)
+    skipped = {s.path: s.reason for s in prefix.skipped}
+    assert "binary" in skipped["pkg/blob.py"]
+    assert "too large" in skipped["pkg/huge.py"]
+    assert "\x00" not in prefix.text
+
+
+def test_symlink_out_of_the_project_is_an_error_naming_it(project: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password")
+    os.symlink(secret, project / "pkg" / "leak.py")
+    with pytest.raises(TemplateError, match=r"leak\.py.*outside the project"):
+        build_prefix(load_template("light"), project, count)
+
+
+def test_symlinked_dir_out_of_the_project_is_an_error(project: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.py").write_text("secret = 1\n")
+    os.symlink(outside, project / "pkg" / "ext")
+    with pytest.raises(TemplateError, match="ext"):
+        build_prefix(load_template("heavy"), project, count)
+
+
+def test_symlinks_inside_the_project_are_not_followed_twice(project: Path) -> None:
+    os.symlink(project / "pkg", project / "alias")
+    prefix = build_prefix(load_template("heavy"), project, count)
+    assert "alias -> (symlink, not followed)" in prefix.text
+    assert not any(f.path.startswith("alias/") for f in prefix.included)
+
+
+def test_hidden_files_stay_out(project: Path) -> None:
+    (project / ".env").write_text("TOKEN=abc\n")
+    (project / ".git").mkdir()
+    (project / ".git" / "config").write_text("[core]\n")
+    prefix = build_prefix(load_template("heavy"), project, count)
+    assert "TOKEN=abc" not in prefix.text
+    assert ".git" not in prefix.text
+
+
+def test_missing_project_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(TemplateError, match="project directory not found"):
+        build_prefix(load_template("light"), tmp_path / "nope", count)
+
+
+def test_required_file_missing_is_an_error(tmp_path: Path, project: Path) -> None:
+    from mesh.template import export_template
+
+    folder = export_template("light", tmp_path / "t")
+    manifest = folder / "template.toml"
+    manifest.write_text(
+        manifest.read_text().replace('mode = "full"', 'mode = "full"\nrequired = ["DESIGN.md"]')
+    )
+    with pytest.raises(TemplateError, match=r"DESIGN\.md.*missing"):
+        build_prefix(load_template(folder), project, count)
+
+
+def test_budget_skips_are_listed(project: Path) -> None:
+    for i in range(30):
+        (project / "pkg" / f"mod{i:02d}.py").write_text(f"def f{i}() -> None:\n    pass\n" * 40)
+    prefix = build_prefix(load_template("light"), project, count)
+    assert prefix.num_tokens <= 1300
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "expected"),
+    [
+        ("*.md", "README.md", True),
+        ("*.md", "docs/a.md", False),
+        ("**/*.py", "a.py", True),
+        ("**/*.py", "a/b/c.py", True),
+        ("tests/**", "tests/x/y.py", True),
+        ("pkg/?.py", "pkg/a.py", True),
+        ("pkg/?.py", "pkg/ab.py", False),
+    ],
+)
+def test_glob_semantics(pattern: str, path: str, expected: bool) -> None:
+    assert glob_match(pattern, path) is expected

@@ -1,0 +1,178 @@
+"""AgentWorker's turn loop on the FakeEngine (which echoes its input, one word per token).
+
+The echo makes the model's "decisions" scripted: instructions containing a tool call make
+the first turn call that tool; a tool whose output contains a call keeps the loop going.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from mesh.engine.fake import FakeEngine
+from mesh.template import load_template
+from mesh.worker import AgentWorker, ProjectTools, WorkerFailed, WorkerLimits
+from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
+
+LIGHT = load_template("light")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[WorkerEvent] = []
+
+    async def __call__(self, event: WorkerEvent) -> None:
+        self.events.append(event)
+
+    def kinds(self, kind: EventKind) -> list[WorkerEvent]:
+        return [e for e in self.events if e.kind is kind]
+
+
+def run(worker: AgentWorker, instructions: str, emit: Recorder | None = None) -> WorkerResult:
+    async def main() -> WorkerResult:
+        return await worker.run(Subtask("t1", instructions), emit or Recorder())
+
+    return anyio.run(main)
+
+
+async def looping_tool(args: Mapping[str, Any]) -> str:
+    return "again <call>grep(text='x')</call>"
+
+
+def test_finishes_on_a_final_answer() -> None:
+    engine = FakeEngine()
+    result = run(AgentWorker(engine, LIGHT, {}), "<answer>forty-two</answer>")
+    assert result.finish_reason == "answer"
+    assert result.answer == "forty-two"
+    assert result.num_turns == 1 and result.num_tool_calls == 0
+    assert engine.sessions == {}
+
+
+def test_runs_a_real_tool_then_answers(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    engine = FakeEngine()
+    emit = Recorder()
+    worker = AgentWorker(engine, LIGHT, ProjectTools(tmp_path).as_tools())
+    result = run(worker, "<call>list_files()</call>", emit)
+    assert result.finish_reason == "answer"
+    assert result.num_turns == 2 and result.num_tool_calls == 1
+    assert [e.text for e in emit.kinds(EventKind.TOOL_CALL)] == ["list_files()"]
+    assert "notes.txt" in emit.kinds(EventKind.TOOL_RESULT)[0].text
+    assert [e.text for e in emit.kinds(EventKind.TURN_STARTED)] == ["turn 1", "turn 2"]
+    assert emit.kinds(EventKind.TEXT)
+    assert engine.sessions == {}
+
+
+def test_stops_at_max_turns_without_running_the_last_call() -> None:
+    calls: list[Mapping[str, Any]] = []
+
+    async def grep(args: Mapping[str, Any]) -> str:
+        calls.append(args)
+        return await looping_tool(args)
+
+    engine = FakeEngine()
+    worker = AgentWorker(engine, LIGHT, {"grep": grep}, limits=WorkerLimits(max_turns=3))
+    result = run(worker, "<call>grep(text='x')</call>")
+    assert result.finish_reason == "max_turns"
+    assert result.num_turns == 3
+    assert result.num_tool_calls == len(calls) == 2
+    assert engine.sessions == {}
+
+
+def test_stops_at_the_token_limit() -> None:
+    limits = WorkerLimits(max_turns=50, max_tokens_per_turn=8, max_total_tokens=20)
+    worker = AgentWorker(FakeEngine(), LIGHT, {"grep": looping_tool}, limits=limits)
+    result = run(worker, "<call>grep(text='x')</call>")
+    assert result.finish_reason == "max_tokens"
+    assert result.num_generated <= 20
+
+
+def test_context_overflow_ends_with_max_tokens() -> None:
+    engine = FakeEngine(session_budget=30)
+    worker = AgentWorker(engine, LIGHT, {"grep": looping_tool})
+    result = run(worker, "<call>grep(text='x')</call>")
+    assert result.finish_reason == "max_tokens"
+    assert "budget" in result.data["context_overflow"]
+    assert engine.sessions == {}
+
+
+def test_unknown_tools_and_garbage_are_reported_to_the_model() -> None:
+    emit = Recorder()
+    result = run(AgentWorker(FakeEngine(), LIGHT, {}), "<call>rm(path='/')</call>", emit)
+    assert result.num_turns == 2
+    errors = emit.kinds(EventKind.TOOL_RESULT)
+    assert errors[0].data["error"] is True and "unknown tool 'rm'" in errors[0].text
+    emit = Recorder()
+    run(AgentWorker(FakeEngine(), LIGHT, {}), "<call>read_file('x')</call>", emit)
+    assert "pass arguments by name" in emit.kinds(EventKind.TOOL_RESULT)[0].text
+
+
+def test_tools_not_enabled_by_the_template_are_not_offered() -> None:
+    async def delegate(args: Mapping[str, Any]) -> str:
+        raise AssertionError("light does not enable delegate")
+
+    emit = Recorder()
+    run(AgentWorker(FakeEngine(), LIGHT, {"delegate": delegate}), "<call>delegate()</call>", emit)
+    assert "unknown tool 'delegate'" in emit.kinds(EventKind.TOOL_RESULT)[0].text
+
+
+def test_a_failing_engine_fails_the_task_with_the_reason_and_detaches() -> None:
+    engine = FakeEngine()
+    engine.fail_next = "llama_decode returned -1"
+    with pytest.raises(WorkerFailed, match="llama_decode returned -1") as info:
+        run(AgentWorker(engine, LIGHT, {}), "hello")
+    assert "t1" in str(info.value) and "turn 1" in str(info.value)
+    assert engine.sessions == {}
+
+
+def test_a_failing_tool_run_detaches() -> None:
+    async def broken(args: Mapping[str, Any]) -> str:
+        raise RuntimeError("bug in tool")
+
+    engine = FakeEngine()
+    with pytest.raises(RuntimeError, match="bug in tool"):
+        run(AgentWorker(engine, LIGHT, {"grep": broken}), "<call>grep(text='x')</call>")
+    assert engine.sessions == {}
+
+
+def test_cancellation_detaches_and_propagates() -> None:
+    engine = FakeEngine()
+    worker = AgentWorker(engine, LIGHT, {})
+
+    async def main() -> bool:
+        with anyio.CancelScope() as scope:
+
+            async def emit(event: WorkerEvent) -> None:
+                if event.kind is EventKind.TEXT:
+                    scope.cancel()
+
+            await worker.run(Subtask("t1", "a long task " * 20), emit)
+        return scope.cancelled_caught
+
+    assert anyio.run(main) is True
+    assert engine.sessions == {}
+
+
+def test_pool_full_is_a_clear_failure() -> None:
+    engine = FakeEngine(max_sessions=1)
+
+    async def main() -> None:
+        await engine.attach()
+        await AgentWorker(engine, LIGHT, {}).run(Subtask("t2", "x"), Recorder())
+
+    with pytest.raises(WorkerFailed, match="t2: no session"):
+        anyio.run(main)
+
+
+def test_heavy_template_json_calls(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    worker = AgentWorker(FakeEngine(), load_template("heavy"), ProjectTools(tmp_path).as_tools())
+    emit = Recorder()
+    call = '<tool_call>{"name": "read_file", "arguments": {"path": "a.py"}}</tool_call>'
+    result = run(worker, call, emit)
+    assert result.num_tool_calls == 1
+    assert "1\tx = 1" in emit.kinds(EventKind.TOOL_RESULT)[0].text
