@@ -254,6 +254,16 @@ class LlamaContext:
     def seq_state_size(self, seq: int) -> int:
         return int(ll.llama_state_seq_get_size(self.handle, seq))
 
+    def state_head(self, seq: int, max_bytes: int) -> bytes:
+        """The first ``max_bytes`` of the serialized cache of ``seq`` (-1: every cell)."""
+        size = int(ll.llama_state_seq_get_size(self.handle, seq))
+        if size <= 0:
+            return b""
+        buf = (ctypes.c_uint8 * size)()
+        if int(ll.llama_state_seq_get_data(self.handle, buf, size, seq)) <= 0:
+            return b""
+        return ctypes.string_at(buf, min(size, max_bytes))
+
     def save_seq(self, path: Path, seq: int, tokens: list[int]) -> int:
         arr = (ll.llama_token * len(tokens))(*tokens)
         path_b = str(path).encode()

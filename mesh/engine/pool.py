@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mesh.engine import warm
+from mesh.engine.census import CellCensus, header_bytes, parse_cell_census
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel, make_sampler
 from mesh.engine.session import PooledSession, SeqState, Turn
 from mesh.engine.types import (
@@ -607,6 +608,17 @@ class SharedKVPool:
             assert self._ctx is not None
             seqs = [PREFIX_SEQ, *self._sessions]
             return {s: self._ctx.seq_pos_range(s) for s in seqs}
+
+        return await self._call(do)
+
+    async def cell_census(self) -> CellCensus | None:
+        """llama.cpp's own count of occupied cells and sequence references."""
+        info = self.info
+
+        def do() -> CellCensus | None:
+            assert self._ctx is not None
+            head = self._ctx.state_head(-1, header_bytes(info.n_ctx, info.n_seq_max))
+            return parse_cell_census(head, info.n_ctx, info.n_seq_max)
 
         return await self._call(do)
 

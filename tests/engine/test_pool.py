@@ -64,6 +64,11 @@ async def check_cells(pool: SharedKVPool) -> None:
             continue
         assert lo == prefix_lo, "every session starts with the shared prefix"
         assert hi - prefix + 1 == by_seq[seq].private
+    census = await pool.cell_census()
+    assert census is not None, "llama.cpp's serialized cache could not be parsed"
+    assert census.cells == load.cells_used
+    if pool.config.share_prefix and not pool.info.warm_started:
+        assert census.seq_refs == load.naive_cells + prefix  # + the prefix's own sequence
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16])
