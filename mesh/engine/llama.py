@@ -54,7 +54,12 @@ class LlamaModel:
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(
-        self, path: str | Path, *, n_gpu_layers: int = 0, extra_buffers: bool = False
+        self,
+        path: str | Path,
+        *,
+        n_gpu_layers: int = 0,
+        extra_buffers: bool = False,
+        vocab_only: bool = False,
     ) -> None:
         backend_init()
         p = Path(path)
@@ -66,6 +71,7 @@ class LlamaModel:
         # ggml_backend_amx_mul_mat on AMX-capable Xeons (measured on the dev machine);
         # the plain path is safe and was faster there.
         params.use_extra_bufts = extra_buffers
+        params.vocab_only = vocab_only
         handle = ll.llama_model_load_from_file(str(p).encode(), params)
         if not handle:
             raise ModelError(

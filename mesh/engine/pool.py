@@ -45,7 +45,7 @@ from mesh.engine.types import (
     TurnResult,
 )
 
-__all__ = ["MAX_SEQUENCES", "SharedKVPool"]
+__all__ = ["MAX_SEQUENCES", "SharedKVPool", "Tokenizer", "open_tokenizer"]
 
 T = TypeVar("T")
 Progress = Callable[[int, int], None]
@@ -53,6 +53,23 @@ Progress = Callable[[int, int], None]
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the prefix sequence counts toward it
 PREFIX_SEQ = 0
 _RATE_WINDOW_S = 5.0
+
+
+class Tokenizer:
+    """A model's vocabulary alone (no weights): counts tokens before a pool exists."""
+
+    def __init__(self, model_path: str) -> None:
+        self._model = LlamaModel(model_path, vocab_only=True)
+
+    def count(self, text: str) -> int:
+        return len(self._model.tokenize(text, add_bos=False))
+
+    def close(self) -> None:
+        self._model.close()
+
+
+def open_tokenizer(model_path: str) -> Tokenizer:
+    return Tokenizer(model_path)
 
 
 def _step_ewma(old: float | None, new: float) -> float:

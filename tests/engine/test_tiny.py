@@ -8,20 +8,60 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
-import llama_cpp
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from mesh.engine import tiny
+from mesh.engine.llama import Batch, LlamaContext, LlamaModel
+
+N_CTX = 256
 
 
 @contextlib.contextmanager
-def open_llama(path: Path) -> Iterator[llama_cpp.Llama]:
-    llm = llama_cpp.Llama(str(path), n_ctx=256, n_threads=1, logits_all=True, verbose=False)
+def open_model(path: Path) -> Iterator[LlamaModel]:
+    model = LlamaModel(path)
     try:
-        yield llm
+        yield model
     finally:
-        llm.close()
+        model.close()
+
+
+@contextlib.contextmanager
+def open_context(model: LlamaModel) -> Iterator[tuple[LlamaContext, Batch]]:
+    ctx = LlamaContext(
+        model,
+        n_ctx=N_CTX,
+        n_seq_max=1,
+        n_batch=N_CTX,
+        n_outputs_max=N_CTX,
+        n_threads=1,
+        swa_full=False,
+    )
+    batch = Batch(N_CTX)
+    try:
+        yield ctx, batch
+    finally:
+        batch.close()
+        ctx.close()
+
+
+def decode(
+    ctx: LlamaContext, batch: Batch, tokens: list[int], start: int, *, all_logits: bool
+) -> list[npt.NDArray[np.float32]]:
+    """Decode ``tokens`` at positions from ``start``; copies of the logits rows asked for."""
+    batch.clear()
+    rows = [
+        batch.add(tok, start + i, 0, all_logits or i == len(tokens) - 1)
+        for i, tok in enumerate(tokens)
+    ]
+    assert ctx.decode(batch) == 0
+    wanted = rows if all_logits else rows[-1:]
+    return [ctx.logits_row(i).copy() for i in wanted]
+
+
+def detokenize(model: LlamaModel, tokens: list[int]) -> str:
+    return b"".join(model.token_bytes(t) for t in tokens).decode()
 
 
 def longest_run(tokens: list[int]) -> int:
@@ -68,22 +108,25 @@ def test_unknown_variant_is_refused(tmp_path: Path) -> None:
 
 
 def test_loads_and_decodes(model_path: Path) -> None:
-    with open_llama(model_path) as llm:
-        tokens = llm.tokenize(b"The worker sends a request to the model.")
-        llm.eval(tokens)
-        logits = np.asarray(llm.scores[: len(tokens)])
+    with open_model(model_path) as model, open_context(model) as (ctx, batch):
+        tokens = model.tokenize("The worker sends a request to the model.", add_bos=True)
+        logits = np.stack(decode(ctx, batch, tokens, 0, all_logits=True))
+    assert logits.shape == (len(tokens), model.n_vocab)
     assert np.isfinite(logits).all()
     assert logits.std(axis=1).min() > 0.5  # every row spread out, not flat
     assert len({int(row.argmax()) for row in logits}) > 1
 
 
 def test_greedy_generation_wanders(model_path: Path) -> None:
-    with open_llama(model_path) as llm:
+    with open_model(model_path) as model, open_context(model) as (ctx, batch):
+        prompt = model.tokenize("Hello there, model.", add_bos=True)
+        (row,) = decode(ctx, batch, prompt, 0, all_logits=False)
         out: list[int] = []
-        for token in llm.generate(llm.tokenize(b"Hello there, model."), temp=0.0):
-            out.append(token)
+        while True:
+            out.append(int(row.argmax()))
             if len(out) == 64:
                 break
+            (row,) = decode(ctx, batch, out[-1:], len(prompt) + len(out) - 1, all_logits=False)
     assert len(out) == 64
     assert longest_run(out) < 8
     assert len(set(out[32:])) > 8
@@ -91,22 +134,22 @@ def test_greedy_generation_wanders(model_path: Path) -> None:
 
 def test_english_tokenizes_to_about_a_token_per_word(tiny_model_path: Path) -> None:
     text = "the worker will read the file and write the result for each step of the task"
-    with open_llama(tiny_model_path) as llm:
-        tokens = llm.tokenize(text.encode(), add_bos=False)
-        assert llm.detokenize(tokens).decode().strip() == text
+    with open_model(tiny_model_path) as model:
+        tokens = model.tokenize(text, add_bos=False)
+        assert detokenize(model, tokens).strip() == text
     assert len(tokens) <= 1.3 * len(text.split())
 
 
 def test_bytes_outside_the_vocabulary_round_trip(tiny_model_path: Path) -> None:
     text = "naïve → 東京\n\ttabs"
-    with open_llama(tiny_model_path) as llm:
-        tokens = llm.tokenize(text.encode(), add_bos=False)
-        assert llm.detokenize(tokens).decode().strip() == text
+    with open_model(tiny_model_path) as model:
+        tokens = model.tokenize(text, add_bos=False)
+        assert detokenize(model, tokens).strip() == text
 
 
 def test_gemma3_has_a_sliding_window(tiny_gemma3_path: Path) -> None:
-    with open_llama(tiny_gemma3_path) as llm:
-        assert llama_cpp.llama_model_n_swa(llm._model.model) == tiny.SLIDING_WINDOW
+    with open_model(tiny_gemma3_path) as model:
+        assert model.n_swa == tiny.SLIDING_WINDOW
 
 
 def test_tiny_model_path_writes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
