@@ -1,0 +1,260 @@
+"""Client commands: ``mesh send``, ``mesh tasks``, ``mesh cancel``, ``mesh capacity``.
+
+They talk to any A2A agent through the a2a-sdk client (``capacity`` is a plain GET of the
+coordinator's ``/capacity``). Every command takes ``--token`` (default: ``$MESH_TOKEN``).
+
+Exit status of ``send`` follows the task's final state: 0 completed, 1 failed,
+2 canceled or rejected, 3 stopped in another state (input or auth required),
+4 the request itself failed (unreachable, 401, 429, bad request). ``cancel`` exits 0
+when the task ends canceled, 1 when it cannot be canceled (unknown or already finished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import uuid
+from typing import Any
+
+import httpx
+from a2a.client import Client, ClientConfig, ClientFactory
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.constants import TransportProtocol
+from a2a.utils.errors import A2AError
+
+__all__ = ["exit_status", "register"]
+
+EXIT_COMPLETED, EXIT_FAILED, EXIT_CANCELED, EXIT_OTHER, EXIT_ERROR = 0, 1, 2, 3, 4
+
+_TERMINAL = frozenset(
+    {
+        pb.TaskState.TASK_STATE_COMPLETED,
+        pb.TaskState.TASK_STATE_FAILED,
+        pb.TaskState.TASK_STATE_CANCELED,
+        pb.TaskState.TASK_STATE_REJECTED,
+    }
+)
+
+
+def exit_status(state: int) -> int:
+    """The exit status for a task that ended in ``state``."""
+    if state == pb.TaskState.TASK_STATE_COMPLETED:
+        return EXIT_COMPLETED
+    if state == pb.TaskState.TASK_STATE_FAILED:
+        return EXIT_FAILED
+    if state in (pb.TaskState.TASK_STATE_CANCELED, pb.TaskState.TASK_STATE_REJECTED):
+        return EXIT_CANCELED
+    return EXIT_OTHER
+
+
+def _state_name(state: int) -> str:
+    name: str = pb.TaskState.Name(state)
+    return name.removeprefix("TASK_STATE_").lower()
+
+
+def _text(parts: Any) -> str:
+    return "".join(p.text for p in parts if p.HasField("text"))
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    token: str | None = args.token or os.environ.get("MESH_TOKEN") or None
+    return token
+
+
+def _http(args: argparse.Namespace) -> httpx.AsyncClient:
+    token = _token(args)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(args.timeout, connect=10.0))
+
+
+async def _client(http: httpx.AsyncClient, url: str, *, streaming: bool) -> Client:
+    config = ClientConfig(
+        httpx_client=http,
+        streaming=streaming,
+        supported_protocol_bindings=[
+            TransportProtocol.JSONRPC.value,
+            TransportProtocol.HTTP_JSON.value,
+        ],
+    )
+    return await ClientFactory(config).create_from_url(url.rstrip("/"))
+
+
+def _err(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+# --------------------------------------------------------------------------- send
+
+
+async def _send(args: argparse.Namespace) -> int:
+    async with _http(args) as http:
+        client = await _client(http, args.url, streaming=args.stream)
+        request = pb.SendMessageRequest(
+            message=pb.Message(
+                role=pb.Role.ROLE_USER,
+                message_id=uuid.uuid4().hex,
+                parts=[pb.Part(text=args.text)],
+            )
+        )
+        task_id = ""
+        state = pb.TaskState.TASK_STATE_UNSPECIFIED
+        streamed = False
+        try:
+            async for response in client.send_message(request):
+                if response.HasField("message"):
+                    print(_text(response.message.parts))
+                    return EXIT_COMPLETED
+                if response.HasField("task"):
+                    task_id, state = response.task.id, response.task.status.state
+                    if args.stream:
+                        print(f"[{_state_name(state)}] task {task_id}", file=sys.stderr)
+                elif response.HasField("status_update"):
+                    update = response.status_update
+                    task_id, state = update.task_id, update.status.state
+                    note = _text(update.status.message.parts)
+                    print(f"[{_state_name(state)}] {note}".rstrip(), file=sys.stderr)
+                elif response.HasField("artifact_update"):
+                    artifact = response.artifact_update.artifact
+                    if artifact.artifact_id.startswith("stream-"):
+                        sys.stdout.write(_text(artifact.parts))
+                        sys.stdout.flush()
+                        streamed = True
+            if not task_id:
+                return _err("the agent answered with neither a message nor a task")
+            task = await client.get_task(pb.GetTaskRequest(id=task_id))
+        except A2AError as e:
+            return _err(str(e))
+        finally:
+            await client.close()
+    if streamed:
+        print()
+    answer = _answer(task)
+    if answer:
+        print(answer)
+    reason = _text(task.status.message.parts)
+    print(f"[{_state_name(task.status.state)}] task {task.id}: {reason}", file=sys.stderr)
+    return exit_status(task.status.state)
+
+
+def _answer(task: pb.Task) -> str:
+    for artifact in task.artifacts:
+        if artifact.artifact_id == "answer":
+            return _text(artifact.parts)
+    finals = [a for a in task.artifacts if not a.artifact_id.startswith("stream-")]
+    return "\n".join(_text(a.parts) for a in finals)
+
+
+# --------------------------------------------------------------------------- tasks / cancel
+
+
+async def _tasks(args: argparse.Namespace) -> int:
+    async with _http(args) as http:
+        client = await _client(http, args.url, streaming=False)
+        request = pb.ListTasksRequest(page_size=args.limit)
+        if args.state:
+            request.status = pb.TaskState.Value("TASK_STATE_" + args.state.upper())
+        try:
+            page = await client.list_tasks(request)
+        except A2AError as e:
+            return _err(str(e))
+        finally:
+            await client.close()
+    if not page.tasks:
+        print("no tasks")
+        return 0
+    print(f"{'ID':36}  {'STATE':10}  {'UPDATED':20}  STATUS")
+    for task in page.tasks:
+        when = task.status.timestamp.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
+        note = _text(task.status.message.parts).replace("\n", " ")[:60]
+        print(f"{task.id:36}  {_state_name(task.status.state):10}  {when:20}  {note}")
+    if page.total_size > len(page.tasks):
+        print(f"({len(page.tasks)} of {page.total_size}; --limit N for more)")
+    return 0
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    async with _http(args) as http:
+        client = await _client(http, args.url, streaming=False)
+        try:
+            task = await client.cancel_task(pb.CancelTaskRequest(id=args.id))
+        except A2AError as e:
+            print(f"error: cannot cancel {args.id}: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        finally:
+            await client.close()
+    print(f"[{_state_name(task.status.state)}] task {task.id}")
+    return 0 if task.status.state == pb.TaskState.TASK_STATE_CANCELED else EXIT_FAILED
+
+
+async def _capacity(args: argparse.Namespace) -> int:
+    async with _http(args) as http:
+        try:
+            response = await http.get(args.url.rstrip("/") + "/capacity")
+        except httpx.HTTPError as e:
+            return _err(f"cannot reach {args.url}: {e}")
+    if response.status_code != 200:
+        return _err(f"GET /capacity answered {response.status_code}: {response.text[:200]}")
+    print(json.dumps(response.json(), indent=2, sort_keys=True))
+    return 0
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+def _runner(coro_fn: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(asyncio.run(coro_fn(args)))
+        except httpx.HTTPError as e:
+            return _err(str(e))
+        except A2AError as e:
+            return _err(str(e))
+
+    return run
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="the agent's base URL, e.g. http://127.0.0.1:8700")
+    parser.add_argument("--token", help="bearer token (default: $MESH_TOKEN)")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for a reply (default 600)"
+    )
+
+
+def register(subparsers: Any) -> None:
+    """Add ``send``, ``tasks``, ``cancel`` and ``capacity`` to the ``mesh`` command."""
+    send = subparsers.add_parser(
+        "send",
+        help="send a message to an A2A agent and print the answer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(send)
+    send.add_argument("text", help="the message text")
+    send.add_argument(
+        "--stream", action="store_true", help="stream status and generated text as they arrive"
+    )
+    send.set_defaults(func=_runner(_send))
+
+    tasks = subparsers.add_parser("tasks", help="list the tasks an agent holds for you")
+    _common(tasks)
+    tasks.add_argument("--limit", type=int, default=50, help="most tasks to list (1..100)")
+    tasks.add_argument(
+        "--state",
+        choices=["submitted", "working", "completed", "failed", "canceled", "rejected"],
+        help="only tasks in this state",
+    )
+    tasks.set_defaults(func=_runner(_tasks))
+
+    cancel = subparsers.add_parser("cancel", help="cancel a task")
+    _common(cancel)
+    cancel.add_argument("id", help="the task id")
+    cancel.set_defaults(func=_runner(_cancel))
+
+    capacity = subparsers.add_parser("capacity", help="show the coordinator's /capacity")
+    _common(capacity)
+    capacity.set_defaults(func=_runner(_capacity))

@@ -1,0 +1,181 @@
+"""``mesh serve``: one process with the engine pool, the gate and the A2A coordinator.
+
+This is where the objects are built and wired; the library never imports the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mesh.engine.types import EngineConfig, EngineError
+from mesh.worker.types import Subtask, Worker, WorkerResult
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="serve the A2A coordinator on one shared KV pool")
+    p.add_argument("--project", default=None,
+                   help="project directory the prefix describes and tools read "
+                        "(default: the current directory if it is a git checkout, "
+                        "else the template's sample project)")
+    p.add_argument("--template", default="light",
+                   help="'light', 'heavy', or a path to a template folder")
+    p.add_argument("--prefix-tokens", type=int, default=None,
+                   help="target prefix size (default: the template's; heavy scales to 128K)")
+    p.add_argument("--model", default=None,
+                   help="GGUF path or 'tiny' (default: $MESH_MODEL, else Gemma 3 270M)")
+    p.add_argument("--floor-tps", type=float, default=5.0,
+                   help="tokens/s every running worker must keep (default 5)")
+    p.add_argument("--policy", default="floor", help="floor | legacy | static:N | none")
+    p.add_argument("--max-queue", type=int, default=64, help="queued tasks before HTTP 429")
+    p.add_argument("--max-sessions", type=int, default=16, help="pool session slots")
+    p.add_argument("--session-budget", type=int, default=2048,
+                   help="most suffix tokens one session may hold")
+    p.add_argument("--pool", choices=("shared", "naive"), default="shared",
+                   help="naive: every worker prefills its own prefix copy (baseline)")
+    p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1; anything else needs --auth-token)")
+    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--public-url", default=None, help="URL advertised on the agent card")
+    p.add_argument("--data-dir", default=".mesh", help="task store and prefix cache")
+    p.add_argument("--auth-token", default=os.environ.get("MESH_AUTH_TOKEN"),
+                   help="require 'Authorization: Bearer TOKEN' (or set MESH_AUTH_TOKEN)")
+    p.add_argument("--peer", action="append", default=[], metavar="URL",
+                   help="another A2A agent workers may delegate to (repeatable)")
+    p.add_argument("--allow-private-push", action="store_true",
+                   help="allow push-notification URLs on loopback/private networks")
+    p.set_defaults(func=run)
+
+
+@dataclass
+class DispatchWorker:
+    """Runs a scenario subtask (``params.scenario``) on a ScenarioWorker, anything else on
+    the template's agent loop. One instance per subtask."""
+
+    engine: Any
+    template: Any
+    tools: Mapping[str, Any]
+
+    async def run(self, subtask: Subtask, emit: Any) -> WorkerResult:
+        from mesh.worker import AgentWorker, ScenarioWorker
+
+        worker: Worker
+        if subtask.params.get("scenario"):
+            worker = ScenarioWorker(self.engine, self.template)
+        else:
+            worker = AgentWorker(self.engine, self.template, self.tools)
+        return await worker.run(subtask, emit)
+
+
+def _default_project(template: Any) -> Path:
+    from mesh.template import sample_project_dir
+
+    cwd = Path.cwd()
+    if (cwd / ".git").exists():
+        return cwd
+    return sample_project_dir()
+
+
+def run(args: argparse.Namespace) -> int:
+    from mesh.coordinator.app import run_server
+
+    try:
+        built = asyncio.run(_build(args))
+    except (EngineError, ValueError, OSError) as exc:
+        print(f"mesh serve: {exc}", file=sys.stderr)
+        return 2
+    app, pool, peers = built
+    try:
+        return run_server(app, args.host, args.port)
+    finally:
+        asyncio.run(_close(pool, peers))
+
+
+async def _close(pool: Any, peers: Any) -> None:
+    if peers is not None:
+        await peers.aclose()
+    await pool.aclose()
+
+
+async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from mesh.api import api_routes
+    from mesh.coordinator.app import build_app
+    from mesh.coordinator.config import CoordinatorConfig
+    from mesh.coordinator.peers import PeerClient
+    from mesh.engine.models import resolve_model
+    from mesh.engine.pool import SharedKVPool, open_tokenizer
+    from mesh.gate import FloorGate, GateConfig
+    from mesh.template import build_prefix, load_template
+    from mesh.worker import ProjectTools, delegate_tool
+
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth_token:
+        print(f"warning: binding {args.host} without --auth-token: anyone who can reach "
+              "this address can use the agent", file=sys.stderr)
+    coord = CoordinatorConfig(host=args.host, port=args.port, public_url=args.public_url,
+                              data_dir=args.data_dir, auth_token=args.auth_token,
+                              peers=tuple(args.peer),
+                              allow_private_push=args.allow_private_push)
+    coord.validate()
+    gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
+                                 max_queue=args.max_queue)
+    gate_cfg.validate()
+    template = load_template(args.template)
+    project = Path(args.project) if args.project else _default_project(template)
+    if not project.is_dir():
+        raise ValueError(f"project directory not found: {project}; pass --project DIR")
+    model = resolve_model(args.model)
+    tokenizer = open_tokenizer(str(model.path))
+    try:
+        prefix = build_prefix(template, project, tokenizer.count,
+                              target_tokens=args.prefix_tokens)
+    finally:
+        tokenizer.close()
+    peers = PeerClient(args.peer, token=None) if args.peer else None
+    prefix_text = prefix.text
+    if peers is not None:
+        prefix_text += "\n\n" + await peers.describe()
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cfg = EngineConfig(model_path=str(model.path), max_sessions=args.max_sessions,
+                       session_budget=args.session_budget, n_threads=args.threads,
+                       cache_dir=str(data_dir / "prefix-cache"),
+                       share_prefix=args.pool == "shared")
+    pool = SharedKVPool(cfg, prefix_text)
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rprefix: {done}/{total} tokens decoded", end="", file=sys.stderr, flush=True)
+
+    print(f"model: {model.name} ({model.source}) {model.path}", file=sys.stderr)
+    print(f"template: {template.name}; project: {project} "
+          f"({len(prefix.included)} files in the prefix, {len(prefix.skipped)} skipped)",
+          file=sys.stderr)
+    info = await pool.start(progress)
+    print(file=sys.stderr)
+    how = "warm-started from cache" if info.warm_started else f"decoded in {info.build_s:.1f}s"
+    print(f"prefix: {info.prefix_tokens} tokens, sha256 {info.prefix_hash[:16]}, {how}; "
+          f"pool: {args.pool}, {info.max_sessions} sessions x {info.session_budget} tokens, "
+          f"{info.n_ctx} KV cells", file=sys.stderr)
+    gate = FloorGate(pool, gate_cfg)
+    tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
+    if peers is not None:
+        tools["delegate"] = delegate_tool(peers.send)
+    app = build_app(
+        coord,
+        worker_factory=lambda: DispatchWorker(pool, template, tools),
+        admission=gate,
+        pool_info=info,
+        extra_routes=api_routes(pool, gate),
+        skills=[s.model_dump() for s in template.manifest.skills],
+    )
+    base = args.public_url or f"http://{args.host}:{args.port}"
+    print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)
+    return app, pool, peers
