@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.kill()
                 proc.wait()
 
-    result = {
+    result: dict[str, Any] = {
         "what": "trivial tasks through the whole A2A stack (HTTP, validation, a2a-sdk handler, "
                 "SQLite task store); the worker is a FAKE that returns at once and the gate "
                 "admits at once, so all time measured is A2A-layer overhead",

@@ -9,11 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
-from coord_helpers import POOL_INFO, FakeAdmission, Probe, ScriptedWorker
 from starlette.applications import Starlette
 
 from mesh.coordinator.app import build_app
 from mesh.coordinator.config import CoordinatorConfig
+from tests.coordinator.coord_helpers import POOL_INFO, FakeAdmission, Probe, ScriptedWorker
 
 
 @pytest.fixture

@@ -263,7 +263,8 @@ def text_of(parts: Any) -> str:
 def artifact(task: pb.Task, artifact_id: str) -> pb.Artifact:
     found = [a for a in task.artifacts if a.artifact_id == artifact_id]
     assert found, f"no artifact {artifact_id} in {[a.artifact_id for a in task.artifacts]}"
-    return found[0]
+    first: pb.Artifact = found[0]
+    return first
 
 
 # --------------------------------------------------------------------------- server

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from coord_helpers import TOKEN_A, TOKEN_B
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from tests.coordinator.coord_helpers import TOKEN_A, TOKEN_B
 
 pytestmark = pytest.mark.anyio
 

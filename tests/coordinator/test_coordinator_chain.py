@@ -6,9 +6,18 @@ from pathlib import Path
 
 import pytest
 from a2a.types import a2a_pb2 as pb
-from coord_helpers import TOKEN_B, Probe, artifact, request, sdk, send_all, serve, text_of
 
 from mesh.coordinator.peers import PeerClient, PeerError
+from tests.coordinator.coord_helpers import (
+    TOKEN_B,
+    Probe,
+    artifact,
+    request,
+    sdk,
+    send_all,
+    serve,
+    text_of,
+)
 
 pytestmark = pytest.mark.anyio
 

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from coord_helpers import TOKEN_A, Served, serve, wait_for
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mesh.cli import client as cli
+from tests.coordinator.coord_helpers import TOKEN_A, Served, serve, wait_for
 
 
 def run(*argv: str) -> int:

@@ -7,7 +7,8 @@ from typing import Any
 
 import httpx
 import pytest
-from coord_helpers import FakeAdmission
+
+from tests.coordinator.coord_helpers import FakeAdmission
 
 pytestmark = pytest.mark.anyio
 

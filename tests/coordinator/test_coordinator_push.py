@@ -10,7 +10,12 @@ from typing import Any
 import httpx
 import pytest
 from a2a.types import a2a_pb2 as pb
-from coord_helpers import (
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.coordinator.coord_helpers import (
     Served,
     await_for,
     request,
@@ -20,10 +25,6 @@ from coord_helpers import (
     serve_asgi,
     wait_terminal,
 )
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 pytestmark = pytest.mark.anyio
 

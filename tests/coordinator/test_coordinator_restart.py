@@ -7,9 +7,18 @@ from pathlib import Path
 
 import pytest
 from a2a.types import a2a_pb2 as pb
-from coord_helpers import S, artifact, await_for, request, sdk, send_all, serve, text_of
 
 from mesh.coordinator.store import INTERRUPTED_REASON, mark_interrupted, open_stores, owner_context
+from tests.coordinator.coord_helpers import (
+    S,
+    artifact,
+    await_for,
+    request,
+    sdk,
+    send_all,
+    serve,
+    text_of,
+)
 
 pytestmark = pytest.mark.anyio
 

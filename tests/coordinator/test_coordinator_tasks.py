@@ -8,7 +8,9 @@ from typing import Any
 import httpx
 import pytest
 from a2a.types import a2a_pb2 as pb
-from coord_helpers import (
+from google.protobuf.json_format import MessageToDict
+
+from tests.coordinator.coord_helpers import (
     FakeAdmission,
     Served,
     artifact,
@@ -20,7 +22,6 @@ from coord_helpers import (
     text_of,
     wait_terminal,
 )
-from google.protobuf.json_format import MessageToDict
 
 pytestmark = pytest.mark.anyio
 
@@ -204,7 +205,7 @@ async def test_subscribe_after_a_dropped_stream(server: Served) -> None:
     async with sdk(server.url) as client:
         stream = client.send_message(request("block until told"))
         first = await anext(stream)
-        await stream.aclose()  # the client goes away; the task keeps running
+        await stream.aclose()  # type: ignore[attr-defined]  # the client goes away
         task_id = first.task.id
         await await_for(lambda: f"{task_id}/s1" in server.probe.started, what="worker start")
         seen: list[pb.StreamResponse] = []
