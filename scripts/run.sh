@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The main job: install (first time only) and run mesh on the embedded default model.
-# Extra arguments go to `mesh`; with none, it runs the shared-pool demo.
+# Extra arguments go to `mesh`; with none, it serves the A2A coordinator (mesh serve).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 if [ "$#" -eq 0 ]; then
-    set -- demo
+    set -- serve
 fi
 exec .venv/bin/mesh "$@"
