@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-if [ "$#" -eq 0 ]; then
-    set -- serve
+if [ "$#" -eq 0 ] || [ "${1#-}" != "$1" ]; then
+    set -- serve "$@"   # no command, or only options: they are mesh serve's
 fi
 exec .venv/bin/mesh "$@"
