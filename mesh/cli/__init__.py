@@ -14,7 +14,7 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 # Modules under mesh.cli, each with register(subparsers).
-_COMMANDS = ("demo", "serve", "client")
+_COMMANDS = ("demo", "serve", "client", "simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

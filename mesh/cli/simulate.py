@@ -1,0 +1,195 @@
+"""``mesh simulate`` and ``mesh sweep``: the seeded scenario harness over real A2A.
+
+``mesh simulate`` starts a coordinator (``mesh serve`` as a subprocess) or targets one at
+``--url``, submits K packages at once and writes ``report.json``, ``report.md`` and plots to
+``--out``; ``--compare KEY=V1,V2`` runs the same scenario once per value. ``mesh sweep``
+runs it at each ``--floors`` value and names the sweet spot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mesh.sim.compare import RunOne, parse_compare, run_compare, run_sweep
+from mesh.sim.progress import ProgressBar
+from mesh.sim.run import plan_for, run_simulation, write_report
+from mesh.sim.server import ServerError
+from mesh.sim.types import POLICIES_HELP, SimConfig, SimRun
+
+__all__ = ["register"]
+
+
+def _scenario_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--template", default="light", help="light, heavy or a template folder (default: light)"
+    )
+    p.add_argument(
+        "--packages",
+        type=int,
+        default=None,
+        metavar="K",
+        help="packages submitted at once (default: the template's)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        metavar="S",
+        help="generate + tool steps per package (default: the template's)",
+    )
+    p.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens generated per step (default: the template's)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="scenario seed (default: 0)")
+    p.add_argument("--policy", default="floor", help=f"gate policy: {POLICIES_HELP}")
+    p.add_argument(
+        "--pool",
+        choices=("shared", "naive"),
+        default="shared",
+        help="shared prefix (default) or a private copy per worker (baseline)",
+    )
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--url", default=None, help="drive the coordinator at this URL")
+    target.add_argument(
+        "--model", default=None, help="model for the coordinator started here (GGUF path or 'tiny')"
+    )
+    p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for the `mesh serve` started here (repeatable)",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds to wait for the started coordinator (default: 300)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="seconds between /capacity samples (default: 0.25)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="run the seeded scenario over A2A and report",
+        description="Exit status: 0 when every package was delivered, 3 when some were not.",
+    )
+    _scenario_args(p)
+    p.add_argument(
+        "--floor-tps",
+        type=float,
+        default=None,
+        metavar="F",
+        help="floor tokens/s per worker (default: the server's)",
+    )
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="KEY=V1,V2",
+        help="run once per value of policy, pool, floor or template",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("sim-report"), help="report folder (default: ./sim-report)"
+    )
+    p.set_defaults(func=run_simulate)
+
+    s = sub.add_parser("sweep", help="run the scenario at several floors; find the sweet spot")
+    _scenario_args(s)
+    s.add_argument("--floors", default="2,4,6,8,12", help="comma-separated floors (tok/s)")
+    s.add_argument(
+        "--max-under",
+        type=float,
+        default=0.05,
+        metavar="SHARE",
+        help="most time under the floor the sweet spot may have (default: 0.05)",
+    )
+    s.add_argument(
+        "--out", type=Path, default=Path("sim-sweep"), help="report folder (default: ./sim-sweep)"
+    )
+    s.set_defaults(func=run_sweep_cmd)
+
+
+def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
+    config = SimConfig(
+        template=args.template,
+        packages=args.packages,
+        steps=args.steps,
+        tokens_per_step=args.tokens_per_step,
+        seed=args.seed,
+        floor_tps=floor,
+        policy=args.policy,
+        pool=args.pool,
+        url=args.url,
+        model=args.model,
+        sample_interval_s=args.interval,
+        startup_timeout_s=args.startup_timeout,
+        serve_args=tuple(args.serve_arg),
+    )
+    config.validate()
+    return config
+
+
+def _runner(args: argparse.Namespace) -> RunOne:
+    def run_one(config: SimConfig, label: str) -> SimRun:
+        total = len(plan_for(config).packages)
+        with ProgressBar(total, label or "packages", disable=args.no_progress) as bar:
+            return run_simulation(config, on_progress=bar, label=label)
+
+    return run_one
+
+
+def _fail(message: str) -> int:
+    print(f"mesh: {message}", file=sys.stderr)
+    return 1
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    try:
+        config = _config(args, args.floor_tps)
+        run_one = _runner(args)
+        if args.compare:
+            key, values = parse_compare(args.compare)
+            if args.url is not None and key in ("policy", "pool", "floor"):
+                return _fail(f"--compare {key} needs a coordinator started here, not --url")
+            result = run_compare(config, key, values, args.out, run_one)
+            print(result.table.read_text(encoding="utf-8"))
+            print(f"reports in {args.out}/", file=sys.stderr)
+            return 0
+        run = run_one(config, "")
+        files = write_report(run, args.out)
+    except (ValueError, ServerError) as exc:
+        return _fail(str(exc))
+    print(files.markdown.read_text(encoding="utf-8").split("\n\n| package")[0])
+    print(f"report: {files.json} , {files.markdown} and {len(files.plots)} plots", file=sys.stderr)
+    summary = files.summary
+    return 0 if summary["delivered"] == summary["submitted"] else 3
+
+
+def run_sweep_cmd(args: argparse.Namespace) -> int:
+    try:
+        floors = [float(f) for f in args.floors.split(",") if f.strip()]
+        if not floors or any(f <= 0 for f in floors):
+            raise ValueError(f"--floors needs positive numbers, got {args.floors!r}")
+        if args.url is not None:
+            raise ValueError("mesh sweep starts its own coordinator per floor; drop --url")
+        config = _config(args, floors[0])
+        result = run_sweep(config, floors, args.out, _runner(args), max_under=args.max_under)
+    except (ValueError, ServerError) as exc:
+        return _fail(str(exc))
+    print(result.table.read_text(encoding="utf-8"))
+    return 0

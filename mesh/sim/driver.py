@@ -1,0 +1,231 @@
+"""Drive a coordinator over A2A: submit every package at once, stream each task's events,
+and sample ``/capacity`` in the background.
+
+Each package is one ``SendStreamingMessage`` through the a2a-sdk client; every streamed
+event is stamped on arrival with the harness clock (:class:`~mesh.sim.types.TaskEvent`).
+A refusal (HTTP 429) is recorded and retried after its ``Retry-After``, so a package is
+slowed, never dropped. Nothing here starts or stops a server (:mod:`mesh.sim.server`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from a2a.client import A2ACardResolver, A2AClientError, Client, ClientConfig, ClientFactory
+from a2a.helpers.proto_helpers import new_data_message
+from a2a.types import a2a_pb2 as pb
+from google.protobuf.json_format import MessageToDict
+
+from mesh.sim.scenario import PackagePlan, Scenario
+from mesh.sim.types import Sample, SimConfig, SimRun, TaskEvent, TaskTimeline
+
+__all__ = ["OnProgress", "drive"]
+
+OnProgress = Callable[[SimRun], None]
+
+_TERMINAL = {
+    pb.TaskState.TASK_STATE_COMPLETED: "completed",
+    pb.TaskState.TASK_STATE_FAILED: "failed",
+    pb.TaskState.TASK_STATE_REJECTED: "rejected",
+    pb.TaskState.TASK_STATE_CANCELED: "canceled",
+}
+_STEP_EVENTS = ("queued", "admitted", "turn_started", "tool_call", "tool_result")
+_TEXT_MAX = 200
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self) -> float:
+        return round(time.monotonic() - self.t0, 4)
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds to wait if ``exc`` (or its cause) is an HTTP 429, else None."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == 429:
+            try:
+                return max(0.1, float(cause.response.headers.get("retry-after", "1")))
+            except ValueError:
+                return 1.0
+        cause = cause.__cause__
+    return None
+
+
+def _status_event(t: float, update: pb.TaskStatusUpdateEvent) -> TaskEvent:
+    # The coordinator's step metadata may ride on the event or on its status message.
+    meta: dict[str, Any] = {}
+    if update.status.message.HasField("metadata"):
+        meta.update(MessageToDict(update.status.message.metadata))
+    if update.HasField("metadata"):
+        meta.update(MessageToDict(update.metadata))
+    text = " ".join(p.text for p in update.status.message.parts if p.HasField("text"))
+    kind = str(meta.get("event", ""))
+    if update.status.state in _TERMINAL:
+        kind = _TERMINAL[update.status.state]
+    elif kind not in _STEP_EVENTS:
+        kind = "status"
+    position = meta.get("queue_position")
+    return TaskEvent(
+        t=t,
+        kind=kind,
+        turn=int(meta.get("turn", 0) or 0),
+        queue_position=int(position) if position is not None else None,
+        text=text[:_TEXT_MAX],
+    )
+
+
+def _answer_tokens(artifact: pb.Artifact) -> int:
+    total = 0
+    for part in artifact.parts:
+        if part.HasField("data"):
+            data: Any = MessageToDict(part.data)
+            if isinstance(data, dict):
+                for sub in data.get("subtasks", []):
+                    total += int(sub.get("num_generated", 0))
+    return total
+
+
+class _Driver:
+    def __init__(
+        self,
+        client: Client,
+        config: SimConfig,
+        run: SimRun,
+        clock: _Clock,
+        on_progress: OnProgress | None,
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.run = run
+        self.clock = clock
+        self.on_progress = on_progress
+
+    def progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.run)
+
+    async def package(self, plan: PackagePlan, timeline: TaskTimeline) -> None:
+        for attempt in range(self.config.max_retries + 1):
+            timeline.submitted_t = timeline.submitted_t or self.clock()
+            timeline.events.append(TaskEvent(self.clock(), "submitted"))
+            try:
+                await asyncio.wait_for(self._stream(plan, timeline), self.config.task_timeout_s)
+            except A2AClientError as exc:
+                wait = _retry_after(exc)
+                if wait is not None and attempt < self.config.max_retries:
+                    timeline.num_retries += 1
+                    timeline.events.append(TaskEvent(self.clock(), "rejected_429", text=str(exc)))
+                    await asyncio.sleep(wait)
+                    continue
+                self._finish(timeline, "error", f"{type(exc).__name__}: {exc}")
+            except TimeoutError:
+                self._finish(timeline, "error", f"no end within {self.config.task_timeout_s} s")
+            if timeline.done_t is None:
+                self._finish(timeline, "error", "the stream ended before a terminal state")
+            return
+
+    def _finish(self, timeline: TaskTimeline, state: str, error: str = "") -> None:
+        if timeline.done_t is not None:
+            return
+        timeline.done_t = self.clock()
+        timeline.state = state
+        timeline.error = error
+        if state == "error":
+            timeline.events.append(TaskEvent(timeline.done_t, "error", text=error[:_TEXT_MAX]))
+        self.progress()
+
+    async def _stream(self, plan: PackagePlan, timeline: TaskTimeline) -> None:
+        message = new_data_message(plan.message_data(), role=pb.Role.ROLE_USER)
+        request = pb.SendMessageRequest(message=message)
+        async for event in self.client.send_message(request):
+            t = self.clock()
+            if event.HasField("task"):
+                timeline.task_id = event.task.id
+                timeline.events.append(TaskEvent(t, "task"))
+                state = event.task.status.state
+                if state in _TERMINAL:  # a non-streaming answer, or an already-ended task
+                    timeline.events.append(TaskEvent(t, _TERMINAL[state]))
+                    for artifact in event.task.artifacts:
+                        timeline.num_generated += _answer_tokens(artifact)
+                    self._finish(timeline, _TERMINAL[state])
+            elif event.HasField("status_update"):
+                timeline.task_id = timeline.task_id or event.status_update.task_id
+                ev = _status_event(t, event.status_update)
+                timeline.events.append(ev)
+                if ev.kind in _TERMINAL.values():
+                    self._finish(timeline, ev.kind, "" if ev.kind == "completed" else ev.text)
+            elif event.HasField("artifact_update"):
+                artifact = event.artifact_update.artifact
+                if artifact.name == "answer":
+                    timeline.num_generated += _answer_tokens(artifact)
+                else:
+                    timeline.events.append(TaskEvent(t, "text"))
+            if timeline.done_t is not None:
+                return
+
+
+async def _sample(
+    http: httpx.AsyncClient,
+    url: str,
+    run: SimRun,
+    clock: _Clock,
+    interval_s: float,
+    on_sample: Callable[[], None],
+) -> None:
+    """Append one ``/capacity`` sample every ``interval_s`` until cancelled."""
+    next_at = time.monotonic()
+    while True:
+        t = clock()
+        try:
+            response = await http.get(url.rstrip("/") + "/capacity")
+            if response.status_code == 200:
+                run.samples.append(Sample(t, response.json()))
+                on_sample()
+        except (httpx.HTTPError, ValueError):
+            pass  # a missed sample is a gap in the plot, not a failed run
+        next_at += interval_s
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+
+async def drive(
+    url: str,
+    config: SimConfig,
+    scenario: Scenario,
+    *,
+    on_progress: OnProgress | None = None,
+) -> SimRun:
+    """Submit every package of ``scenario`` to the coordinator at ``url`` at once and
+    collect the run (samples and timelines). Returns when every task has ended."""
+    run = SimRun(config, scenario.to_json(), scenario.tokens_per_step)
+    run.tasks = [TaskTimeline(p.index) for p in scenario.packages]
+    limits = httpx.Limits(max_connections=len(scenario.packages) + 8)
+    timeout = httpx.Timeout(30.0, read=None)  # a queued task may be silent for long
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+        factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
+        card = await A2ACardResolver(http, url).get_agent_card()
+        client = factory.create(card)
+        run.server = {"url": url, "name": card.name, "version": card.version}
+        clock = _Clock()
+        driver = _Driver(client, config, run, clock, on_progress)
+        sampler = asyncio.create_task(
+            _sample(http, url, run, clock, config.sample_interval_s, driver.progress)
+        )
+        try:
+            await asyncio.gather(
+                *(driver.package(p, tl) for p, tl in zip(scenario.packages, run.tasks, strict=True))
+            )
+            run.wall_s = clock()
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            await client.close()
+    return run

@@ -1,0 +1,149 @@
+"""What one simulation run collects: its config, ``/capacity`` samples, task timelines.
+
+Pure data, JSON-able through ``to_json``. Times are seconds since the run's start on the
+harness's own monotonic clock (client-side timestamps), so samples and task events share
+one axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Sample", "SimConfig", "SimRun", "TaskEvent", "TaskTimeline"]
+
+POLICIES_HELP = "floor, legacy, static:N or none"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One scenario run. ``url`` set: drive that coordinator; else start ``mesh serve``."""
+
+    template: str = "light"
+    packages: int | None = None  # None: the template's scenario default
+    steps: int | None = None
+    tokens_per_step: int | None = None
+    seed: int = 0
+    floor_tps: float | None = None  # None: the server's default
+    policy: str = "floor"
+    pool: str = "shared"  # "shared" | "naive"
+    url: str | None = None
+    model: str | None = None  # GGUF path or "tiny"; None: the server's default
+    sample_interval_s: float = 0.25
+    startup_timeout_s: float = 300.0
+    task_timeout_s: float = 1800.0
+    max_retries: int = 20  # per package, on HTTP 429
+    serve_args: tuple[str, ...] = ()  # extra `mesh serve` arguments
+
+    def validate(self) -> None:
+        if self.pool not in ("shared", "naive"):
+            raise ValueError(f"pool must be 'shared' or 'naive', got {self.pool!r}")
+        if self.floor_tps is not None and not self.floor_tps > 0:
+            raise ValueError(f"floor_tps must be > 0, got {self.floor_tps}")
+        name, _, arg = self.policy.partition(":")
+        if name not in ("floor", "legacy", "static", "none") or (name == "static") != bool(arg):
+            raise ValueError(f"policy must be {POLICIES_HELP}, got {self.policy!r}")
+        if not self.sample_interval_s > 0:
+            raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
+        for key in ("packages", "steps", "tokens_per_step"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["serve_args"] = list(self.serve_args)
+        return out
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One ``GET /capacity`` answer, at ``t`` seconds into the run."""
+
+    t: float
+    capacity: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """One streamed event of a task, as the client saw it.
+
+    ``kind``: ``submitted`` (request sent), ``task`` (the task object arrived), ``queued``,
+    ``admitted``, ``turn_started``, ``tool_call``, ``tool_result``, ``text`` (artifact
+    chunk), ``status`` (other), ``rejected_429``, then a terminal ``completed`` /
+    ``failed`` / ``rejected`` / ``canceled`` / ``error``.
+    """
+
+    t: float
+    kind: str
+    turn: int = 0
+    queue_position: int | None = None
+    text: str = ""
+
+
+@dataclass
+class TaskTimeline:
+    """Everything the client saw of one package's task."""
+
+    package: int
+    task_id: str = ""
+    events: list[TaskEvent] = field(default_factory=list)
+    state: str = "pending"  # final: completed | failed | rejected | canceled | error
+    submitted_t: float | None = None  # first request sent
+    done_t: float | None = None  # terminal event received
+    num_generated: int = 0  # from the answer artifact
+    num_retries: int = 0  # 429s before the coordinator took the task
+    error: str = ""
+
+    @property
+    def is_delivered(self) -> bool:
+        return self.state == "completed"
+
+    @property
+    def delivery_s(self) -> float | None:
+        if not self.is_delivered or self.submitted_t is None or self.done_t is None:
+            return None
+        return self.done_t - self.submitted_t
+
+    def first(self, kind: str) -> float | None:
+        return next((e.t for e in self.events if e.kind == kind), None)
+
+    def turn_rates(self, tokens_per_step: int) -> list[tuple[int, float, float, float]]:
+        """``(turn, start_t, end_t, tokens/s)`` per turn: from ``turn_started`` to the
+        turn's ``tool_call`` (the generation of ``tokens_per_step`` tokens, plus the
+        prefill of the previous tool result, as the client observed it)."""
+        starts = {e.turn: e.t for e in self.events if e.kind == "turn_started"}
+        out: list[tuple[int, float, float, float]] = []
+        for e in self.events:
+            if e.kind == "tool_call" and e.turn in starts and e.t > starts[e.turn]:
+                start = starts[e.turn]
+                out.append((e.turn, start, e.t, tokens_per_step / (e.t - start)))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "package": self.package,
+            "task_id": self.task_id,
+            "state": self.state,
+            "submitted_t": self.submitted_t,
+            "done_t": self.done_t,
+            "delivery_s": self.delivery_s,
+            "num_generated": self.num_generated,
+            "num_retries": self.num_retries,
+            "error": self.error,
+            "events": [asdict(e) for e in self.events],
+        }
+
+
+@dataclass
+class SimRun:
+    """One run: its config, the scenario it drove and what was observed."""
+
+    config: SimConfig
+    scenario: dict[str, Any]  # Scenario.to_json()
+    tokens_per_step: int
+    samples: list[Sample] = field(default_factory=list)
+    tasks: list[TaskTimeline] = field(default_factory=list)
+    wall_s: float = 0.0
+    server: dict[str, Any] = field(default_factory=dict)  # url, card name, started here
+    label: str = ""  # the compare/sweep value this run stands for

@@ -1,0 +1,176 @@
+"""Report writing is pure: synthetic runs in, files and a complete summary out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mesh.sim.compare import (
+    apply_value,
+    parse_compare,
+    sweet_spot,
+    write_comparison,
+    write_sweep,
+)
+from mesh.sim.plots import PLOT_NAMES
+from mesh.sim.report import SUMMARY_KEYS, percentile, summarize
+from mesh.sim.run import write_report
+from mesh.sim.types import Sample, SimConfig, SimRun, TaskEvent, TaskTimeline
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _cap(workers: int, queue: int, decoding: int, min_tps: float | None) -> dict[str, Any]:
+    return {
+        "floor_tps": 4.0,
+        "policy": "floor",
+        "sessions": {"total": workers, "prefilling": 0, "decoding": decoding, "idle": 0},
+        "tickets": workers,
+        "measured_tps": {"count": workers, "min": min_tps, "p50": min_tps},
+        "queue_len": queue,
+        "kv_cells": {
+            "used": 100 + 10 * workers,
+            "total": 4096,
+            "prefix": 100,
+            "naive_equivalent": 110 * workers,
+            "reduction": (110 * workers) / (100 + 10 * workers) if workers else 1.0,
+        },
+    }
+
+
+def _task(package: int, start: float, end: float | None, state: str = "completed") -> TaskTimeline:
+    t = TaskTimeline(package, task_id=f"t{package}", submitted_t=start)
+    t.events = [
+        TaskEvent(start, "submitted"),
+        TaskEvent(start + 0.1, "admitted"),
+        TaskEvent(start + 0.1, "turn_started", turn=1),
+        TaskEvent(start + 0.5, "tool_call", turn=1),
+        TaskEvent(start + 0.7, "turn_started", turn=2),
+        TaskEvent(start + 0.9, "tool_call", turn=2),
+    ]
+    if end is not None:
+        t.events.append(TaskEvent(end, state))
+        t.done_t, t.state = end, state
+        t.num_generated = 16 if state == "completed" else 0
+    return t
+
+
+def make_run(pool: str = "shared", label: str = "") -> SimRun:
+    run = SimRun(SimConfig(pool=pool, floor_tps=4.0), {"steps": 2, "packages": []}, 8)
+    caps = [(0, 0, 0, None), (2, 1, 2, 5.0), (2, 1, 2, 3.0), (2, 0, 1, 1.0), (1, 0, 0, 9.0)]
+    run.samples = [Sample(0.25 * i, _cap(*c)) for i, c in enumerate(caps)]
+    run.tasks = [_task(0, 0.0, 1.0), _task(1, 0.0, 2.0), _task(2, 0.0, None)]
+    run.tasks[2].state, run.tasks[2].done_t = "error", 2.5
+    run.wall_s = 2.5
+    run.server = {"url": "http://127.0.0.1:1"}
+    run.label = label
+    return run
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0], 95) == pytest.approx(1.95)
+
+
+def test_summary_has_every_key_with_the_defined_values() -> None:
+    s = summarize(make_run())
+    assert set(SUMMARY_KEYS) <= set(s)
+    assert s["submitted"] == 3 and s["delivered"] == 2 and s["failed"] == 1
+    assert s["p50_delivery_s"] == pytest.approx(1.5)
+    assert s["p95_delivery_s"] == pytest.approx(1.95)
+    assert s["max_workers"] == 2
+    assert s["mean_workers"] == pytest.approx(1.4)
+    # Samples with a decoding worker: min 5, 3, 1 against floor 4.
+    assert s["time_under_floor"] == pytest.approx(2 / 3, abs=1e-4)
+    assert s["deep_sub_floor"] == pytest.approx(1 / 3, abs=1e-4)
+    assert s["agg_tps"] == pytest.approx(32 / 2.5)
+    assert s["kv_reduction_peak"] == pytest.approx(220 / 120, abs=1e-3)
+    assert s["prefill_tokens_saved"] == 100 * 3  # three workers attached to 100 cells
+    assert summarize(make_run(pool="naive"))["prefill_tokens_saved"] == 0
+
+
+def test_an_empty_run_summarizes_without_error() -> None:
+    run = SimRun(SimConfig(), {}, 8)
+    s = summarize(run)
+    assert set(SUMMARY_KEYS) <= set(s)
+    assert s["p50_delivery_s"] is None and s["kv_reduction_peak"] is None
+    assert s["time_under_floor"] == 0.0
+
+
+def test_turn_rates_come_from_turn_start_to_tool_call() -> None:
+    rates = _task(0, 0.0, 1.0).turn_rates(8)
+    assert [(turn, round(tps, 6)) for turn, _, _, tps in rates] == [(1, 20.0), (2, 40.0)]
+
+
+def test_write_report_writes_json_markdown_and_plots(tmp_path: Path) -> None:
+    files = write_report(make_run(), tmp_path / "out")
+    doc = json.loads(files.json.read_text(encoding="utf-8"))
+    assert set(SUMMARY_KEYS) <= set(doc["summary"])
+    assert {"config", "samples", "tasks", "scenario", "server"} <= set(doc)
+    assert len(doc["samples"]) == 5 and doc["samples"][1]["capacity"]["tickets"] == 2
+    assert [e["kind"] for e in doc["tasks"][0]["events"]][-1] == "completed"
+    md = files.markdown.read_text(encoding="utf-8")
+    assert "| p50 delivery (s) | 1.50 |" in md
+    assert [p.stem for p in files.plots] == list(PLOT_NAMES)
+    for p in files.plots:
+        assert p.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_comparison_overlays_runs_side_by_side(tmp_path: Path) -> None:
+    runs = [make_run("shared", "pool=shared"), make_run("naive", "pool=naive")]
+    result = write_comparison(
+        "pool", ["shared", "naive"], runs, [summarize(r) for r in runs], tmp_path
+    )
+    table = result.table.read_text(encoding="utf-8")
+    assert "| metric | pool=shared | pool=naive |" in table
+    assert "| prefill tokens saved | 300 | 0 |" in table
+    doc = json.loads((tmp_path / "compare.json").read_text(encoding="utf-8"))
+    assert [r["label"] for r in doc["runs"]] == ["pool=shared", "pool=naive"]
+    assert all((tmp_path / f"{name}.png").exists() for name in PLOT_NAMES)
+
+
+def test_sweet_spot_is_the_lowest_p50_within_the_floor_budget() -> None:
+    base = {"submitted": 4, "delivered": 4}
+    summaries = [
+        {**base, "p50_delivery_s": 9.0, "time_under_floor": 0.0},
+        {**base, "p50_delivery_s": 5.0, "time_under_floor": 0.02},
+        {**base, "p50_delivery_s": 3.0, "time_under_floor": 0.30},  # too often under
+        {**base, "delivered": 3, "p50_delivery_s": 1.0, "time_under_floor": 0.0},  # lost one
+    ]
+    assert sweet_spot([2, 4, 6, 8], summaries) == 4
+    assert sweet_spot([6], summaries[2:3]) is None
+
+
+def test_write_sweep_names_the_sweet_spot(tmp_path: Path) -> None:
+    runs = [make_run(), make_run()]
+    for run in runs:
+        run.tasks.pop()  # every package delivered
+    result = write_sweep([2.0, 4.0], [summarize(r) for r in runs], tmp_path, max_under=1.0)
+    assert result.best == 2.0
+    assert "Sweet spot: floor **2**" in result.table.read_text(encoding="utf-8")
+    assert result.plot.read_bytes().startswith(PNG_MAGIC)
+    doc = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
+    assert doc["sweet_spot"] == 2.0 and len(doc["summaries"]) == 2
+
+
+def test_parse_compare() -> None:
+    assert parse_compare("policy=floor,legacy") == ("policy", ["floor", "legacy"])
+    assert parse_compare("pool=shared, naive") == ("pool", ["shared", "naive"])
+    for bad in ("policy=floor", "speed=1,2", "policy", "pool=shared,shared"):
+        with pytest.raises(ValueError, match="--compare"):
+            parse_compare(bad)
+
+
+def test_apply_value_validates() -> None:
+    config = SimConfig()
+    assert apply_value(config, "floor", "6").floor_tps == 6.0
+    assert apply_value(config, "policy", "static:3").policy == "static:3"
+    with pytest.raises(ValueError, match="pool must be"):
+        apply_value(config, "pool", "bogus")
+    with pytest.raises(ValueError, match="policy must be"):
+        apply_value(config, "policy", "static")

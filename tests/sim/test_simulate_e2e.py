@@ -1,0 +1,126 @@
+"""A tiny-model simulation over real HTTP: ``mesh simulate`` starts ``mesh serve``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from mesh.cli import simulate
+from mesh.sim.plots import PLOT_NAMES
+from mesh.sim.report import SUMMARY_KEYS
+
+
+def _scenario(packages: int = 3) -> list[str]:
+    # One llama.cpp thread: the harness shares the machine's cores with the server.
+    return [
+        "--model",
+        "tiny",
+        "--template",
+        "light",
+        "--packages",
+        str(packages),
+        "--steps",
+        "2",
+        "--tokens-per-step",
+        "6",
+        "--seed",
+        "5",
+        "--serve-arg=--threads",
+        "--serve-arg=1",
+        "--no-progress",
+    ]
+
+
+def _main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mesh")
+    simulate.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def _schedule(doc: dict[str, object]) -> object:
+    scenario = doc["scenario"]
+    assert isinstance(scenario, dict)
+    return scenario["packages"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    out = tmp_path_factory.mktemp("sim") / "report"
+    assert _main(["simulate", *_scenario(), "--floor-tps", "1", "--out", str(out)]) == 0
+    return out, json.loads((out / "report.json").read_text(encoding="utf-8"))
+
+
+def test_every_package_is_delivered_and_the_summary_is_complete(
+    report: tuple[Path, dict[str, object]],
+) -> None:
+    out, doc = report
+    summary = doc["summary"]
+    assert isinstance(summary, dict)
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert summary["submitted"] == summary["delivered"] == 3
+    assert summary["p50_delivery_s"] is not None and summary["p95_delivery_s"] is not None
+    assert summary["max_workers"] >= 1
+    assert summary["kv_reduction_peak"] >= 1.0
+    assert summary["prefill_tokens_saved"] > 0  # shared pool: workers attached to the prefix
+    assert summary["agg_tps"] > 0
+    assert (out / "report.md").read_text(encoding="utf-8").startswith("# mesh simulate")
+    for name in PLOT_NAMES:
+        assert (out / f"{name}.png").stat().st_size > 0
+
+
+def test_each_task_timeline_shows_its_turns_and_tool_calls(
+    report: tuple[Path, dict[str, object]],
+) -> None:
+    _, doc = report
+    tasks = doc["tasks"]
+    assert isinstance(tasks, list) and len(tasks) == 3
+    for task in tasks:
+        kinds = [e["kind"] for e in task["events"]]
+        assert kinds[0] == "submitted" and kinds[-1] == "completed"
+        assert "admitted" in kinds
+        assert [e["turn"] for e in task["events"] if e["kind"] == "turn_started"] == [1, 2]
+        assert kinds.count("tool_call") == kinds.count("tool_result") == 2
+        assert task["num_generated"] == 2 * 6
+        times = [e["t"] for e in task["events"]]
+        assert times == sorted(times)
+    samples = doc["samples"]
+    assert isinstance(samples, list) and samples
+    assert {"floor_tps", "sessions", "kv_cells", "queue_len"} <= set(samples[0]["capacity"])
+
+
+def test_the_same_seed_gives_the_same_schedule_through_the_cli(
+    report: tuple[Path, dict[str, object]], tmp_path: Path
+) -> None:
+    _, doc = report
+    out = tmp_path / "again"
+    assert _main(["simulate", *_scenario(), "--policy", "none", "--out", str(out)]) == 0
+    again = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert _schedule(again) == _schedule(doc)
+
+
+def test_compare_pools_writes_one_table(tmp_path: Path) -> None:
+    code = _main(
+        ["simulate", *_scenario(2), "--compare", "pool=shared,naive", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    table = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    assert "| metric | pool=shared | pool=naive |" in table
+    naive = json.loads((tmp_path / "pool-naive" / "report.json").read_text(encoding="utf-8"))
+    assert naive["summary"]["prefill_tokens_saved"] == 0
+    assert naive["summary"]["delivered"] == 2
+
+
+def test_sweep_reports_each_floor_and_a_plot(tmp_path: Path) -> None:
+    code = _main(
+        ["sweep", *_scenario(2), "--floors", "1,2", "--max-under", "1", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    doc = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
+    assert doc["floors"] == [1.0, 2.0]
+    assert doc["sweet_spot"] in (1.0, 2.0)  # both deliver; the lower p50 wins
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert (tmp_path / "floor-2" / "report.json").exists()
