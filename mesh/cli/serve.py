@@ -114,6 +114,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.engine.models import resolve_model
     from mesh.engine.pool import SharedKVPool, open_tokenizer
     from mesh.gate import FloorGate, GateConfig
+    from mesh.gate.calibrate import seed_model
     from mesh.template import build_prefix, load_template
     from mesh.worker import ProjectTools, delegate_tool
 
@@ -165,6 +166,11 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
           f"pool: {args.pool}, {info.max_sessions} sessions x {info.session_budget} tokens, "
           f"{info.n_ctx} KV cells", file=sys.stderr)
     gate = FloorGate(pool, gate_cfg)
+    # Seed the gate's throughput model with a few timed steps (cached per model+machine),
+    # so the first admissions are projected from this hardware, not from a prior.
+    source = await seed_model(gate.model, pool, data_dir / "gate-cache")
+    print(f"gate: policy {gate_cfg.policy}, floor {gate_cfg.floor_tps:g} tok/s, "
+          f"throughput model seeded from {source}", file=sys.stderr)
     tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)

@@ -1,0 +1,115 @@
+"""``GET /capacity`` (JSON) and ``GET /metrics`` (Prometheus text) over an Admission.
+
+Both read only :meth:`~mesh.gate.types.Admission.capacity`, so they work with any gate.
+The metrics registry is built per call of :func:`capacity_routes` (no global registry):
+each scrape asks the gate for a fresh document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from mesh.gate.types import Admission
+
+__all__ = ["CapacityCollector", "capacity_routes"]
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, int | float):
+        return float(value)
+    return None
+
+
+class CapacityCollector(Collector):
+    """Prometheus gauges built from one ``capacity()`` document per scrape."""
+
+    def __init__(self, admission: Admission, namespace: str = "mesh") -> None:
+        self._admission = admission
+        self._ns = namespace
+
+    def _gauge(self, name: str, doc: str, value: Any) -> GaugeMetricFamily | None:
+        v = _num(value)
+        if v is None:
+            return None
+        return GaugeMetricFamily(f"{self._ns}_{name}", doc, value=v)
+
+    def _labelled(
+        self, name: str, doc: str, label: str, values: Mapping[str, Any]
+    ) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(f"{self._ns}_{name}", doc, labels=[label])
+        for key, value in values.items():
+            v = _num(value)
+            if v is not None:
+                g.add_metric([key], v)
+        return g
+
+    def collect(self) -> Iterator[Metric]:
+        cap = self._admission.capacity()
+        sessions = dict(cap.get("sessions", {}))
+        sessions.pop("total", None)
+        measured = cap.get("measured_tps", {})
+        kv = dict(cap.get("kv_cells", {}))
+        reduction = kv.pop("reduction", None)
+        gauges = [
+            self._gauge("gate_floor_tps", "Floor tokens/s per worker.", cap.get("floor_tps")),
+            self._gauge(
+                "session_tps_min", "Slowest measured session, tokens/s.", measured.get("min")
+            ),
+            self._gauge(
+                "session_tps_p50", "Median measured session, tokens/s.", measured.get("p50")
+            ),
+            self._gauge(
+                "gate_projected_tps_next",
+                "Projected tokens/s of the slowest worker if one more is admitted.",
+                cap.get("projected_tps_next"),
+            ),
+            self._gauge("gate_headroom", "More workers that fit now.", cap.get("headroom")),
+            self._gauge(
+                "gate_queue_length", "Requests waiting for admission.", cap.get("queue_len")
+            ),
+            self._gauge(
+                "gate_retry_after_seconds",
+                "Retry-After a refused caller gets.",
+                cap.get("retry_after_s"),
+            ),
+            self._gauge(
+                "gate_projected_idle_estimate",
+                "1 if workers are counted by their duty cycle.",
+                cap.get("projected_idle_estimate"),
+            ),
+            self._gauge("kv_reduction", "Naive / pooled KV cells.", reduction),
+            self._gauge(
+                "gate_admitted", "Admissions granted since start.", cap.get("admitted_total")
+            ),
+            self._gauge("gate_refused", "Requests refused since start.", cap.get("refused_total")),
+        ]
+        yield from (g for g in gauges if g is not None)
+        yield self._labelled("sessions", "Sessions by state.", "state", sessions)
+        yield self._labelled("kv_cells", "KV cells by kind.", "kind", kv)
+
+
+def capacity_routes(admission: Admission) -> list[BaseRoute]:
+    """``GET /capacity`` and ``GET /metrics``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CapacityCollector(admission))
+
+    async def capacity(request: Request) -> Response:
+        return JSONResponse(admission.capacity(), headers={"Cache-Control": "no-store"})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return [
+        Route("/capacity", capacity, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]

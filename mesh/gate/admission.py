@@ -1,0 +1,256 @@
+"""The floor-tps gate's async face: :class:`FloorGate` implements
+:class:`~mesh.gate.types.Admission` over an :class:`~mesh.engine.types.Engine`.
+
+Invariants:
+
+* The queue is FIFO and bounded by ``config.max_queue``. Only the head is ever admitted;
+  an entry leaves the queue only by admission or by its own waiter's cancellation.
+* The head re-checks every ``config.recheck_s`` while it waits (load changes as workers go
+  idle on tool calls); every waiter is woken when a ticket is released or the queue moves.
+* A ticket granted but never handed over (the waiter was cancelled at that moment) is
+  released, so cancellation never leaks a slot.
+* Every decision learns first: the engine's new step samples go into the model.
+
+Everything runs on one event loop (asyncio or trio through anyio); the methods that do not
+await are atomic with respect to other tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from mesh.engine.types import Engine, PoolLoad, SessionState
+from mesh.gate.config import GateConfig
+from mesh.gate.decide import Decision, GateInput, Verdict, decide
+from mesh.gate.model import ThroughputModel
+from mesh.gate.types import OnPosition, QueueCheck, QueueFull, Ticket
+
+__all__ = ["FloorGate", "GateTicket"]
+
+_HOLD_EWMA = 0.2
+
+
+class GateTicket:
+    """An admission; ``release()`` when the worker's session is detached. Idempotent."""
+
+    def __init__(self, gate: FloorGate, key: str, admitted_at: float) -> None:
+        self.key = key
+        self.admitted_at = admitted_at
+        self._gate = gate
+        self.is_released = False
+
+    async def release(self) -> None:
+        self._gate._release(self)
+
+    def release_nowait(self) -> None:
+        """Synchronous release (for cleanup paths that cannot await)."""
+        self._gate._release(self)
+
+
+class _Waiter:
+    __slots__ = ("key", "ticket", "wake")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.ticket: GateTicket | None = None
+        self.wake = anyio.Event()
+
+
+class FloorGate:
+    """Bounded FIFO admission in front of the pool, deciding with :func:`decide`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: GateConfig,
+        model: ThroughputModel | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        config.validate()
+        self.engine = engine
+        self.config = config
+        self.model = model if model is not None else ThroughputModel()
+        self._clock = clock
+        self._queue: deque[_Waiter] = deque()
+        self._tickets: set[GateTicket] = set()
+        self._mean_hold_s: float | None = None
+        self.num_admitted = 0
+        self.num_refused = 0
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def queue_len(self) -> int:
+        return len(self._queue)
+
+    @property
+    def num_tickets(self) -> int:
+        return len(self._tickets)
+
+    def gate_input(self, queue_ahead: int) -> tuple[GateInput, PoolLoad]:
+        """Snapshot the engine (teaching the model its new steps) into a :class:`GateInput`."""
+        load = self.engine.load()
+        self.model.observe(load)
+        check = self.engine.check_attach()
+        inp = GateInput(
+            load=load,
+            num_tickets=len(self._tickets),
+            queue_ahead=queue_ahead,
+            mean_hold_s=self._mean_hold_s,
+            attach_block="" if check.ok else (check.reason or "refused"),
+        )
+        return inp, load
+
+    def decide_now(self, queue_ahead: int | None = None) -> Decision:
+        """The decision for a new arrival (``queue_ahead`` defaults to the queue length)."""
+        ahead = len(self._queue) if queue_ahead is None else queue_ahead
+        inp, _ = self.gate_input(ahead)
+        return decide(inp, self.config, self.model, self._clock())
+
+    def check_queue(self) -> QueueCheck:
+        d = self.decide_now()
+        return QueueCheck(
+            ok=d.verdict is not Verdict.REFUSE,
+            queue_len=len(self._queue),
+            retry_after_s=d.retry_after_s,
+            reason="; ".join(d.reasons) if d.verdict is Verdict.REFUSE else "",
+        )
+
+    # ------------------------------------------------------------------ admitting
+
+    async def admit(self, key: str, on_position: OnPosition | None = None) -> Ticket:
+        """Wait until admitted (see :class:`~mesh.gate.types.Admission`)."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        d = self.decide_now()
+        if d.verdict is Verdict.REFUSE:
+            self.num_refused += 1
+            raise QueueFull("; ".join(d.reasons), d.retry_after_s)
+        waiter = _Waiter(key)
+        if d.verdict is Verdict.ADMIT:
+            waiter.ticket = self._grant(key)
+        else:
+            self._queue.append(waiter)
+            await self._wait(waiter, on_position)
+        ticket = waiter.ticket
+        assert ticket is not None
+        if on_position is not None:
+            try:
+                await on_position(0)
+            except BaseException:
+                self._release(ticket)
+                raise
+        return ticket
+
+    async def _wait(self, waiter: _Waiter, on_position: OnPosition | None) -> None:
+        last = -1
+        try:
+            while True:
+                self._pump()
+                if waiter.ticket is not None:
+                    return
+                pos = self._queue.index(waiter) + 1
+                if on_position is not None and pos != last:
+                    last = pos
+                    await on_position(pos)
+                    continue  # time passed: re-check before sleeping
+                # No await between the state check above and this wait: no lost wake-up.
+                waiter.wake = wake = anyio.Event()
+                timeout = self.config.recheck_s if pos == 1 else math.inf
+                with anyio.move_on_after(timeout):
+                    await wake.wait()
+        except BaseException:
+            if waiter.ticket is not None:
+                self._release(waiter.ticket)
+            elif waiter in self._queue:
+                self._queue.remove(waiter)
+                self._pump()
+                self._wake_all()
+            raise
+
+    def _pump(self) -> None:
+        """Admit from the head while the gate says yes."""
+        moved = False
+        while self._queue:
+            d = self.decide_now(queue_ahead=0)
+            if not d.admitted:
+                break
+            head = self._queue.popleft()
+            head.ticket = self._grant(head.key)
+            head.wake.set()
+            moved = True
+        if moved:
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        for w in self._queue:
+            w.wake.set()
+
+    def _grant(self, key: str) -> GateTicket:
+        ticket = GateTicket(self, key, self._clock())
+        self._tickets.add(ticket)
+        self.num_admitted += 1
+        return ticket
+
+    def _release(self, ticket: GateTicket) -> None:
+        if ticket.is_released:
+            return
+        ticket.is_released = True
+        self._tickets.discard(ticket)
+        hold = max(0.0, self._clock() - ticket.admitted_at)
+        old = self._mean_hold_s
+        self._mean_hold_s = hold if old is None else old + _HOLD_EWMA * (hold - old)
+        self._pump()
+        self._wake_all()
+
+    # ------------------------------------------------------------------ reporting
+
+    def capacity(self) -> dict[str, Any]:
+        """The ``/capacity`` document (JSON-able; every number finite or null)."""
+        inp, load = self.gate_input(len(self._queue))
+        d = decide(inp, self.config, self.model, self._clock())
+        proj = d.projection
+        measured = sorted(s.decode_tps for s in load.sessions if s.decode_tps is not None)
+        return {
+            "floor_tps": self.config.floor_tps,
+            "policy": str(self.config.policy),
+            "verdict": d.verdict.value,
+            "reasons": list(d.reasons),
+            "sessions": {
+                "total": len(load.sessions),
+                **{state.value: load.count(state) for state in SessionState},
+            },
+            "in_flight": inp.num_pending,
+            "tickets": len(self._tickets),
+            "measured_tps": {
+                "count": len(measured),
+                "min": measured[0] if measured else None,
+                "p50": statistics.median(measured) if measured else None,
+            },
+            "projected_tps_next": proj.tps_next,
+            "projected_tps_now": proj.tps_now,
+            "projected_tps_next_by_worker": {w.id: w.tps for w in proj.per_worker_next},
+            "headroom": d.headroom,
+            "queue_len": len(self._queue),
+            "max_queue": self.config.max_queue,
+            "kv_cells": {
+                "used": load.cells_used,
+                "total": load.cells_total,
+                "prefix": load.prefix_cells,
+                "naive_equivalent": load.naive_cells,
+                "reduction": load.reduction,
+            },
+            "retry_after_s": d.retry_after_s,
+            "projected_idle_estimate": proj.idle_estimate,
+            "model": self.model.describe(),
+            "admitted_total": self.num_admitted,
+            "refused_total": self.num_refused,
+        }

@@ -1,0 +1,164 @@
+"""Seeding the throughput model at start-up: a micro-benchmark, cached per model and machine.
+
+This is the gate's only module with I/O (the engine and one small JSON file); the model
+itself stays pure. A seed is a handful of :class:`StepSample`s taken with 1, 2 and 4
+sessions decoding together; :meth:`ThroughputModel.seed` keeps them for good, so the model
+can tell fixed cost from per-session cost even before the pool has seen varied load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+
+from mesh.engine.types import Engine, PoolInfo, SamplingParams, Session, StepSample
+from mesh.gate.model import ThroughputModel
+
+__all__ = ["load_seed", "micro_benchmark", "save_seed", "seed_model", "seed_path"]
+
+_FORMAT = 1
+
+
+def seed_path(cache_dir: str | os.PathLike[str], info: PoolInfo) -> Path:
+    """Where the seed for this model on this machine lives."""
+    key = json.dumps(
+        {
+            "format": _FORMAT,
+            "model": info.model_name,
+            "model_path": os.path.basename(info.model_path),
+            "n_vocab": info.n_vocab,
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "node": platform.node(),
+            "cpus": os.cpu_count(),
+        },
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"gate-seed-{digest}.json"
+
+
+def load_seed(path: Path) -> tuple[StepSample, ...] | None:
+    """The cached samples, or None if missing or unreadable (a bad cache is ignored)."""
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("format") != _FORMAT:
+            return None
+        return tuple(
+            StepSample(
+                num_decode=int(s["num_decode"]),
+                num_prefill_tokens=int(s["num_prefill_tokens"]),
+                sum_context=int(s["sum_context"]),
+                step_s=float(s["step_s"]),
+            )
+            for s in raw["samples"]
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def save_seed(path: Path, samples: Sequence[StepSample]) -> None:
+    """Write the samples atomically (temp file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "format": _FORMAT,
+        "samples": [
+            {
+                "num_decode": s.num_decode,
+                "num_prefill_tokens": s.num_prefill_tokens,
+                "sum_context": s.sum_context,
+                "step_s": s.step_s,
+            }
+            for s in samples
+        ],
+    }
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)
+
+
+async def micro_benchmark(
+    engine: Engine,
+    sizes: Sequence[int] = (1, 2, 4),
+    num_tokens: int = 8,
+    text: str = "Count slowly from one to twenty:",
+) -> tuple[StepSample, ...]:
+    """Run ``num_tokens`` steps with each number of sessions in ``sizes`` decoding together.
+
+    Returns the engine's own step samples taken meanwhile; an engine that reports none gets
+    one synthesized sample per size (wall time / tokens). Sizes the pool cannot attach are
+    skipped. Every session attached here is detached before returning.
+    """
+    samples: list[StepSample] = []
+    params = SamplingParams(max_tokens=num_tokens, temperature=0.0, stop_at_eos=False)
+    for size in sizes:
+        sessions: list[Session] = []
+        try:
+            for _ in range(size):
+                if not engine.check_attach().ok:
+                    break
+                sessions.append(await engine.attach())
+            if len(sessions) < size:
+                continue
+            before = engine.load().recent_steps
+            last = before[-1] if before else None
+            started = anyio.current_time()
+            async with anyio.create_task_group() as tg:
+                for s in sessions:
+                    s.append(text)
+                    tg.start_soon(_drain, s, params)
+            wall = anyio.current_time() - started
+            steps = engine.load().recent_steps
+            new = steps
+            for i in range(len(steps) - 1, -1, -1):
+                if steps[i] is last:
+                    new = steps[i + 1 :]
+                    break
+            if new:
+                samples.extend(new)
+            else:
+                ctx = sum(s.context_len for s in sessions)
+                samples.append(StepSample(size, 0, ctx, wall / num_tokens))
+        finally:
+            with anyio.CancelScope(shield=True):
+                for s in sessions:
+                    await s.detach()
+    return tuple(samples)
+
+
+async def _drain(session: Session, params: SamplingParams) -> None:
+    async for _ in session.generate(params):
+        pass
+
+
+async def seed_model(
+    model: ThroughputModel,
+    engine: Engine,
+    cache_dir: str | os.PathLike[str] | None,
+    *,
+    refresh: bool = False,
+) -> str:
+    """Seed ``model`` from the cache, else from a micro-benchmark (then cached).
+
+    Returns where the seed came from: ``"cache"`` or ``"benchmark"``.
+    """
+    path = seed_path(cache_dir, engine.info) if cache_dir is not None else None
+    if path is not None and not refresh:
+        cached = load_seed(path)
+        if cached:
+            model.seed(cached)
+            return "cache"
+    samples = await micro_benchmark(engine)
+    model.seed(samples)
+    if path is not None and samples:
+        # A read-only cache only costs the next start another benchmark.
+        with contextlib.suppress(OSError):
+            save_seed(path, samples)
+    return "benchmark"

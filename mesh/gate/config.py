@@ -1,0 +1,120 @@
+"""The gate's configuration: one frozen object, validated without I/O.
+
+``policy`` is one of:
+
+* ``floor`` — admit only if, with one more decoding worker, every worker's *projected*
+  tokens/s stays at or above ``floor_tps`` (see :mod:`mesh.gate.decide`).
+* ``legacy`` — reactive: admit while the slowest currently *measured* worker is at or above
+  ``floor_tps``. Kept for comparison; it over-subscribes on bursts.
+* ``static:N`` — at most N workers, whatever their speed.
+* ``none`` — admit everything the pool can physically hold.
+
+Every policy is also bound by hard limits: ``max_workers`` (default: the pool's session
+slots) and the pool's free sequence ids.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["GateConfig", "Policy", "PolicyKind"]
+
+
+class PolicyKind(enum.StrEnum):
+    FLOOR = "floor"
+    LEGACY = "legacy"
+    STATIC = "static"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A parsed admission policy; ``slots`` is set only for ``static:N``."""
+
+    kind: PolicyKind = PolicyKind.FLOOR
+    slots: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Policy:
+        """Parse ``floor``, ``legacy``, ``static:N`` or ``none`` (case-insensitive)."""
+        raw = text.strip().lower()
+        name, sep, arg = raw.partition(":")
+        try:
+            kind = PolicyKind(name)
+        except ValueError:
+            raise ValueError(
+                f"unknown gate policy {text!r}; expected floor, legacy, static:N or none"
+            ) from None
+        if kind is PolicyKind.STATIC:
+            if not sep or not arg:
+                raise ValueError(f"policy {text!r} needs a slot count, e.g. static:4")
+            try:
+                slots = int(arg)
+            except ValueError:
+                raise ValueError(f"policy {text!r}: slot count {arg!r} is not an integer") from None
+            policy = cls(kind, slots)
+            policy.validate()
+            return policy
+        if sep:
+            raise ValueError(f"policy {kind.value!r} takes no argument, got {text!r}")
+        return cls(kind)
+
+    def validate(self) -> None:
+        if self.kind is PolicyKind.STATIC:
+            if self.slots is None or self.slots < 1:
+                raise ValueError(f"static policy needs slots >= 1, got {self.slots}")
+        elif self.slots is not None:
+            raise ValueError(f"policy {self.kind.value!r} takes no slot count")
+
+    def __str__(self) -> str:
+        if self.kind is PolicyKind.STATIC:
+            return f"static:{self.slots}"
+        return self.kind.value
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """How the gate admits workers. Build with ``GateConfig.create(...)`` to parse a policy
+    string; :meth:`validate` raises ``ValueError`` with a readable message and does no I/O.
+    """
+
+    floor_tps: float = 5.0
+    policy: Policy = field(default_factory=Policy)
+    max_queue: int = 64  # waiters beyond this are refused (HTTP 429)
+    max_workers: int | None = None  # None: the pool's max_sessions
+    use_idle_estimate: bool = True  # count workers by their observed duty cycle
+    idle_quantile: float = 0.9  # share of steps in which the floor must hold
+    recheck_s: float = 0.25  # how often the queue's head re-checks while load changes
+    default_retry_s: float = 2.0  # retry-after before any ticket has been released
+    max_retry_s: float = 300.0
+    new_worker_cells: int = 256  # private cells assumed for a worker not yet measured
+
+    @classmethod
+    def create(cls, *, policy: str | Policy = "floor", **kwargs: object) -> GateConfig:
+        """Build and validate a config, parsing ``policy`` if it is a string."""
+        parsed = Policy.parse(policy) if isinstance(policy, str) else policy
+        config = cls(policy=parsed, **kwargs)  # type: ignore[arg-type]
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not (math.isfinite(self.floor_tps) and self.floor_tps > 0):
+            raise ValueError(f"floor_tps must be a finite number > 0, got {self.floor_tps}")
+        self.policy.validate()
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_workers is not None and self.max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        if not 0.0 < self.idle_quantile <= 1.0:
+            raise ValueError(f"idle_quantile must be in (0, 1], got {self.idle_quantile}")
+        if not self.recheck_s > 0:
+            raise ValueError(f"recheck_s must be > 0 seconds, got {self.recheck_s}")
+        if not 0 < self.default_retry_s <= self.max_retry_s:
+            raise ValueError(
+                f"need 0 < default_retry_s ({self.default_retry_s}) <= "
+                f"max_retry_s ({self.max_retry_s})"
+            )
+        if self.new_worker_cells < 0:
+            raise ValueError(f"new_worker_cells must be >= 0, got {self.new_worker_cells}")

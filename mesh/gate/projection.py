@@ -1,0 +1,188 @@
+"""The throughput projection behind the gate: what each worker would get with more workers.
+
+* A step takes ``a + b·n + c·Σctx`` for ``n`` sessions decoding together
+  (:mod:`mesh.gate.model`); every session in the step makes one token, so a decoding worker
+  makes ``1 / step`` tokens/s.
+* Idle-gap estimate: worker ``w`` decodes in a given step with probability ``d_w``, its
+  observed duty cycle (1.0 until measured, or when ``use_idle_estimate`` is off). How many
+  *others* decode alongside a worker is then a Poisson-binomial count; the projection takes
+  its ``idle_quantile`` (default 0.9), so the floor holds in about that share of steps,
+  not merely on average. A worker waiting on a tool call is thus free capacity, counted
+  honestly: four workers at duty 0.5 still collide too often to count as fewer, sixteen at
+  0.2 do not.
+* Start-up guard: admissions granted but not yet visible as sessions count as workers with
+  duty 1.0, so a burst cannot over-subscribe before anything is measured. A new worker is
+  likewise counted at duty 1.0 with a fresh session's context (prefix +
+  ``new_worker_cells``): its idle time becomes capacity once it is measured.
+* Contexts: the decoding set is taken to be the workers with the longest contexts
+  (conservative; exact when every worker is busy).
+
+So more load of any kind (a worker, a longer context, a higher duty) never increases the
+headroom, and admitting ``headroom`` workers one by one gives exactly the projected load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import NamedTuple
+
+from mesh.engine.types import PoolLoad
+from mesh.gate.config import GateConfig
+from mesh.gate.model import StepCost, ThroughputModel
+
+__all__ = ["GateInput", "Projection", "WorkerTps", "count_quantile", "project"]
+
+
+@dataclass(frozen=True)
+class GateInput:
+    """What the gate sees: a pool snapshot plus the admission layer's own state.
+
+    ``num_tickets``: admissions granted and not yet released (each one is, or is about to
+    become, a session). ``queue_ahead``: waiters ahead of the request being decided (0 for
+    the queue's head; the queue length for a new arrival). ``mean_hold_s``: how long a
+    ticket is held on average, None until one has been released. ``attach_block``: why the
+    engine would refuse an attach right now (``Engine.check_attach``), empty if it would not.
+    """
+
+    load: PoolLoad
+    num_tickets: int = 0
+    queue_ahead: int = 0
+    mean_hold_s: float | None = None
+    attach_block: str = ""
+
+    @property
+    def num_pending(self) -> int:
+        """Admissions not yet visible as sessions (the start-up guard's load)."""
+        return max(0, self.num_tickets - len(self.load.sessions))
+
+    @property
+    def num_workers(self) -> int:
+        """Workers holding or about to hold a pool slot."""
+        return max(self.num_tickets, len(self.load.sessions))
+
+
+class WorkerTps(NamedTuple):
+    id: str
+    tps: float
+
+
+@dataclass(frozen=True)
+class Projection:
+    tps_next: float  # the slowest worker's tokens/s if one more is admitted
+    per_worker_next: tuple[WorkerTps, ...]  # every worker (and "next") with one more
+    tps_now: float | None  # the slowest worker's projected tokens/s now (None: no workers)
+    headroom: int  # new workers that keep every worker >= floor, within hard limits
+    hard_room: int  # new workers the slots / sequence ids allow at all
+    num_effective: float  # expected number of workers decoding in a step (Σ duty)
+    num_alongside: int  # others counted as decoding alongside a worker (the quantile)
+    num_pending: int
+    idle_estimate: bool  # some worker counted by a measured duty cycle < 1
+    new_worker_context: float
+    cost: StepCost
+
+
+def count_quantile(duties: Sequence[float], q: float) -> int:
+    """Smallest k with P(at most k of these workers decode) >= q (Poisson-binomial)."""
+    dist = [1.0]
+    for d in duties:
+        nxt = [0.0] * (len(dist) + 1)
+        for k, p in enumerate(dist):
+            nxt[k] += p * (1.0 - d)
+            nxt[k + 1] += p * d
+        dist = nxt
+    acc = 0.0
+    for k, p in enumerate(dist):
+        acc += p
+        if acc >= q - 1e-12:
+            return k
+    return len(duties)
+
+
+class _Contexts:
+    """Sums of the largest contexts among the workers plus ``extra`` fresh ones."""
+
+    def __init__(self, contexts: Sequence[float], fresh: float) -> None:
+        self.sorted = sorted(contexts, reverse=True)
+        self.prefix = [0.0, *accumulate(self.sorted)]
+        self.fresh = fresh
+
+    def top(self, m: int, extra: int = 0, skip: int | None = None) -> float:
+        """Sum of the ``m`` largest of (workers except sorted index ``skip``) + ``extra``×fresh."""
+        n = len(self.sorted) - (skip is not None)
+        best = 0.0
+        for j in range(max(0, m - n), min(extra, m) + 1):  # j fresh ones, m - j workers
+            k = m - j
+            s = (
+                self.prefix[k]
+                if skip is None or skip >= k
+                else self.prefix[k + 1] - self.sorted[skip]
+            )
+            best = max(best, s + j * self.fresh)
+        return best
+
+
+def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Projection:
+    """Project every worker's tokens/s with more workers (pure; see the module docstring)."""
+    cost = model.params
+    load = inp.load
+    ids, duties, contexts = [], [], []
+    for s in load.sessions:
+        d = s.duty_cycle
+        use = config.use_idle_estimate and d is not None and math.isfinite(d)
+        ids.append(s.id)
+        duties.append(min(max(d, 0.0), 1.0) if use and d is not None else 1.0)
+        contexts.append(float(s.context_len))
+    fresh = float(load.prefix_cells + config.new_worker_cells)
+    for k in range(inp.num_pending):
+        ids.append(f"pending-{k + 1}")
+        duties.append(1.0)
+        contexts.append(fresh)
+    q = config.idle_quantile
+    ctx = _Contexts(contexts, fresh)
+    # Others alongside an existing worker: at worst the one with the lowest duty is the
+    # subject, which leaves the stochastically largest set of others.
+    if duties:
+        lowest = min(range(len(duties)), key=duties.__getitem__)
+        along = count_quantile(duties[:lowest] + duties[lowest + 1 :], q)
+    else:
+        along = 0
+    along_new = count_quantile(duties, q)  # others alongside a new worker
+
+    def step(n: float, sum_ctx: float) -> float:
+        return max(cost.a + cost.b * n + cost.c * sum_ctx, 1e-9)
+
+    def slowest_step(k: int) -> float:
+        """Step time of the slowest worker with ``k >= 1`` more workers."""
+        new = step(1 + along_new + k - 1, fresh + ctx.top(along_new + k - 1, k - 1))
+        if not duties:
+            return new
+        return max(new, step(1 + along + k, ctx.top(along + 1 + k, k)))
+
+    limit = min(config.max_workers or load.max_sessions, load.max_sessions)
+    hard_room = max(0, min(limit - inp.num_workers, load.free_seq_ids - inp.num_pending))
+    budget_s = 1.0 / config.floor_tps
+    headroom = 0
+    while headroom < hard_room and slowest_step(headroom + 1) <= budget_s:
+        headroom += 1
+    rank = {i: r for r, i in enumerate(sorted(range(len(contexts)), key=lambda i: -contexts[i]))}
+    per_worker = tuple(
+        WorkerTps(wid, 1.0 / step(2 + along, c + ctx.top(along + 1, 1, skip=rank[i])))
+        for i, (wid, c) in enumerate(zip(ids, contexts, strict=True))
+    )
+    next_tps = 1.0 / step(1 + along_new, fresh + ctx.top(along_new))
+    return Projection(
+        tps_next=1.0 / slowest_step(1),
+        per_worker_next=(*per_worker, WorkerTps("next", next_tps)),
+        tps_now=1.0 / step(1 + along, ctx.top(along + 1)) if duties else None,
+        headroom=headroom,
+        hard_room=hard_room,
+        num_effective=sum(duties),
+        num_alongside=along,
+        num_pending=inp.num_pending,
+        idle_estimate=any(d < 1.0 for d in duties),
+        new_worker_context=fresh,
+        cost=cost,
+    )
