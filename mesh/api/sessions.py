@@ -58,8 +58,16 @@ class _Entry:
     session: Session
     ticket: Ticket
     created_at: float
+    owner: str = ""  # the authenticated caller that created it ("" without auth)
     generation: Generation | None = None
     iterator: AsyncIterator[Any] | None = None
+
+
+def _caller(request: Request) -> str:
+    """The caller's name set by the auth middleware (``scope["user"]``), else ""."""
+    user = request.scope.get("user")
+    name = getattr(user, "username", None) or getattr(user, "display_name", None)
+    return str(name) if name else ""
 
 
 class SessionAPI:
@@ -112,7 +120,8 @@ class SessionAPI:
             with anyio.CancelScope(shield=True):
                 await ticket.release()
             raise
-        self._entries[session.id] = _Entry(session, ticket, time.monotonic())
+        self._entries[session.id] = _Entry(session, ticket, time.monotonic(),
+                                           owner=_caller(request))
         body = {
             "id": session.id,
             "context_len": session.context_len,
@@ -122,24 +131,34 @@ class SessionAPI:
 
     async def _list(self, request: Request) -> Response:
         loads = self._loads()
-        return JSONResponse({"sessions": [self._describe(sid, loads) for sid in self._entries]})
+        caller = _caller(request)
+        mine = [sid for sid, e in self._entries.items() if e.owner == caller]
+        return JSONResponse({"sessions": [self._describe(sid, loads) for sid in mine]})
+
+    def _entry(self, request: Request) -> _Entry | None:
+        """The session named in the path, if it exists and belongs to this caller (another
+        caller's session answers 404 too: its existence is not revealed)."""
+        entry = self._entries.get(request.path_params["id"])
+        if entry is None or entry.owner != _caller(request):
+            return None
+        return entry
 
     async def _get(self, request: Request) -> Response:
         sid = request.path_params["id"]
-        if sid not in self._entries:
+        if self._entry(request) is None:
             return self._not_found(sid)
         return JSONResponse(self._describe(sid, self._loads()))
 
     async def _delete(self, request: Request) -> Response:
         sid = request.path_params["id"]
-        if sid not in self._entries:
+        if self._entry(request) is None:
             return self._not_found(sid)
         await self._drop(sid)
         return Response(status_code=204)
 
     async def _turn(self, request: Request) -> Response:
         sid = request.path_params["id"]
-        entry = self._entries.get(sid)
+        entry = self._entry(request)
         if entry is None:
             return self._not_found(sid)
         try:

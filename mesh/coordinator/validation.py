@@ -84,7 +84,7 @@ class Invalid(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # parse | request | method | params
+        self.kind = kind  # parse | request | method | params | version
 
 
 def check_json_depth(value: Any, max_depth: int) -> None:
@@ -389,7 +389,7 @@ class RequestGuard:
 
         try:
             if surface == "jsonrpc":
-                await self._check_jsonrpc(body, send)
+                await self._check_jsonrpc(body, send, headers.get("a2a-version", ""))
             elif rest_match is not None:
                 await self._check_rest(method, rest_match.group("rest"), headers, body, scope)
         except _Answered:
@@ -405,7 +405,7 @@ class RequestGuard:
 
     # ---- JSON-RPC
 
-    async def _check_jsonrpc(self, body: bytes, send: Send) -> None:
+    async def _check_jsonrpc(self, body: bytes, send: Send, version: str) -> None:
         request_id: Any = None
         try:
             try:
@@ -432,12 +432,21 @@ class RequestGuard:
                     f"method {method!r} not found; A2A 1.0 methods: "
                     + ", ".join(sorted(m for m in JSONRPC_METHODS if "/" not in m)),
                 )
+            if "/" in method and not _is_v0_3(version):
+                # The SDK's 0.3 adapter answers this with -32603 (internal error).
+                raise Invalid(
+                    "version",
+                    f"method {method!r} is an A2A 0.3 name but the request says "
+                    f"A2A-Version: {version}; use the 1.0 method names, or send "
+                    "A2A-Version: 0.3",
+                )
             params = doc.get("params", {})
             if not isinstance(params, dict):
                 raise Invalid("params", "params must be an object")
             self.shapes.jsonrpc_params(method, params)
         except Invalid as e:
-            code = {"parse": -32700, "request": -32600, "method": -32601, "params": -32602}
+            code = {"parse": -32700, "request": -32600, "method": -32601, "params": -32602,
+                    "version": -32009}  # A2A's VersionNotSupportedError
             await _send_json(
                 send,
                 200,
@@ -559,6 +568,15 @@ class _Busy(Exception):
         super().__init__(check.reason)
         self.check = check
         self.request_id = request_id
+
+
+def _is_v0_3(version: str) -> bool:
+    """Whether the SDK's 0.3 adapter accepts an ``A2A-Version`` header (none means 0.3)."""
+    text = version.strip()
+    if not text:
+        return True
+    major = text.split(".")[0]
+    return major.isdigit() and int(major) == 0
 
 
 def _rest_error(status: int, grpc_status: str, message: str) -> dict[str, Any]:

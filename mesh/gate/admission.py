@@ -250,7 +250,7 @@ class FloorGate:
             },
             "retry_after_s": d.retry_after_s,
             "projected_idle_estimate": proj.idle_estimate,
-            "model": self.model.describe(),
+            "model": {**self.model.describe(), "live_scale": proj.scale},
             "admitted_total": self.num_admitted,
             "refused_total": self.num_refused,
         }

@@ -24,16 +24,17 @@ headroom, and admitting ``headroom`` workers one by one gives exactly the projec
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import NamedTuple
 
-from mesh.engine.types import PoolLoad
+from mesh.engine.types import PoolLoad, StepSample
 from mesh.gate.config import GateConfig
 from mesh.gate.model import StepCost, ThroughputModel
 
-__all__ = ["GateInput", "Projection", "WorkerTps", "count_quantile", "project"]
+__all__ = ["GateInput", "Projection", "WorkerTps", "count_quantile", "live_scale", "project"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,29 @@ class Projection:
     idle_estimate: bool  # some worker counted by a measured duty cycle < 1
     new_worker_context: float
     cost: StepCost
+    scale: float = 1.0  # live correction: measured / modelled time of the latest steps
+
+
+_SCALE_STEPS = 16  # latest decode-only steps the live correction looks at
+
+
+def live_scale(steps: Sequence[StepSample], cost: StepCost) -> float:
+    """Median of measured / modelled time over the latest decode-only steps, clamped.
+
+    The least-squares fit learns the *shape* of step time (fixed, per session, per context
+    token) from a long window; the machine's speed *now* can differ (other processes, a
+    thermal limit) and a collinear window can mis-split the terms. Anchoring the model to
+    the latest measured steps keeps the projection honest for the regime the workers are
+    in, while the fitted shape says how it changes with one more worker.
+    """
+    ratios = [
+        s.step_s / cost.step_s(s.num_decode, s.sum_context)
+        for s in list(steps)[-_SCALE_STEPS:]
+        if s.num_decode > 0 and s.num_prefill_tokens == 0 and s.step_s > 0
+    ]
+    if len(ratios) < 4:
+        return 1.0
+    return min(max(statistics.median(ratios), 0.25), 4.0)
 
 
 def count_quantile(duties: Sequence[float], q: float) -> int:
@@ -151,8 +175,10 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
         along = 0
     along_new = count_quantile(duties, q)  # others alongside a new worker
 
+    scale = live_scale(load.recent_steps, cost)
+
     def step(n: float, sum_ctx: float) -> float:
-        return max(cost.a + cost.b * n + cost.c * sum_ctx, 1e-9)
+        return max((cost.a + cost.b * n + cost.c * sum_ctx) * scale, 1e-9)
 
     def slowest_step(k: int) -> float:
         """Step time of the slowest worker with ``k >= 1`` more workers."""
@@ -185,4 +211,5 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
         idle_estimate=any(d < 1.0 for d in duties),
         new_worker_context=fresh,
         cost=cost,
+        scale=scale,
     )

@@ -157,6 +157,17 @@ def _check_file(root: Path, manifest_path: Path, field: str, rel: str) -> None:
         raise TemplateError(manifest_path, field, f"{rel!r} leaves the template folder")
     if not target.is_file():
         raise TemplateError(manifest_path, field, f"{rel!r} is not a regular file")
+    size = target.stat().st_size
+    if size > MAX_TEMPLATE_FILE_BYTES:
+        raise TemplateError(
+            target, field, f"{size} bytes; template files may hold at most "
+            f"{MAX_TEMPLATE_FILE_BYTES} (project text belongs in the project, not the template)"
+        )
+
+
+# Every rendered file ends up in the prefix or in every session's suffix: a file this big
+# could never fit a context, and reading it would only slow the start down.
+MAX_TEMPLATE_FILE_BYTES = 1_048_576
 
 
 def _dry_render(template: Template) -> None:

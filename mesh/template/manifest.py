@@ -46,8 +46,12 @@ TOOL_NAMES = ("list_files", "read_file", "grep", "delegate")
 ToolName = Literal["list_files", "read_file", "grep", "delegate"]
 
 
-class TemplateError(Exception):
-    """A template (or a prefix directory) is malformed. Names the file and, if any, field."""
+class TemplateError(ValueError):
+    """A template (or a prefix directory) is malformed. Names the file and, if any, field.
+
+    A ``ValueError``: it is bad input, and callers that report bad input (``mesh serve``
+    prints ``ValueError`` and exits 2) report this one too instead of a traceback.
+    """
 
     def __init__(self, file: Path | str, field: str | None, message: str) -> None:
         self.file = str(file)

@@ -44,6 +44,10 @@ class Renderer:
             ) from exc
         except jinja2.TemplateNotFound as exc:
             raise TemplateError(self.root / file, field, "file not found") from exc
+        except UnicodeDecodeError as exc:
+            raise TemplateError(
+                self.root / file, field, f"not UTF-8 text (byte {exc.start}); is it binary?"
+            ) from exc
 
     def render(self, file: str, context: Mapping[str, Any]) -> str:
         try:

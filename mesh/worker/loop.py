@@ -172,6 +172,12 @@ class AgentWorker:
                         )
                     )
         except ContextOverflow as exc:
+            if state.generated == 0:
+                # Nothing was produced: the input itself does not fit the session.
+                raise WorkerFailed(
+                    f"subtask {subtask.id}: the message does not fit the session's context "
+                    f"budget ({exc}); send a shorter message or raise --session-budget"
+                ) from exc
             return state.result(state.last_text.strip(), "max_tokens", context_overflow=str(exc))
         except EngineError as exc:
             raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc

@@ -97,9 +97,15 @@ class ProjectTools:
             raise ToolError(f"{path!r}: cannot resolve ({exc})") from None
         if not real.is_relative_to(self.root):
             raise ToolError(f"{path!r}: leads outside the project (symlink)")
-        if any(p.startswith(".") for p in real.relative_to(self.root).parts):
+        if not self._is_visible(real):
             raise ToolError(f"{path!r}: leads to a hidden file or folder (symlink)")
         return real
+
+    def _is_visible(self, real: Path) -> bool:
+        """``real`` (symlinks resolved) is inside the root and not hidden there."""
+        if not real.is_relative_to(self.root):
+            return False
+        return not any(p.startswith(".") for p in real.relative_to(self.root).parts)
 
     def _rel(self, real: Path) -> str:
         rel = real.relative_to(self.root).as_posix()
@@ -169,7 +175,8 @@ class ProjectTools:
         searched = 0
         for path in files:
             real = path.resolve()
-            if not real.is_relative_to(self.root) or not real.is_file():
+            # A symlinked file in the walk is followed only to a visible file in the root.
+            if not self._is_visible(real) or not real.is_file():
                 continue
             try:
                 text = self._text(real)

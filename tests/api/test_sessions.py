@@ -282,3 +282,30 @@ async def test_aclose_detaches_everything(mesh: Mesh) -> None:
     await mesh.api.aclose()
     assert not mesh.engine.sessions and mesh.gate.num_tickets == 0
     assert (await mesh.client.get("/v1/sessions")).json() == {"sessions": []}
+
+
+async def test_sessions_are_scoped_to_their_caller() -> None:
+    """With two tokens, caller B can neither see, drive nor delete caller A's session."""
+    from mesh.coordinator.auth import BearerAuth
+
+    m = Mesh()
+    app = BearerAuth(m.app, ["token-a", "token-b"], public_paths=())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://mesh") as client:
+        a = {"Authorization": "Bearer token-a"}
+        b = {"Authorization": "Bearer token-b"}
+        r = await client.post("/v1/sessions", json={}, headers=a)
+        assert r.status_code == 201
+        sid = r.json()["id"]
+        listed = (await client.get("/v1/sessions", headers=a)).json()["sessions"]
+        assert [s["id"] for s in listed] == [sid]
+        assert (await client.get("/v1/sessions", headers=b)).json()["sessions"] == []
+        for method, path, body in (("GET", f"/v1/sessions/{sid}", None),
+                                   ("POST", f"/v1/sessions/{sid}/turns", {"text": "hi"}),
+                                   ("DELETE", f"/v1/sessions/{sid}", None)):
+            r = await client.request(method, path, json=body, headers=b)
+            assert r.status_code == 404, (method, path, r.text)
+        assert (await client.post(f"/v1/sessions/{sid}/turns", json={"text": "hi"},
+                                  headers=a)).status_code == 200
+        assert (await client.delete(f"/v1/sessions/{sid}", headers=a)).status_code == 204
+    await m.api.aclose()

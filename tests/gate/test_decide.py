@@ -336,3 +336,39 @@ def test_floor_above_solo_speed_still_admits_one_worker_when_none_runs() -> None
     assert any("none is running" in r for r in first.reasons)
     busy = decide(GateInput(load=empty, num_tickets=1), cfg, ThroughputModel(), now=0.0)
     assert busy.verdict is Verdict.WAIT
+
+
+def test_live_scale_corrects_a_model_that_is_off() -> None:
+    """Recent decode steps 2.5x faster than modelled pull the projection with them."""
+    from mesh.engine.types import PoolLoad, StepSample
+    from mesh.gate.config import GateConfig
+    from mesh.gate.decide import GateInput, decide
+    from mesh.gate.model import StepCost
+    from mesh.gate.projection import live_scale
+
+    cost = StepCost(0.03, 0.02, 1e-5, 0.006)
+    fast = [StepSample(num_decode=1, num_prefill_tokens=0, sum_context=1600,
+                       step_s=cost.step_s(1, 1600) / 2.5) for _ in range(16)]
+    assert abs(live_scale(fast, cost) - 0.4) < 1e-9
+    assert live_scale(fast[:3], cost) == 1.0, "too few steps: no correction"
+    prefill = [StepSample(1, 50, 1600, 9.0)] * 16
+    assert live_scale(prefill, cost) == 1.0, "steps with prefill are not decode-only"
+    absurd = [StepSample(1, 0, 1600, 1e-9)] * 16
+    assert live_scale(absurd, cost) == 0.25, "clamped"
+
+    session = SessionLoad(id="s1", state=SessionState.DECODING, private_cells=400,
+                          context_len=1600, decode_tps=38.0, duty_cycle=1.0, age_s=5.0,
+                          num_generated=100)
+
+    def load(steps: list[StepSample]) -> PoolLoad:
+        return PoolLoad(taken_at=0.0, sessions=(session,), step_ms=None, agg_tps=38.0,
+                        cells_used=1600, cells_total=30_000, prefix_cells=1200,
+                        naive_cells=1600, free_seq_ids=15, max_sessions=16,
+                        session_budget=2048, recent_steps=tuple(steps))
+
+    cfg = GateConfig.create(policy="floor", floor_tps=12.0)
+    model = model_of(cost)
+    stale = decide(GateInput(load=load([]), num_tickets=1), cfg, model, 0.0)
+    live = decide(GateInput(load=load(fast), num_tickets=1), cfg, model, 0.0)
+    assert not stale.admitted
+    assert live.admitted and live.projection.scale < 1.0
