@@ -1,9 +1,11 @@
-"""Task persistence: the SDK's SQLite stores under the data dir, and the restart sweep.
+"""Task persistence: SQLite stores under the data dir, and the restart sweep.
 
-Tasks live in ``DATA_DIR/tasks.db`` (the SDK's ``DatabaseTaskStore`` and
-``DatabasePushNotificationConfigStore`` on one SQLAlchemy engine). Every row carries its
+Tasks live in ``DATA_DIR/tasks.db``, in the SDK's schema: the tasks table is written by
+:class:`~mesh.coordinator.write_behind.WriteBehindTaskStore` (coalesced writes, terminal
+states durable before they are published) and read by it and by the SDK's listing code;
+push configs by the SDK's ``DatabasePushNotificationConfigStore``. Every row carries its
 owner (the authenticated caller, ``""`` when auth is off), which is how callers are kept
-apart: the SDK's stores filter every read by ``owner_of(context)``.
+apart: every read is filtered by ``owner_of(context)``.
 
 Invariant kept by :func:`mark_interrupted`: after the coordinator starts (and again when it
 shuts down), no task is left in a non-terminal state without a running executor behind it.
@@ -12,28 +14,27 @@ Such tasks are marked failed with :data:`INTERRUPTED_REASON`; nothing is deleted
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.models import TaskModel
-from a2a.server.tasks import DatabasePushNotificationConfigStore, DatabaseTaskStore
+from a2a.server.tasks import DatabasePushNotificationConfigStore
 from a2a.types import a2a_pb2 as pb
-from sqlalchemy import Table, event, select
-from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from mesh.coordinator.task_table import TaskTable
+from mesh.coordinator.write_behind import WriteBehindTaskStore
 
 __all__ = [
     "INTERRUPTED_REASON",
     "CachedPushConfigStore",
     "OwnerUser",
     "Stores",
-    "UpsertTaskStore",
     "mark_interrupted",
     "open_stores",
     "owner_context",
@@ -83,69 +84,30 @@ def owner_context(owner: str) -> ServerCallContext:
     return ServerCallContext(user=OwnerUser(owner))
 
 
-class UpsertTaskStore(DatabaseTaskStore):
-    """The SDK's ``DatabaseTaskStore`` with a cheaper hot path; rows and scoping unchanged.
-
-    * ``save`` is one ``INSERT .. ON CONFLICT UPDATE`` instead of the SDK's ``merge`` (a
-      SELECT, then an INSERT or UPDATE); a task is saved once per event.
-    * ``get`` is served from a bounded cache of the tasks this process saved last. This
-      process is the data dir's only writer, so the cache is exact; ``list`` and every miss
-      read SQLite.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._recent: OrderedDict[tuple[str, str], bytes] = OrderedDict()
-
-    def _remember(self, key: tuple[str, str], task: pb.Task) -> None:
-        self._recent[key] = task.SerializeToString()
-        self._recent.move_to_end(key)
-        while len(self._recent) > _TASK_CACHE_MAX:
-            self._recent.popitem(last=False)
-
-    async def save(self, task: pb.Task, context: ServerCallContext) -> None:
-        await self._ensure_initialized()
-        owner = self.owner_resolver(context)
-        row = self._to_orm(task, owner)
-        mapper = sa_inspect(self.task_model)
-        values = {attr.columns[0].name: getattr(row, attr.key) for attr in mapper.column_attrs}
-        table = cast(Table, self.task_model.__table__)
-        stmt = sqlite_insert(table).values(values)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[table.c.id],
-            set_={name: stmt.excluded[name] for name in values if name != "id"},
-        )
-        self._recent.pop((owner, task.id), None)
-        async with self.async_session_maker.begin() as session:
-            await session.execute(stmt)
-        self._remember((owner, task.id), task)
-
-    async def get(self, task_id: str, context: ServerCallContext) -> pb.Task | None:
-        key = (self.owner_resolver(context), task_id)
-        cached = self._recent.get(key)
-        if cached is not None:
-            task: pb.Task = pb.Task.FromString(cached)
-            return task
-        return await super().get(task_id, context)
-
-    async def delete(self, task_id: str, context: ServerCallContext) -> None:
-        self._recent.pop((self.owner_resolver(context), task_id), None)
-        await super().delete(task_id, context)
-
-
-_TASK_CACHE_MAX = 2048
-
-
 class CachedPushConfigStore(DatabasePushNotificationConfigStore):
-    """The SDK's SQLite push-config store with the dispatch lookup cached in memory.
+    """The SDK's SQLite push-config store with the dispatch lookup answered from memory.
 
     The SDK looks up a task's push configs on every event (several per task); this process
-    is the only writer, so a cache invalidated by ``set_info``/``delete_info`` stays exact.
+    is the only writer, so two in-memory facts stay exact: the ids of the tasks that have
+    (or had) a config row, loaded by ``initialize`` and grown by ``set_info`` — any other
+    task has none, without a query — and a cache of the configs of recent tasks,
+    invalidated by ``set_info``/``delete_info``. Memory: one id per task that ever set a
+    push config.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._dispatch: dict[str, list[pb.TaskPushNotificationConfig]] = {}
+        self._with_configs: set[str] | None = None  # None until initialize() loads it
+
+    async def initialize(self) -> None:
+        await super().initialize()
+        if self._with_configs is None:
+            async with self.engine.connect() as conn:
+                rows = await conn.execute(select(self.config_model.task_id).distinct())
+                loaded = {task_id for (task_id,) in rows}
+            # Merged, not assigned: a concurrent first call may have loaded and grown it.
+            self._with_configs = loaded | (self._with_configs or set())
 
     async def set_info(
         self,
@@ -153,6 +115,9 @@ class CachedPushConfigStore(DatabasePushNotificationConfigStore):
         notification_config: pb.TaskPushNotificationConfig,
         context: ServerCallContext,
     ) -> pb.TaskPushNotificationConfig:
+        await self.initialize()
+        if self._with_configs is not None:
+            self._with_configs.add(task_id)
         self._dispatch.pop(task_id, None)
         try:
             return await super().set_info(task_id, notification_config, context)
@@ -169,6 +134,9 @@ class CachedPushConfigStore(DatabasePushNotificationConfigStore):
             self._dispatch.pop(task_id, None)
 
     async def get_info_for_dispatch(self, task_id: str) -> list[pb.TaskPushNotificationConfig]:
+        await self.initialize()
+        if self._with_configs is not None and task_id not in self._with_configs:
+            return []
         cached = self._dispatch.get(task_id)
         if cached is None:
             cached = list(await super().get_info_for_dispatch(task_id))
@@ -183,10 +151,10 @@ _DISPATCH_CACHE_MAX = 4096
 
 @dataclass
 class Stores:
-    """The engine and the two SDK stores built on it. ``aclose`` disposes the engine."""
+    """The engine and the two stores on ``db_path``. ``aclose`` flushes and closes them."""
 
     engine: AsyncEngine
-    tasks: UpsertTaskStore
+    tasks: WriteBehindTaskStore
     push_configs: CachedPushConfigStore
     db_path: Path
 
@@ -197,7 +165,10 @@ class Stores:
         await self.push_configs.initialize()
 
     async def aclose(self) -> None:
-        await self.engine.dispose()
+        try:
+            await self.tasks.aclose()
+        finally:
+            await self.engine.dispose()
 
 
 def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
@@ -210,11 +181,17 @@ def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def open_stores(data_dir: str | Path) -> Stores:
-    """Build the stores on ``DATA_DIR/tasks.db``. No I/O until :meth:`Stores.initialize`."""
+def open_stores(data_dir: str | Path, *, coalesce_s: float = 0.05) -> Stores:
+    """Build the stores on ``DATA_DIR/tasks.db``. No I/O until :meth:`Stores.initialize`.
+
+    ``coalesce_s`` bounds how long an intermediate (working) state may wait in memory
+    before it is written; first and final states are written before ``save`` returns.
+    """
     db_path = Path(data_dir).expanduser().resolve() / "tasks.db"
-    # One connection: SQLite serializes writers anyway, and waiting in the pool's async
-    # queue is cheap where SQLITE_BUSY retries sleep (up to 100 ms each) under contention.
+    # The engine serves the push configs and the task listing; task rows are written by
+    # the task store's own writer thread. One connection: SQLite serializes writers
+    # anyway, and waiting in the pool's async queue is cheap where SQLITE_BUSY retries
+    # sleep (up to 100 ms each) under contention.
     engine = create_async_engine(
         f"sqlite+aiosqlite:///{db_path}",
         pool_size=1,
@@ -227,7 +204,9 @@ def open_stores(data_dir: str | Path) -> Stores:
     event.listen(engine.sync_engine, "connect", _tune_sqlite)
     return Stores(
         engine=engine,
-        tasks=UpsertTaskStore(engine, owner_resolver=owner_of),
+        tasks=WriteBehindTaskStore(
+            engine, TaskTable(db_path), coalesce_s=coalesce_s, owner_resolver=owner_of
+        ),
         push_configs=CachedPushConfigStore(engine, owner_resolver=owner_of),
         db_path=db_path,
     )
@@ -238,10 +217,10 @@ async def mark_interrupted(stores: Stores, reason: str = INTERRUPTED_REASON) -> 
 
     Returns the ids it marked. Artifacts and history are kept as they were.
     """
+    await stores.tasks.initialize()
+    await stores.tasks.flush()  # the scan below reads the table, not the pending writes
     async with stores.engine.connect() as conn:
-        rows = (
-            await conn.execute(select(TaskModel.id, TaskModel.owner, TaskModel.status))
-        ).all()
+        rows = (await conn.execute(select(TaskModel.id, TaskModel.owner, TaskModel.status))).all()
     marked: list[str] = []
     for task_id, owner, status in rows:
         state = status.get("state") if isinstance(status, dict) else None
