@@ -240,7 +240,8 @@ class CoordinatorExecutor(AgentExecutor):
                     {**meta, "event": "queued", "queue_position": position},
                 )
 
-        ticket = await self._admission.admit(subtask.id, on_position)
+        # The request passed check_queue at the door: it queues, it is never rejected here.
+        ticket = await self._admission.admit(subtask.id, on_position, accepted=True)
         try:
             run.is_working = True
             await run.status(

@@ -127,11 +127,13 @@ class FloorGate:
 
     # ------------------------------------------------------------------ admitting
 
-    async def admit(self, key: str, on_position: OnPosition | None = None) -> Ticket:
+    async def admit(
+        self, key: str, on_position: OnPosition | None = None, *, accepted: bool = False
+    ) -> Ticket:
         """Wait until admitted (see :class:`~mesh.gate.types.Admission`)."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         d = self.decide_now()
-        if d.verdict is Verdict.REFUSE:
+        if d.verdict is Verdict.REFUSE and not accepted:
             self.num_refused += 1
             raise QueueFull("; ".join(d.reasons), d.retry_after_s)
         waiter = _Waiter(key)

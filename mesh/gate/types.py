@@ -6,8 +6,11 @@ executor, the session API) use only this protocol:
 
 * ``check_queue()`` — pure read: would a new request be accepted (admitted now or queued)
   or refused because the queue is full? Used to answer HTTP 429 before any task exists.
-* ``admit(key, on_position)`` — wait until the gate admits; returns a :class:`Ticket`.
-  Raises :class:`QueueFull` at once if the queue is full. ``on_position`` is awaited with
+* ``admit(key, on_position, accepted=False)`` — wait until the gate admits; returns a
+  :class:`Ticket`. Raises :class:`QueueFull` at once if the queue is full, unless
+  ``accepted``: work that already passed ``check_queue`` at the door (and was promised a
+  place) always queues, so a race between the check and the admit never drops it; the
+  bound is then exceeded by at most the requests in flight at the door. ``on_position`` is awaited with
   the 1-based queue position whenever it changes (0 = admitted). Cancelling the wait
   removes the entry from the queue; nothing else is lost.
 * ``Ticket.release()`` — the worker is done (its session detached). Idempotent.
@@ -51,6 +54,8 @@ class Ticket(Protocol):
 class Admission(Protocol):
     def check_queue(self) -> QueueCheck: ...
 
-    async def admit(self, key: str, on_position: OnPosition | None = None) -> Ticket: ...
+    async def admit(
+        self, key: str, on_position: OnPosition | None = None, *, accepted: bool = False
+    ) -> Ticket: ...
 
     def capacity(self) -> dict[str, Any]: ...

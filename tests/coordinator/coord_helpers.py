@@ -93,12 +93,14 @@ class FakeAdmission:
         return QueueCheck(ok=ok, queue_len=len(self.waiting), retry_after_s=self.retry_after_s,
                           reason="" if ok else "all slots busy")
 
-    async def admit(self, key: str, on_position: OnPosition | None = None) -> _Ticket:
+    async def admit(
+        self, key: str, on_position: OnPosition | None = None, *, accepted: bool = False
+    ) -> _Ticket:
         if len(self.active) < self.slots and not self.waiting:
             self.active.add(key)
             self.admitted.append(key)
             return _Ticket(key, self)
-        if len(self.waiting) >= self.max_queue:
+        if len(self.waiting) >= self.max_queue and not accepted:
             raise QueueFull("queue is full", self.retry_after_s)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (key, future, on_position)

@@ -100,6 +100,28 @@ async def test_queue_is_bounded_and_refuses_with_retry_after() -> None:
     assert gate.num_tickets == 1  # "queued" holds the slot now
 
 
+async def test_accepted_work_queues_past_the_bound_instead_of_being_dropped() -> None:
+    """Work that passed check_queue at the door is never refused by a later admit."""
+    gate = make_gate(policy="static:1", max_queue=1)
+    first = await gate.admit("first")
+    got: list[str] = []
+
+    async def accepted(key: str) -> None:
+        got.append((await gate.admit(key, accepted=True)).key)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(accepted, "a")
+        await wait_until(lambda: gate.queue_len == 1)
+        tg.start_soon(accepted, "b")  # the bound is 1: a plain admit would raise QueueFull
+        await wait_until(lambda: gate.queue_len == 2)
+        assert gate.num_refused == 0
+        await first.release()
+        await wait_until(lambda: got == ["a"])
+        (held,) = gate._tickets
+        await held.release()
+    assert got == ["a", "b"]
+
+
 async def test_admission_is_fifo_and_cancellation_only_removes_the_cancelled() -> None:
     gate = make_gate(policy="static:1", max_queue=10)
     holder = await gate.admit("holder")
