@@ -61,7 +61,7 @@ class _OpenGate:
 
         return QueueCheck(ok=True, queue_len=0, retry_after_s=0.0)
 
-    async def admit(self, key: str, on_position: Any = None) -> _Ticket:
+    async def admit(self, key: str, on_position: Any = None, *, accepted: bool = False) -> _Ticket:
         return _Ticket(key)
 
     def capacity(self) -> dict[str, Any]:

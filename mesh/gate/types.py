@@ -10,8 +10,8 @@ executor, the session API) use only this protocol:
   :class:`Ticket`. Raises :class:`QueueFull` at once if the queue is full, unless
   ``accepted``: work that already passed ``check_queue`` at the door (and was promised a
   place) always queues, so a race between the check and the admit never drops it; the
-  bound is then exceeded by at most the requests in flight at the door. ``on_position`` is awaited with
-  the 1-based queue position whenever it changes (0 = admitted). Cancelling the wait
+  bound is then exceeded by at most the requests in flight at the door. ``on_position`` is
+  awaited with the 1-based queue position whenever it changes (0 = admitted). Cancelling the wait
   removes the entry from the queue; nothing else is lost.
 * ``Ticket.release()`` — the worker is done (its session detached). Idempotent.
 * ``capacity()`` — the JSON-able ``/capacity`` document.
