@@ -86,6 +86,10 @@ class GateConfig:
     max_workers: int | None = None  # None: the pool's max_sessions
     use_idle_estimate: bool = True  # count workers by their observed duty cycle
     idle_quantile: float = 0.9  # share of steps in which the floor must hold
+    # Admit only while the projection clears the floor by this fraction: a worker cannot
+    # be taken back once admitted, and the projection is an estimate (measured here: within
+    # ~10 % of the rate workers then got), so the error margin is spent above the floor.
+    margin: float = 0.1
     recheck_s: float = 0.25  # how often the queue's head re-checks while load changes
     default_retry_s: float = 2.0  # retry-after before any ticket has been released
     max_retry_s: float = 300.0
@@ -107,6 +111,8 @@ class GateConfig:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_workers is not None and self.max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if not 0.0 < self.idle_quantile <= 1.0:
             raise ValueError(f"idle_quantile must be in (0, 1], got {self.idle_quantile}")
         if not self.recheck_s > 0:

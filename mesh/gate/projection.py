@@ -189,7 +189,7 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
 
     limit = min(config.max_workers or load.max_sessions, load.max_sessions)
     hard_room = max(0, min(limit - inp.num_workers, load.free_seq_ids - inp.num_pending))
-    budget_s = 1.0 / config.floor_tps
+    budget_s = 1.0 / (config.floor_tps * (1.0 + config.margin))
     headroom = 0
     while headroom < hard_room and slowest_step(headroom + 1) <= budget_s:
         headroom += 1

@@ -372,3 +372,19 @@ def test_live_scale_corrects_a_model_that_is_off() -> None:
     live = decide(GateInput(load=load(fast), num_tickets=1), cfg, model, 0.0)
     assert not stale.admitted
     assert live.admitted and live.projection.scale < 1.0
+
+
+@pytest.mark.parametrize(("margin", "admitted"), [(0.0, True), (0.1, False)])
+def test_margin_is_spent_above_the_floor(margin: float, admitted: bool) -> None:
+    """A projection 5 % above the floor admits with no margin, not with a 10 % one."""
+    cost = StepCost(0.0, 0.01, 0.0, 0.0)  # 1 worker: 100 tok/s; 2 workers: 50 tok/s
+    one = SessionLoad(id="s1", state=SessionState.DECODING, private_cells=10,
+                      context_len=20, decode_tps=100.0, duty_cycle=1.0, age_s=5.0,
+                      num_generated=10)
+    load = PoolLoad(taken_at=0.0, sessions=(one,), step_ms=None, agg_tps=100.0,
+                    cells_used=20, cells_total=10_000, prefix_cells=10, naive_cells=20,
+                    free_seq_ids=7, max_sessions=8, session_budget=512)
+    cfg = dataclasses.replace(GateConfig.create(policy="floor", floor_tps=50 / 1.05),
+                              margin=margin)
+    d = decide(GateInput(load=load, num_tickets=1), cfg, model_of(cost), 0.0)
+    assert d.admitted is admitted
