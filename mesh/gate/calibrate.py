@@ -1,8 +1,8 @@
 """Seeding the throughput model at start-up: a micro-benchmark, cached per model and machine.
 
 This is the gate's only module with I/O (the engine and one small JSON file); the model
-itself stays pure. A seed is a handful of :class:`StepSample`s taken with 1, 2 and 4
-sessions decoding together; :meth:`ThroughputModel.seed` keeps them for good, so the model
+itself stays pure. A seed is a handful of :class:`StepSample`s taken with 1, 2, 4, 8 and
+16 sessions decoding together (as many as the pool holds); :meth:`ThroughputModel.seed` keeps them for good, so the model
 can tell fixed cost from per-session cost even before the pool has seen varied load.
 """
 
@@ -23,7 +23,7 @@ from mesh.gate.model import ThroughputModel
 
 __all__ = ["load_seed", "micro_benchmark", "save_seed", "seed_model", "seed_path"]
 
-_FORMAT = 1
+_FORMAT = 2  # 2: sizes up to 16 (a fit on 1, 2, 4 under-estimated the slope at 8+)
 
 
 def seed_path(cache_dir: str | os.PathLike[str], info: PoolInfo) -> Path:
@@ -86,8 +86,8 @@ def save_seed(path: Path, samples: Sequence[StepSample]) -> None:
 
 async def micro_benchmark(
     engine: Engine,
-    sizes: Sequence[int] = (1, 2, 4),
-    num_tokens: int = 8,
+    sizes: Sequence[int] = (1, 2, 4, 8, 16),
+    num_tokens: int = 10,
     text: str = "Count slowly from one to twenty:",
 ) -> tuple[StepSample, ...]:
     """Run ``num_tokens`` steps with each number of sessions in ``sizes`` decoding together.
