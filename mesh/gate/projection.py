@@ -24,7 +24,6 @@ headroom, and admitting ``headroom`` workers one by one gives exactly the projec
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -86,26 +85,27 @@ class Projection:
     scale: float = 1.0  # live correction: measured / modelled time of the latest steps
 
 
-_SCALE_STEPS = 16  # latest decode-only steps the live correction looks at
+_SCALE_STEPS = 32  # latest decoding steps the live correction looks at
 
 
 def live_scale(steps: Sequence[StepSample], cost: StepCost) -> float:
-    """Median of measured / modelled time over the latest decode-only steps, clamped.
+    """Measured / modelled decode time over the latest decoding steps, clamped.
 
-    The least-squares fit learns the *shape* of step time (fixed, per session, per context
-    token) from a long window; the machine's speed *now* can differ (other processes, a
-    thermal limit) and a collinear window can mis-split the terms. Anchoring the model to
-    the latest measured steps keeps the projection honest for the regime the workers are
-    in, while the fitted shape says how it changes with one more worker.
+    The least-squares fit learns the *shape* of decode step time (fixed, per session, per
+    context token) from a long window; the machine's speed *now* can differ (other
+    processes, a thermal limit), a collinear window can mis-split the terms, and the
+    workers' own prefill (instructions, tool results) rides in the same steps and slows
+    every decoding worker. The ratio of the time the latest steps really took to what the
+    decode-only model gives for them (a time-weighted mean, so prefill-heavy steps count
+    as the time they cost) anchors the projection to the regime the workers are in; the
+    fitted shape still says how it changes with one more worker.
     """
-    ratios = [
-        s.step_s / cost.step_s(s.num_decode, s.sum_context)
-        for s in list(steps)[-_SCALE_STEPS:]
-        if s.num_decode > 0 and s.num_prefill_tokens == 0 and s.step_s > 0
-    ]
-    if len(ratios) < 4:
+    recent = [s for s in list(steps)[-_SCALE_STEPS:] if s.num_decode > 0 and s.step_s > 0]
+    if len(recent) < 4:
         return 1.0
-    return min(max(statistics.median(ratios), 0.25), 4.0)
+    measured = sum(s.step_s for s in recent)
+    modelled = sum(cost.step_s(s.num_decode, s.sum_context) for s in recent)
+    return min(max(measured / modelled, 0.25), 4.0)
 
 
 def count_quantile(duties: Sequence[float], q: float) -> int:

@@ -351,8 +351,12 @@ def test_live_scale_corrects_a_model_that_is_off() -> None:
                        step_s=cost.step_s(1, 1600) / 2.5) for _ in range(16)]
     assert abs(live_scale(fast, cost) - 0.4) < 1e-9
     assert live_scale(fast[:3], cost) == 1.0, "too few steps: no correction"
-    prefill = [StepSample(1, 50, 1600, 9.0)] * 16
-    assert live_scale(prefill, cost) == 1.0, "steps with prefill are not decode-only"
+    # A prefill-heavy step costs its time: half the steps 3x slower -> scale 2x.
+    base = cost.step_s(1, 1600)
+    mixed = [StepSample(1, 0, 1600, base), StepSample(1, 60, 1600, 3 * base)] * 8
+    assert abs(live_scale(mixed, cost) - 2.0) < 1e-9
+    idle = [StepSample(0, 50, 0, 9.0)] * 16
+    assert live_scale(idle, cost) == 1.0, "steps with no decoding worker say nothing"
     absurd = [StepSample(1, 0, 1600, 1e-9)] * 16
     assert live_scale(absurd, cost) == 0.25, "clamped"
 
