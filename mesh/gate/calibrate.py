@@ -2,8 +2,9 @@
 
 This is the gate's only module with I/O (the engine and one small JSON file); the model
 itself stays pure. A seed is a handful of :class:`StepSample`s taken with 1, 2, 4, 8 and
-16 sessions decoding together (as many as the pool holds); :meth:`ThroughputModel.seed` keeps them for good, so the model
-can tell fixed cost from per-session cost even before the pool has seen varied load.
+16 sessions decoding together (as many as the pool holds); :meth:`ThroughputModel.seed`
+keeps them for good, so the model can tell fixed cost from per-session cost even before
+the pool has seen varied load.
 """
 
 from __future__ import annotations
