@@ -90,6 +90,9 @@ class GateConfig:
     # be taken back once admitted, and the projection is an estimate (measured here: within
     # ~10 % of the rate workers then got), so the error margin is spent above the floor.
     margin: float = 0.1
+    # A duty cycle observed over a short life is noise (a worker waiting for its first
+    # turn looks idle); younger sessions count as always decoding.
+    min_duty_age_s: float = 5.0
     recheck_s: float = 0.25  # how often the queue's head re-checks while load changes
     default_retry_s: float = 2.0  # retry-after before any ticket has been released
     max_retry_s: float = 300.0

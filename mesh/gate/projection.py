@@ -155,7 +155,8 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
     ids, duties, contexts = [], [], []
     for s in load.sessions:
         d = s.duty_cycle
-        use = config.use_idle_estimate and d is not None and math.isfinite(d)
+        use = (config.use_idle_estimate and d is not None and math.isfinite(d)
+               and s.age_s >= config.min_duty_age_s)
         ids.append(s.id)
         duties.append(min(max(d, 0.0), 1.0) if use and d is not None else 1.0)
         contexts.append(float(s.context_len))

@@ -32,6 +32,7 @@ def session(
     ctx: int = 1000,
     tps: float | None = None,
     duty: float | None = None,
+    age: float = 10.0,
 ) -> SessionLoad:
     return SessionLoad(
         id=f"s{i}",
@@ -40,7 +41,7 @@ def session(
         context_len=ctx,
         decode_tps=tps,
         duty_cycle=duty,
-        age_s=1.0,
+        age_s=age,
         num_generated=0,
     )
 
@@ -392,3 +393,15 @@ def test_margin_is_spent_above_the_floor(margin: float, admitted: bool) -> None:
                               margin=margin)
     d = decide(GateInput(load=load, num_tickets=1), cfg, model_of(cost), 0.0)
     assert d.admitted is admitted
+
+
+def test_young_sessions_count_as_always_decoding() -> None:
+    """A duty cycle seen over a second or two is noise: it frees no capacity yet."""
+    cfg = GateConfig.create(policy="floor", floor_tps=5.0)
+    old = [session(i, S.IDLE, duty=0.1) for i in range(4)]
+    young = [session(i, S.IDLE, duty=0.1, age=1.0) for i in range(4)]
+    d_old = decide(GateInput(load=pool(old), num_tickets=4), cfg, model_of(), 0.0)
+    d_young = decide(GateInput(load=pool(young), num_tickets=4), cfg, model_of(), 0.0)
+    assert d_old.projection.idle_estimate and not d_young.projection.idle_estimate
+    assert d_young.projection.num_effective == 4.0
+    assert d_old.headroom >= d_young.headroom
