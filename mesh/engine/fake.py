@@ -185,7 +185,8 @@ class FakeEngine:
                 state=s.state,
                 private_cells=s.private_cells,
                 context_len=s.context_len,
-                decode_tps=None,
+                # Measured once it has generated, as a real pool would report it.
+                decode_tps=(1.0 / (self.step_delay_s or 0.001)) if s.num_generated else None,
                 duty_cycle=None,
                 age_s=now - s.created,
                 num_generated=s.num_generated,

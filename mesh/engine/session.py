@@ -84,7 +84,7 @@ class SeqState:
     turn: Turn | None = None
     turns_started: int = 0
     num_generated: int = 0
-    decode_tps: float | None = None
+    step_ewma_s: float | None = None  # EWMA of the steps this session decoded in
     busy_s: float = 0.0
     _busy_since: float | None = None
     failed: str | None = None
@@ -122,11 +122,19 @@ class SeqState:
         return min(1.0, busy / age)
 
     def observe_decode(self, step_s: float) -> None:
-        rate = 1.0 / step_s if step_s > 0 else 0.0
-        if self.decode_tps is None:
-            self.decode_tps = rate
+        # Average the step *times*, not the rates: a worker's tokens/s is tokens over wall
+        # time, and a mean of 1/step overstates it when fast and slow (prefill) steps mix.
+        if self.step_ewma_s is None:
+            self.step_ewma_s = step_s
         else:
-            self.decode_tps += _EWMA_ALPHA * (rate - self.decode_tps)
+            self.step_ewma_s += _EWMA_ALPHA * (step_s - self.step_ewma_s)
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens/s while decoding (EWMA of step time, inverted); None until measured."""
+        if self.step_ewma_s is None or self.step_ewma_s <= 0:
+            return None
+        return 1.0 / self.step_ewma_s
 
 
 class PoolGeneration:

@@ -93,6 +93,8 @@ class GateConfig:
     # A duty cycle observed over a short life is noise (a worker waiting for its first
     # turn looks idle); younger sessions count as always decoding.
     min_duty_age_s: float = 5.0
+    # New workers join at most as many at a time as are already measured (1, 2, 4, ...).
+    slow_start: bool = True
     recheck_s: float = 0.25  # how often the queue's head re-checks while load changes
     default_retry_s: float = 2.0  # retry-after before any ticket has been released
     max_retry_s: float = 300.0

@@ -91,6 +91,18 @@ def decide(inp: GateInput, config: GateConfig, model: ThroughputModel, now: floa
     proj = project(inp, config, model)
     room, why = _policy_room(inp, config, proj)
     reasons: list[str] = [why] if why else []
+    if room > 0 and config.policy.kind is PolicyKind.FLOOR and config.slow_start:
+        # Slow start: a worker cannot be taken back, so new workers join at most as many
+        # at a time as are already measured (1, 2, 4, ...) and the projection is checked
+        # against real steps before the next wave, instead of trusting it for a burst.
+        # A session that has not decoded within min_duty_age_s (an API session left idle)
+        # is not waited for any longer.
+        measured = sum(1 for s in inp.load.sessions
+                       if s.decode_tps is not None or s.age_s >= config.min_duty_age_s)
+        unmeasured = inp.num_workers - measured
+        if unmeasured >= max(1, measured):
+            reasons.append(f"slow start: {unmeasured} new workers are not measured yet")
+            room = 0
     if room > 0 and inp.queue_ahead == 0:
         reasons.append(
             f"admit: projected {proj.tps_next:.2f} tok/s per worker with one more "

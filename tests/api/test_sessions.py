@@ -24,7 +24,8 @@ pytestmark = pytest.mark.anyio
 class Mesh:
     def __init__(self, policy: str = "floor", max_queue: int = 8, **engine_kw: Any) -> None:
         self.engine = FakeEngine(**engine_kw)
-        config = GateConfig.create(floor_tps=1.0, policy=policy, max_queue=max_queue)
+        config = GateConfig.create(floor_tps=1.0, policy=policy, max_queue=max_queue,
+                                   slow_start=False)
         self.gate = FloorGate(self.engine, config)
         self.api = SessionAPI(self.engine, self.gate)
         self.app = Starlette(routes=self.api.routes)

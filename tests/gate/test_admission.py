@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.engine.fake import FakeEngine
-from mesh.engine.types import PoolLoad, StepSample
+from mesh.engine.types import PoolLoad, SamplingParams, StepSample
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.gate.model import StepCost, ThroughputModel
@@ -41,6 +41,7 @@ class DutyEngine(FakeEngine):
 def make_gate(engine: FakeEngine | None = None, **cfg: Any) -> FloorGate:
     cfg.setdefault("floor_tps", 10.0)
     cfg.setdefault("recheck_s", 0.01)
+    cfg.setdefault("slow_start", False)  # FakeEngine never measures; tested on its own
     config = GateConfig.create(**cfg)
     return FloorGate(engine or FakeEngine(), config, ThroughputModel(prior=LINEAR))
 
@@ -279,3 +280,17 @@ async def wait_until(cond: Any, limit: int = 10_000, pause: float = 0.0) -> None
             return
         await anyio.sleep(pause)
     raise AssertionError("condition never became true")
+
+
+async def test_slow_start_admits_in_waves_of_measured_workers() -> None:
+    """A burst is let in 1, then as many as are measured, never all at once."""
+    engine = DutyEngine()
+    gate = make_gate(engine, slow_start=True, floor_tps=1.0)  # the floor alone fits many
+    first = await gate.admit("w0")
+    s0 = await engine.attach()
+    assert not gate.decide_now().admitted, "w0 is not measured yet"
+    assert any("slow start" in r for r in gate.decide_now().reasons)
+    s0.append("go")
+    _ = [p async for p in s0.generate(SamplingParams(max_tokens=2))]  # w0 is measured
+    assert gate.decide_now().admitted
+    await first.release()

@@ -77,7 +77,7 @@ def gate_input(sessions: list[SessionLoad], **kw: Any) -> GateInput:
 def run(inp: GateInput, policy: str = "floor", cost: StepCost = LINEAR, **cfg: Any) -> Any:
     cfg.setdefault("floor_tps", 10.0)
     cfg.setdefault("new_worker_cells", 100)
-    config = GateConfig.create(policy=policy, **cfg)
+    config = GateConfig.create(policy=policy, **{"slow_start": False, **cfg})
     return decide(inp, config, model_of(cost), now=42.0)
 
 
@@ -245,7 +245,7 @@ floors = st.floats(0.5, 60.0)
 
 
 def config_of(floor: float, **kw: Any) -> GateConfig:
-    return GateConfig.create(floor_tps=floor, max_queue=4, **kw)
+    return GateConfig.create(floor_tps=floor, max_queue=4, **{"slow_start": False, **kw})
 
 
 def inp_of(ss: list[SessionLoad], extra_tickets: int = 0, max_sessions: int = 12) -> GateInput:
