@@ -95,6 +95,7 @@ class GateConfig:
     min_duty_age_s: float = 5.0
     # New workers join at most as many at a time as are already measured (1, 2, 4, ...).
     slow_start: bool = True
+    slow_start_s: float = 2.0  # a new worker counts as measured after this long decoding
     recheck_s: float = 0.25  # how often the queue's head re-checks while load changes
     default_retry_s: float = 2.0  # retry-after before any ticket has been released
     max_retry_s: float = 300.0

@@ -33,7 +33,15 @@ from mesh.engine.types import PoolLoad, StepSample
 from mesh.gate.config import GateConfig
 from mesh.gate.model import StepCost, ThroughputModel
 
-__all__ = ["GateInput", "Projection", "WorkerTps", "count_quantile", "live_scale", "project"]
+__all__ = [
+    "GateInput",
+    "Projection",
+    "WorkerTps",
+    "count_quantile",
+    "live_scale",
+    "prefill_ratio",
+    "project",
+]
 
 
 @dataclass(frozen=True)
@@ -104,8 +112,19 @@ def live_scale(steps: Sequence[StepSample], cost: StepCost) -> float:
     if len(recent) < 4:
         return 1.0
     measured = sum(s.step_s for s in recent)
-    modelled = sum(cost.step_s(s.num_decode, s.sum_context) for s in recent)
+    modelled = sum(cost.step_s(s.num_decode, s.sum_context, s.num_prefill_tokens)
+                   for s in recent)
     return min(max(measured / modelled, 0.25), 4.0)
+
+
+def prefill_ratio(steps: Sequence[StepSample]) -> float:
+    """Prefill tokens the workers bring per token they decode (tool results, new turns),
+    over the pool's recent steps: each decoding worker adds ``ratio`` prefill tokens to the
+    steps it decodes in, on average."""
+    decoded = sum(s.num_decode for s in steps)
+    if decoded < 16:
+        return 0.0
+    return min(sum(s.num_prefill_tokens for s in steps) / decoded, 8.0)
 
 
 def count_quantile(duties: Sequence[float], q: float) -> int:
@@ -177,9 +196,11 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
     along_new = count_quantile(duties, q)  # others alongside a new worker
 
     scale = live_scale(load.recent_steps, cost)
+    ratio = prefill_ratio(load.recent_steps)
 
     def step(n: float, sum_ctx: float) -> float:
-        return max((cost.a + cost.b * n + cost.c * sum_ctx) * scale, 1e-9)
+        # Each decoding worker also brings its share of prefill (``ratio`` per token).
+        return max((cost.a + (cost.b + cost.d * ratio) * n + cost.c * sum_ctx) * scale, 1e-9)
 
     def slowest_step(k: int) -> float:
         """Step time of the slowest worker with ``k >= 1`` more workers."""

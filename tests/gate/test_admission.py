@@ -285,7 +285,7 @@ async def wait_until(cond: Any, limit: int = 10_000, pause: float = 0.0) -> None
 async def test_slow_start_admits_in_waves_of_measured_workers() -> None:
     """A burst is let in 1, then as many as are measured, never all at once."""
     engine = DutyEngine()
-    gate = make_gate(engine, slow_start=True, floor_tps=1.0)  # the floor alone fits many
+    gate = make_gate(engine, slow_start=True, slow_start_s=0.0, floor_tps=1.0)
     first = await gate.admit("w0")
     s0 = await engine.attach()
     assert not gate.decide_now().admitted, "w0 is not measured yet"

@@ -352,10 +352,11 @@ def test_live_scale_corrects_a_model_that_is_off() -> None:
                        step_s=cost.step_s(1, 1600) / 2.5) for _ in range(16)]
     assert abs(live_scale(fast, cost) - 0.4) < 1e-9
     assert live_scale(fast[:3], cost) == 1.0, "too few steps: no correction"
-    # A prefill-heavy step costs its time: half the steps 3x slower -> scale 2x.
-    base = cost.step_s(1, 1600)
+    # Prefill the model does not price (d = 0) costs its time: half the steps 3x slower.
+    flat = StepCost(0.03, 0.02, 1e-5, 0.0)
+    base = flat.step_s(1, 1600)
     mixed = [StepSample(1, 0, 1600, base), StepSample(1, 60, 1600, 3 * base)] * 8
-    assert abs(live_scale(mixed, cost) - 2.0) < 1e-9
+    assert abs(live_scale(mixed, flat) - 2.0) < 1e-9
     idle = [StepSample(0, 50, 0, 9.0)] * 16
     assert live_scale(idle, cost) == 1.0, "steps with no decoding worker say nothing"
     absurd = [StepSample(1, 0, 1600, 1e-9)] * 16
@@ -405,3 +406,21 @@ def test_young_sessions_count_as_always_decoding() -> None:
     assert d_old.projection.idle_estimate and not d_young.projection.idle_estimate
     assert d_young.projection.num_effective == 4.0
     assert d_old.headroom >= d_young.headroom
+
+
+def test_prefill_the_workers_bring_is_priced_per_worker() -> None:
+    """Tool results prefilled alongside decoding lower every worker's projected rate."""
+    from mesh.engine.types import StepSample
+    from mesh.gate.projection import prefill_ratio, project
+
+    assert prefill_ratio([StepSample(4, 0, 4000, 0.05)] * 3) == 0.0, "too little data"
+    steps = [StepSample(4, 6, 4000, 0.05)] * 8  # 6 prefill tokens per 4 decoded
+    assert abs(prefill_ratio(steps) - 1.5) < 1e-9
+    cost = StepCost(0.01, 0.02, 0.0, 0.004)
+    cfg = GateConfig.create(policy="floor", floor_tps=5.0, slow_start=False)
+    busy = [session(i, S.DECODING, duty=1.0) for i in range(4)]
+    quiet = project(GateInput(load=pool(busy), num_tickets=4), cfg, model_of(cost))
+    loud_load = dataclasses.replace(pool(busy), recent_steps=tuple(
+        StepSample(4, 6, 4000, cost.step_s(4, 4000, 6)) for _ in range(8)))
+    loud = project(GateInput(load=loud_load, num_tickets=4), cfg, model_of(cost))
+    assert loud.tps_next < quiet.tps_next
