@@ -95,7 +95,8 @@ class GateConfig:
     min_duty_age_s: float = 5.0
     # New workers join at most as many at a time as are already measured (1, 2, 4, ...).
     slow_start: bool = True
-    slow_start_s: float = 2.0  # a new worker counts as measured after this long decoding
+    # A new worker counts as measured once it has decoded for this long (or 16 tokens).
+    slow_start_s: float = 2.0
     recheck_s: float = 0.25  # how often the queue's head re-checks while load changes
     default_retry_s: float = 2.0  # retry-after before any ticket has been released
     max_retry_s: float = 300.0

@@ -97,9 +97,13 @@ def decide(inp: GateInput, config: GateConfig, model: ThroughputModel, now: floa
         # against real steps before the next wave, instead of trusting it for a burst.
         # A session that has not decoded within min_duty_age_s (an API session left idle)
         # is not waited for any longer.
-        measured = sum(1 for s in inp.load.sessions
-                       if (s.decode_tps is not None and s.age_s >= config.slow_start_s)
-                       or s.age_s >= config.min_duty_age_s)
+        measured = sum(
+            1
+            for s in inp.load.sessions
+            if (s.decode_tps is not None
+                and (s.age_s >= config.slow_start_s or s.num_generated >= 16))
+            or s.age_s >= config.min_duty_age_s
+        )
         unmeasured = inp.num_workers - measured
         if unmeasured >= max(1, measured):
             reasons.append(f"slow start: {unmeasured} new workers are not measured yet")

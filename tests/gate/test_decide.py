@@ -424,3 +424,13 @@ def test_prefill_the_workers_bring_is_priced_per_worker() -> None:
         StepSample(4, 6, 4000, cost.step_s(4, 4000, 6)) for _ in range(8)))
     loud = project(GateInput(load=loud_load, num_tickets=4), cfg, model_of(cost))
     assert loud.tps_next < quiet.tps_next
+
+
+def test_slow_start_counts_short_workers_measured_by_tokens() -> None:
+    """Workers too short-lived to reach slow_start_s still count once they generated."""
+    cfg = GateConfig.create(policy="floor", floor_tps=1.0, slow_start=True)
+    young = dataclasses.replace(session(0, S.DECODING, tps=30.0, age=0.5), num_generated=20)
+    fresh = dataclasses.replace(session(0, S.DECODING, tps=30.0, age=0.5), num_generated=2)
+    assert decide(GateInput(load=pool([young]), num_tickets=1), cfg, model_of(), 0.0).admitted
+    blocked = decide(GateInput(load=pool([fresh]), num_tickets=1), cfg, model_of(), 0.0)
+    assert not blocked.admitted and any("slow start" in r for r in blocked.reasons)
