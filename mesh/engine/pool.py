@@ -436,7 +436,7 @@ class SharedKVPool:
     def _has_work(self) -> bool:
         if self._held:
             return False
-        return any(st.turn is not None or len(st.pending) > 1 for st in self._sessions.values())
+        return any(st.turn is not None for st in self._sessions.values())
 
     def _step(self) -> None:
         assert self._ctx is not None and self._batch is not None
@@ -458,14 +458,17 @@ class SharedKVPool:
                 budget -= 1
         num_decode = len(rows)
         sum_ctx = sum(st.pos + 1 for st, _ in rows)
-        # 2. Prefill chunks, oldest session first, under the remaining token budget. A
-        # session's last queued token waits for its turn: its logits are sampled then.
+        # 2. Prefill chunks of sessions in a turn, oldest first, under the remaining token
+        # budget; the chunk that ends a session's queue asks for logits (its first sample).
         num_prefill = 0
         for st in sorted(self._sessions.values(), key=lambda s: s.created):
             if budget <= 0:
                 break
             with self._lock:
-                ready = len(st.pending) if st.turn is not None else len(st.pending) - 1
+                # Queued text is prefilled when its turn starts: prefilling it earlier
+                # splits the suffix over two steps (the last token must wait for the turn
+                # to be sampled), which cost a whole extra step per turn.
+                ready = len(st.pending) if st.turn is not None else 0
                 take = min(ready, budget)
                 toks = [st.pending.popleft() for _ in range(max(take, 0))]
             if not toks:

@@ -97,13 +97,11 @@ class SeqState:
 
     @property
     def state(self) -> SessionState:
-        if self.turn is not None and self.carry is not None and not self.pending:
+        if self.turn is None:
+            return SessionState.IDLE  # queued text waits for the next turn
+        if self.carry is not None and not self.pending:
             return SessionState.DECODING
-        if self.pending and (self.turn is not None or len(self.pending) > 1):
-            return SessionState.PREFILLING
-        if self.turn is not None:
-            return SessionState.PREFILLING
-        return SessionState.IDLE
+        return SessionState.PREFILLING
 
     def mark_busy(self, now: float) -> None:
         """Account busy time for the duty cycle (called by the engine thread per step)."""
