@@ -172,13 +172,8 @@ class SessionAPI:
             if req.text:
                 entry.session.append(req.text)
             generation = entry.session.generate(params)
-        except ContextOverflow as exc:
-            return error_response(422, "context_overflow", str(exc))
-        except SessionFailed as exc:
-            await self._drop(sid)
-            return error_response(410, "session_failed", str(exc))
         except EngineError as exc:
-            return error_response(503, "engine_error", str(exc))
+            return await self._engine_error(sid, exc)
         entry.generation = generation
         entry.iterator = generation.__aiter__()
         if req.stream:
@@ -186,13 +181,8 @@ class SessionAPI:
         try:
             async for _ in entry.iterator:
                 pass
-        except ContextOverflow as exc:
-            return error_response(422, "context_overflow", str(exc))
-        except SessionFailed as exc:
-            await self._drop(sid)
-            return error_response(410, "session_failed", str(exc))
         except EngineError as exc:
-            return error_response(503, "engine_error", str(exc))
+            return await self._engine_error(sid, exc)
         finally:
             await self._end_turn(entry)
         result = generation.result
@@ -201,6 +191,15 @@ class SessionAPI:
         return JSONResponse(turn_json(sid, result, entry.session.context_len))
 
     # ------------------------------------------------------------------ helpers
+
+    async def _engine_error(self, sid: str, exc: EngineError) -> Response:
+        """The answer to an engine error in a turn; a failed session is dropped."""
+        if isinstance(exc, ContextOverflow):
+            return error_response(422, "context_overflow", str(exc))
+        if isinstance(exc, SessionFailed):
+            await self._drop(sid)
+            return error_response(410, "session_failed", str(exc))
+        return error_response(503, "engine_error", str(exc))
 
     async def _events(self, sid: str, entry: _Entry) -> AsyncIterator[str]:
         assert entry.iterator is not None and entry.generation is not None
