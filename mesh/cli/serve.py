@@ -9,13 +9,10 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mesh.engine.types import EngineConfig, EngineError
-from mesh.worker.types import Subtask, Worker, WorkerResult
 
 __all__ = ["register"]
 
@@ -54,26 +51,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
     p.set_defaults(func=run)
-
-
-@dataclass
-class DispatchWorker:
-    """Runs a scenario subtask (``params.scenario``) on a ScenarioWorker, anything else on
-    the template's agent loop. One instance per subtask."""
-
-    engine: Any
-    template: Any
-    tools: Mapping[str, Any]
-
-    async def run(self, subtask: Subtask, emit: Any) -> WorkerResult:
-        from mesh.worker import AgentWorker, ScenarioWorker
-
-        worker: Worker
-        if subtask.params.get("scenario"):
-            worker = ScenarioWorker(self.engine, self.template)
-        else:
-            worker = AgentWorker(self.engine, self.template, self.tools)
-        return await worker.run(subtask, emit)
 
 
 def _default_project(template: Any) -> Path:
@@ -116,7 +93,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.calibrate import seed_model
     from mesh.template import build_prefix, load_template
-    from mesh.worker import ProjectTools, delegate_tool
+    from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
 
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth_token:
         print(f"warning: binding {args.host} without --auth-token: anyone who can reach "

@@ -5,6 +5,7 @@
 scripted tool calls). Both implement :class:`~mesh.worker.types.Worker`.
 """
 
+from mesh.worker.dispatch import DispatchWorker
 from mesh.worker.loop import AgentWorker, WorkerFailed, WorkerLimits
 from mesh.worker.simulated import ScenarioParams, ScenarioWorker, StepPlan, plan_schedule
 from mesh.worker.toolcalls import ParsedTurn, ToolCall, parse_turn
@@ -12,6 +13,7 @@ from mesh.worker.tools import ProjectTools, ToolError, ToolFn, delegate_tool
 
 __all__ = [
     "AgentWorker",
+    "DispatchWorker",
     "ParsedTurn",
     "ProjectTools",
     "ScenarioParams",
