@@ -96,12 +96,13 @@ def build_app(
         max_subtasks=config.max_subtasks,
         text_flush_s=config.text_flush_s,
     )
+    push_sender = build_push_sender(push_client, stores.push_configs, url_validator)
     handler = DefaultRequestHandler(
         executor,
         stores.tasks,
         card,
         push_config_store=stores.push_configs,
-        push_sender=build_push_sender(push_client, stores.push_configs, url_validator),
+        push_sender=push_sender,
         push_url_validator=url_validator,
     )
     coordinator = Coordinator(config, card, stores, executor, handler, push_client)
@@ -120,6 +121,7 @@ def build_app(
                 await handler.aclose()
                 await mark_interrupted(stores)
             finally:
+                await push_sender.aclose()  # stop background deliveries before the client
                 await push_client.aclose()
                 await stores.aclose()
 
