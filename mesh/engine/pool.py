@@ -270,6 +270,10 @@ class SharedKVPool:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenize(text))
 
+    def _free_cells(self) -> int:
+        """Cells neither the prefix holds nor any session has reserved (lock held)."""
+        return self.info.n_ctx - self._shared_cells - self._reserved_total
+
     def check_attach(self) -> AttachCheck:
         with self._lock:
             return self._check_attach_locked()
@@ -280,7 +284,7 @@ class SharedKVPool:
         if not self._free_seqs:
             return AttachCheck(False, f"all {self.config.max_sessions} session slots are "
                                "in use; detach a session or raise --max-sessions")
-        free_cells = self.info.n_ctx - self._shared_cells - self._reserved_total
+        free_cells = self._free_cells()
         need = 1 if self.config.share_prefix else len(self._prefix) + 1
         if free_cells < need:
             return AttachCheck(False, f"the KV buffer ({self.info.n_ctx} cells) is full")
@@ -325,7 +329,7 @@ class SharedKVPool:
                     f"appending {n} more would overflow it (raise --session-budget or start "
                     "a new session)"
                 )
-            free = self.info.n_ctx - self._shared_cells - self._reserved_total
+            free = self._free_cells()
             if n > free:
                 raise ContextOverflow(
                     f"the KV buffer has {free} free cells; appending {n} tokens does not fit"
@@ -482,8 +486,6 @@ class SharedKVPool:
             counts[st.seq] = counts.get(st.seq, 0) + len(toks)
             budget -= len(toks)
             num_prefill += len(toks)
-            if st.carry is not None:  # cannot happen: carry is only set with empty pending
-                raise AssertionError("carry with pending tokens")
         if batch.n_tokens == 0:
             self._publish()  # cancellations above changed states
             return
@@ -537,8 +539,7 @@ class SharedKVPool:
             self._finish(st, "eos")
             return
         with self._lock:
-            room = (st.reserved + 1 <= st.budget and
-                    self._reserved_total + 1 <= self.info.n_ctx - self._shared_cells)
+            room = st.reserved + 1 <= st.budget and self._free_cells() >= 1
             if room:
                 st.carry = tok
                 st.reserved += 1
