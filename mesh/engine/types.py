@@ -36,6 +36,7 @@ __all__ = [
     "PoolFull",
     "PoolInfo",
     "PoolLoad",
+    "PrefillBudget",
     "SamplingParams",
     "Session",
     "SessionFailed",
@@ -131,6 +132,9 @@ class SamplingParams:
     seed: int | None = None  # None: derived from the pool seed and the session id
     stop: tuple[str, ...] = ()
     stop_at_eos: bool = True
+    # A GBNF grammar (llama.cpp's grammar format, root rule ``root``) every generated token
+    # must follow; None: unconstrained. Applies to this turn's generated tokens only.
+    grammar: str | None = None
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -143,6 +147,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.grammar is not None and not self.grammar.strip():
+            raise ValueError("grammar is empty; pass None for unconstrained sampling")
 
 
 # --------------------------------------------------------------------------- results
@@ -158,13 +164,21 @@ class Piece:
 
 @dataclass(frozen=True)
 class TurnResult:
-    """How a turn ended. ``finish_reason``: ``stop`` (stop string), ``eos``, ``length``."""
+    """How a turn ended.
+
+    ``finish_reason`` is one of ``stop`` (a stop string matched: ``stop`` names it, and no
+    part of it is in ``text``), ``eos`` (the model ended its turn), ``length``
+    (``max_tokens`` reached), ``context_full`` (the session's budget or the KV buffer has no
+    room for another token) or ``cancelled`` (the consumer stopped early). Only ``stop`` and
+    ``eos`` are turns the model finished; the others were cut.
+    """
 
     text: str
     num_prompt_tokens: int
     num_generated: int
     finish_reason: str
     decode_s: float
+    stop: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +237,10 @@ class StepSample:
     num_prefill_tokens: int
     sum_context: int  # Σ context_len of the decoding sessions
     step_s: float  # wall time of the whole step (host work + llama_decode)
+    # Cells in use in the whole cache during the step (prefix + every session's private
+    # cells, idle sessions' included): with one unified cache every decoding row attends
+    # over all of them (masked), so step time grows with num_decode × cells_used.
+    cells_used: int = 0
 
 
 @dataclass(frozen=True)
@@ -258,6 +276,17 @@ class PoolLoad:
 
 
 # --------------------------------------------------------------------------- seams
+
+
+class PrefillBudget(Protocol):
+    """How many prefill tokens a step may carry next to ``num_decode`` decoding rows while
+    ``cells_used`` cells are in use, so the step stays within what the floor allows.
+
+    Pure and cheap: the engine thread calls it once per step. The pool never asks it when
+    nothing is decoding (such a step takes the full ``n_batch``).
+    """
+
+    def __call__(self, num_decode: int, cells_used: int) -> int: ...
 
 
 @runtime_checkable
