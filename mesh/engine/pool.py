@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from mesh.engine import warm
 from mesh.engine.census import CellCensus, header_bytes, parse_cell_census
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel, make_sampler
+from mesh.engine.output import TurnOutput
 from mesh.engine.session import PooledSession, SeqState, Turn
 from mesh.engine.types import (
     AttachCheck,
@@ -360,7 +361,7 @@ class SharedKVPool:
                                    top_p=params.top_p, seed=seed, grammar=params.grammar,
                                    model=self._model)
             turn = Turn(params=params, sampler=sampler, loop=loop, queue=asyncio.Queue(),
-                        num_prompt=num_prompt)
+                        num_prompt=num_prompt, output=TurnOutput(params.stop))
             st.turn = turn
             st.turns_started += 1
             return turn
@@ -555,38 +556,33 @@ class SharedKVPool:
             return
         turn.num_generated += 1
         st.num_generated += 1
-        text = turn.decoder.decode(self._model.token_bytes(tok))
-        piece_text = text
-        stopped = False
-        if params.stop and text:
-            full = turn.text + text
-            window = max(len(s) for s in params.stop) + len(text)
-            tail_start = max(0, len(full) - window)
-            hits = [full.find(s, tail_start) for s in params.stop]
-            hits = [h for h in hits if h >= 0]
-            if hits:
-                cut = min(hits)
-                piece_text = full[len(turn.text) : cut] if cut > len(turn.text) else ""
-                stopped = True
-        turn.text += piece_text
-        if piece_text or not stopped:
-            self._post(turn, Piece(token=tok, text=piece_text))
-        if stopped:
+        out = turn.output
+        piece_text = out.feed(self._model.token_bytes(tok))
+        if out.matched is not None:
+            if piece_text:
+                self._post(turn, Piece(token=tok, text=piece_text))
             self._finish(st, "stop")
-        elif turn.num_generated >= params.max_tokens:
+            return
+        last = turn.num_generated >= params.max_tokens
+        if last:
+            piece_text += out.finish()  # held text goes out with the last token
+        self._post(turn, Piece(token=tok, text=piece_text))
+        if last:
             self._finish(st, "length")
 
     def _finish(self, st: SeqState, reason: str) -> None:
         turn = st.turn
         if turn is None:
             return
-        tail = turn.decoder.decode(b"", final=True)
-        if tail and reason != "stop":
-            turn.text += tail
+        out = turn.output
+        tail = out.finish()
+        if tail:  # held text released by an end with no token of its own (eos, cut)
+            self._post(turn, Piece(token=-1, text=tail))
         now = time.monotonic()
-        self._post(turn, TurnResult(text=turn.text, num_prompt_tokens=turn.num_prompt,
-                             num_generated=turn.num_generated, finish_reason=reason,
-                             decode_s=now - (turn.first_token_at or turn.started)))
+        self._post(turn, TurnResult(text=out.text, num_prompt_tokens=turn.num_prompt,
+                                    num_generated=turn.num_generated, finish_reason=reason,
+                                    decode_s=now - (turn.first_token_at or turn.started),
+                                    stop=out.matched))
         turn.sampler.close()
         st.turn = None
         # An undecoded carry token goes back to the queue: the next turn decodes it first,

@@ -19,7 +19,6 @@ promised: llama.cpp never sees a batch it has no room for.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import time
 from collections import deque
@@ -27,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mesh.engine.output import TurnOutput
 from mesh.engine.types import (
     Piece,
     SamplingParams,
@@ -56,11 +56,8 @@ class Turn:
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     num_generated: int = 0
-    text: str = ""
     cancelled: bool = False
-    decoder: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
-    )
+    output: TurnOutput = field(default_factory=TurnOutput)  # detokenizer + stop strings
 
     def post(self, item: Piece | TurnResult | BaseException) -> None:
         """Hand an item to the awaiting consumer (thread-safe; a closed loop drops it)."""
