@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from mesh.engine.output import TurnOutput
 from mesh.engine.types import (
@@ -37,7 +37,6 @@ from mesh.engine.types import (
 
 if TYPE_CHECKING:
     from mesh.engine.llama import TokenSampler
-    from mesh.engine.pool import SharedKVPool
 
 __all__ = ["PooledSession", "SeqState", "Turn"]
 
@@ -132,6 +131,21 @@ class SeqState:
         return 1.0 / self.step_ewma_s
 
 
+class PoolOps(Protocol):
+    """What a session handle needs from its pool (the pool implements it; no import of
+    :mod:`mesh.engine.pool` here, so the two modules form no cycle)."""
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def append_tokens(self, st: SeqState, tokens: list[int]) -> None: ...
+
+    async def start_turn(self, st: SeqState, params: SamplingParams) -> Turn: ...
+
+    async def detach(self, st: SeqState) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 class PoolGeneration:
     """Async iterator over a turn's pieces; see :class:`mesh.engine.types.Generation`."""
 
@@ -184,7 +198,7 @@ class PoolGeneration:
 class PooledSession:
     """A caller's handle on one pooled session; see :class:`mesh.engine.types.Session`."""
 
-    def __init__(self, pool: SharedKVPool, state: SeqState) -> None:
+    def __init__(self, pool: PoolOps, state: SeqState) -> None:
         self.pool = pool
         self.state = state
         self.id = state.id
