@@ -17,10 +17,7 @@ in the :class:`~mesh.engine.ledger.CellLedger`.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import hashlib
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -28,17 +25,17 @@ from typing import Any, TypeVar
 
 from mesh.engine.build import PREFIX_SEQ, Built, Progress, Tokenizer, build, open_tokenizer
 from mesh.engine.census import CellCensus, header_bytes, parse_cell_census
+from mesh.engine.commands import Commands
 from mesh.engine.ledger import CellLedger
-from mesh.engine.llama import LlamaContext, make_sampler
-from mesh.engine.output import TurnOutput
+from mesh.engine.llama import LlamaContext
 from mesh.engine.planner import Candidate, StepPlan, plan_step, step_budget
 from mesh.engine.session import PooledSession, SeqState, Turn
 from mesh.engine.stats import StepStats
+from mesh.engine.turns import Outbox, Turns
 from mesh.engine.types import (
     AttachCheck,
     ContextOverflow,
     EngineConfig,
-    Piece,
     PoolFull,
     PoolInfo,
     PoolLoad,
@@ -46,14 +43,12 @@ from mesh.engine.types import (
     SamplingParams,
     SessionFailed,
     StepSample,
-    TurnResult,
 )
 
 __all__ = ["MAX_SEQUENCES", "SharedKVPool", "Tokenizer", "open_tokenizer"]
 
 T = TypeVar("T")
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the prefix sequence counts toward it
-Outbox = list[tuple[Turn, Piece | TurnResult | BaseException]]
 
 
 class SharedKVPool:
@@ -76,7 +71,8 @@ class SharedKVPool:
         self._built: Built | None = None
         self._info: PoolInfo | None = None  # kept after aclose()
         self._ledger: CellLedger | None = None
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._commands = Commands()
+        self._turns: Turns | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._held = False
@@ -98,6 +94,7 @@ class SharedKVPool:
             max_sessions=self.config.max_sessions,
             attach_need=1 if self.config.share_prefix else len(built.prefix) + 1,
         )
+        self._turns = Turns(built.model, self._ledger, self._outbox, self.config.seed)
         self._publish()
         self._thread = threading.Thread(target=self._run, name="mesh-engine", daemon=True)
         self._thread.start()
@@ -151,22 +148,13 @@ class SharedKVPool:
     # ------------------------------------------------------------------ commands
 
     def wake(self) -> None:
-        self._commands.put(lambda: None)
+        self._commands.wake()
 
     async def _call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread and await its result."""
         if self._thread is None or self._stopping:
             raise SessionFailed("the pool is not running")
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:
-                fut.set_exception(exc)
-
-        self._commands.put(run)
-        return await asyncio.wrap_future(fut)
+        return await self._commands.call(fn)
 
     @contextlib.asynccontextmanager
     async def held(self) -> AsyncIterator[None]:
@@ -228,27 +216,8 @@ class SharedKVPool:
         loop = asyncio.get_running_loop()
 
         def do() -> Turn:
-            assert self._built is not None and self._ledger is not None
-            if st.detached:
-                raise SessionFailed(st.failed or f"session {st.id} is detached")
-            if st.turn is not None:
-                raise RuntimeError(f"session {st.id} is already generating")
-            num_prompt = self._ledger.pending(st)
-            if not num_prompt and st.carry is None:
-                raise ValueError(f"session {st.id} has no input; append text first")
-            seed = params.seed
-            if seed is None:
-                key = f"{self.config.seed}:{st.id}:{st.turns_started}".encode()
-                seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
-            # An invalid grammar raises ValueError here, on the caller's await.
-            sampler = make_sampler(temperature=params.temperature, top_k=params.top_k,
-                                   top_p=params.top_p, seed=seed, grammar=params.grammar,
-                                   model=self._built.model)
-            turn = Turn(params=params, sampler=sampler, loop=loop, queue=asyncio.Queue(),
-                        num_prompt=num_prompt, output=TurnOutput(params.stop))
-            st.turn = turn
-            st.turns_started += 1
-            return turn
+            assert self._turns is not None
+            return self._turns.open(st, params, loop)
 
         return await self._call(do)
 
@@ -283,7 +252,7 @@ class SharedKVPool:
     def _run(self) -> None:
         while not self._stopping:
             try:
-                self._drain_commands(block=not self._has_work())
+                self._commands.drain(block=not self._has_work())
                 if not self._stopping and self._has_work():
                     self._step()
             except Exception as exc:  # the engine thread must survive anything
@@ -297,21 +266,10 @@ class SharedKVPool:
     def _flush(self) -> None:
         """Post queued items after the snapshot is published, so a consumer that sees a
         turn end also sees the pool after it."""
-        out, self._outbox = self._outbox, []
+        out = self._outbox[:]
+        self._outbox.clear()  # the same list: Turns appends to it
         for turn, item in out:
             turn.post(item)
-
-    def _drain_commands(self, block: bool) -> None:
-        try:
-            cmd = self._commands.get(timeout=0.25) if block else self._commands.get_nowait()
-        except queue.Empty:
-            return
-        cmd()
-        while True:
-            try:
-                self._commands.get_nowait()()
-            except queue.Empty:
-                return
 
     def _has_work(self) -> bool:
         return not self._held and any(st.turn is not None for st in self._sessions.values())
@@ -337,11 +295,11 @@ class SharedKVPool:
         return self._built.shared_cells + sum(st.private for st in self._sessions.values())
 
     def _step(self) -> None:
-        assert self._built is not None and self._ledger is not None
+        assert self._built is not None and self._ledger is not None and self._turns is not None
         t0 = time.monotonic()
         for st in list(self._sessions.values()):  # cancelled turns take no room
             if st.turn is not None and st.turn.cancelled:
-                self._finish(st, "cancelled")
+                self._turns.finish(st, "cancelled")
         plan = self._plan()
         if plan.empty:
             self._publish()  # cancellations above changed states
@@ -384,7 +342,7 @@ class SharedKVPool:
         for i, (st, idx) in enumerate(rows):
             if i < len(plan.decode):
                 st.observe_decode(t2 - t0)
-            self._sample(st, idx)
+            self._turns.sample(st, ctx, idx)
         now = time.monotonic()
         for st in self._sessions.values():
             st.mark_busy(now)
@@ -393,59 +351,6 @@ class SharedKVPool:
                                      step_s=now - t0, cells_used=cells_used),
                           decode_s=t2 - t1, now=now)
         self._publish()
-
-    def _sample(self, st: SeqState, idx: int) -> None:
-        """Sample the session's next token from batch row ``idx`` and post the piece."""
-        assert self._built is not None and self._ledger is not None
-        turn, model = st.turn, self._built.model
-        if turn is None:
-            return
-        tok = turn.sampler.sample(self._built.ctx, idx)
-        params = turn.params
-        if turn.first_token_at is None:
-            turn.first_token_at = time.monotonic()
-        if model.is_eog(tok) and (params.grammar is not None or params.stop_at_eos):
-            # Under a grammar, EOG is sampled only once the grammar is complete.
-            self._finish(st, "stop" if params.grammar is not None else "eos")
-            return
-        if not self._ledger.carry(st, tok):
-            self._finish(st, "context_full")
-            return
-        turn.num_generated += 1
-        st.num_generated += 1
-        out = turn.output
-        text = out.feed(model.token_bytes(tok))
-        if out.matched is not None:
-            if text:
-                self._outbox.append((turn, Piece(token=tok, text=text)))
-            self._finish(st, "stop")
-            return
-        last = turn.num_generated >= params.max_tokens
-        if last:
-            text += out.finish()  # held text goes out with the last token
-        self._outbox.append((turn, Piece(token=tok, text=text)))
-        if last:
-            self._finish(st, "length")
-
-    def _finish(self, st: SeqState, reason: str) -> None:
-        turn = st.turn
-        if turn is None:
-            return
-        assert self._ledger is not None
-        out = turn.output
-        tail = out.finish()
-        if tail:  # held text released by an end with no token of its own (eos, cut)
-            self._outbox.append((turn, Piece(token=-1, text=tail)))
-        now = time.monotonic()
-        self._outbox.append((turn, TurnResult(
-            text=out.text, num_prompt_tokens=turn.num_prompt, num_generated=turn.num_generated,
-            finish_reason=reason, decode_s=now - (turn.first_token_at or turn.started),
-            stop=out.matched)))
-        turn.sampler.close()
-        st.turn = None
-        # An undecoded carry token goes back to the queue: the next turn decodes it first,
-        # so the conversation keeps every token the session generated.
-        self._ledger.requeue_carry(st)
 
     # ------------------------------------------------------------------ snapshots
 
