@@ -142,3 +142,38 @@ def test_stops_in_concurrent_sessions_are_cut_independently(
 
     for (got, result), stop in zip(run(body()), stops, strict=True):
         check(got, result, ref_text, stop)
+
+
+CALLS = (
+    "Tool calls, one per line:\n"
+    '<call>read_file(path="a.py", start=1, lines=80)</call>\n'
+    '<call>read_file(path="b.py", start=1, lines=80)</call>\n'
+    '<call>read_file(path="c.py", start=1, lines=80)</call>\n'
+    '<call>read_file(path="d.py", start=1, lines=80)</call>\n'
+    '<call>read_file(path="'
+)
+
+
+@pytest.mark.slow
+def test_a_tool_call_on_the_default_model_ends_without_its_stop() -> None:
+    from mesh.engine.models import resolve_model
+
+    model = resolve_model(None, env={}).path
+
+    async def body() -> tuple[int, TurnResult]:
+        pool = await make_pool(model, max_sessions=2, session_budget=512, n_threads=None)
+        try:
+            n_stop = pool.count_tokens("</call>")
+            s = await pool.attach()
+            s.append(CALLS)
+            gen = s.generate(SamplingParams(max_tokens=30, stop=("</call>",)))
+            streamed = "".join([p.text async for p in gen])
+            assert gen.result is not None and streamed == gen.result.text
+            return n_stop, gen.result
+        finally:
+            await pool.aclose()
+
+    n_stop, result = run(body())
+    assert n_stop >= 3, "in Gemma 3's vocabulary </call> is several tokens"
+    assert result.finish_reason == "stop" and result.stop == "</call>"
+    assert "</" not in result.text and result.text.endswith("lines=80)"), result.text
