@@ -23,12 +23,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from mesh.engine.batching import candidates, fill_batch
 from mesh.engine.build import PREFIX_SEQ, Built, Progress, Tokenizer, build, open_tokenizer
 from mesh.engine.census import CellCensus, header_bytes, parse_cell_census
 from mesh.engine.commands import Commands
 from mesh.engine.ledger import CellLedger
 from mesh.engine.llama import LlamaContext
-from mesh.engine.planner import Candidate, StepPlan, plan_step, step_budget
+from mesh.engine.planner import StepPlan, plan_step, step_budget
 from mesh.engine.session import PooledSession, SeqState, Turn
 from mesh.engine.stats import StepStats
 from mesh.engine.turns import Outbox, Turns
@@ -276,18 +277,11 @@ class SharedKVPool:
 
     def _plan(self) -> StepPlan:
         assert self._built is not None and self._ledger is not None
-        ledger = self._ledger
-        cands = [
-            Candidate(seq=st.seq, created=st.created,
-                      decoding=st.carry is not None and not ledger.pending(st),
-                      ready=ledger.pending(st))
-            for st in self._sessions.values() if st.turn is not None
-        ]
-        num_decode = sum(c.decoding for c in cands)
+        cands = candidates(self._sessions.values(), self._ledger)
         budget = step_budget(n_batch=self.config.n_batch,
-                             output_rows=self._built.ctx.n_outputs_max, num_decode=num_decode,
-                             cells_used=self._cells_used(),
-                             prefill_budget=self._prefill_budget)
+                             output_rows=self._built.ctx.n_outputs_max,
+                             num_decode=sum(c.decoding for c in cands),
+                             cells_used=self._cells_used(), prefill_budget=self._prefill_budget)
         return plan_step(cands, budget)
 
     def _cells_used(self) -> int:
@@ -304,28 +298,12 @@ class SharedKVPool:
         if plan.empty:
             self._publish()  # cancellations above changed states
             return
-        batch, ctx = self._built.batch, self._built.ctx
-        batch.clear()
-        rows: list[tuple[SeqState, int]] = []  # sessions to sample, and their batch row
-        counts: dict[int, int] = {}
-        for seq in plan.decode:
-            st = self._sessions[seq]
-            assert st.carry is not None
-            rows.append((st, batch.add(st.carry, st.pos, st.seq, True)))
-            counts[seq] = 1
-        for chunk in plan.prefill:
-            st = self._sessions[chunk.seq]
-            toks = self._ledger.take(st, chunk.tokens)
-            for i, tok in enumerate(toks):
-                is_out = chunk.logits and i == len(toks) - 1
-                idx = batch.add(tok, st.pos + i, st.seq, is_out)
-                if is_out:
-                    rows.append((st, idx))
-            counts[chunk.seq] = len(toks)
+        ctx = self._built.ctx
+        rows, counts = fill_batch(plan, self._sessions, self._ledger, self._built.batch)
         sum_ctx = sum(self._sessions[s].pos + 1 for s in plan.decode)
         cells_used = self._cells_used()
         t1 = time.monotonic()
-        rc = ctx.decode(batch)
+        rc = ctx.decode(self._built.batch)
         t2 = time.monotonic()
         if rc != 0:
             reason = (f"llama_decode returned {rc} (no KV slot for the batch)" if rc == 1

@@ -1,0 +1,48 @@
+"""From sessions to a plan, and from a plan to a ``llama_batch`` (engine thread only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from mesh.engine.ledger import CellLedger
+from mesh.engine.llama import Batch
+from mesh.engine.planner import Candidate, StepPlan
+from mesh.engine.session import SeqState
+
+__all__ = ["candidates", "fill_batch"]
+
+
+def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candidate]:
+    """The planner's view of every session in a turn."""
+    out = []
+    for st in sessions:
+        if st.turn is not None:
+            ready = ledger.pending(st)
+            out.append(Candidate(seq=st.seq, created=st.created,
+                                 decoding=st.carry is not None and not ready, ready=ready))
+    return out
+
+
+def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLedger,
+               batch: Batch) -> tuple[list[tuple[SeqState, int]], dict[int, int]]:
+    """Write the plan into ``batch`` (decode rows first, then prefill chunks, taking the
+    queued tokens from the ledger). Returns the sessions to sample with their logits row,
+    and the tokens each sequence gets in this step."""
+    batch.clear()
+    rows: list[tuple[SeqState, int]] = []
+    counts: dict[int, int] = {}
+    for seq in plan.decode:
+        st = sessions[seq]
+        assert st.carry is not None
+        rows.append((st, batch.add(st.carry, st.pos, st.seq, True)))
+        counts[seq] = 1
+    for chunk in plan.prefill:
+        st = sessions[chunk.seq]
+        toks = ledger.take(st, chunk.tokens)
+        for i, tok in enumerate(toks):
+            is_out = chunk.logits and i == len(toks) - 1
+            idx = batch.add(tok, st.pos + i, st.seq, is_out)
+            if is_out:
+                rows.append((st, idx))
+        counts[chunk.seq] = len(toks)
+    return rows, counts
