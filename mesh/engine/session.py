@@ -4,16 +4,17 @@ Ownership table (who may touch what):
 
 | field                         | written by                   | read by                        |
 |-------------------------------|------------------------------|--------------------------------|
-| ``SeqState.pending``/``carry``| caller (append, under lock)  | engine thread (under lock)     |
-|                               | engine thread (takes tokens) |                                |
-| ``SeqState.reserved``         | both, under the pool lock    | both, under the pool lock      |
+| ``SeqState.pending``/``carry``| the ledger, under its lock   | the ledger / engine thread     |
+|                               | (append; the thread's takes) |                                |
+| ``SeqState.reserved``         | the ledger, under its lock   | the ledger, under its lock     |
 | ``SeqState.private``, ``pos`` | engine thread only           | snapshots (published copies)   |
 | ``Turn`` fields               | engine thread only           | -                              |
 
 ``reserved`` counts every cell the session holds or is promised: decoded suffix cells
 (``private``), queued tokens (``pending``) and the sampled-but-not-yet-decoded ``carry``.
 It is what budgets are checked against, so a step can never need a cell that was not
-promised: llama.cpp never sees a batch it has no room for.
+promised: llama.cpp never sees a batch it has no room for. See
+:class:`mesh.engine.ledger.CellLedger`.
 """
 
 from __future__ import annotations
