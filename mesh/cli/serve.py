@@ -85,9 +85,11 @@ async def _close(pool: Any, peers: Any) -> None:
 
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.api import api_routes
+    from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
+    from mesh.coordinator.taskboard import TaskBoard
     from mesh.engine.models import resolve_model
     from mesh.engine.pool import SharedKVPool, open_tokenizer
     from mesh.gate import FloorGate, GateConfig
@@ -151,14 +153,18 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
+    board = TaskBoard()
     app = build_app(
         coord,
         worker_factory=lambda: DispatchWorker(pool, template, tools),
         admission=gate,
         pool_info=info,
-        extra_routes=api_routes(pool, gate),
+        extra_routes=[*api_routes(pool, gate), *dashboard_routes(gate, tasks=board)],
         skills=[s.model_dump() for s in template.manifest.skills],
+        task_board=board,
+        public_paths=DASHBOARD_PUBLIC_PATHS,
     )
     base = args.public_url or f"http://{args.host}:{args.port}"
     print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)
+    print(f"dashboard: {base}/dashboard", file=sys.stderr)
     return app, pool, peers

@@ -46,6 +46,7 @@ from mesh.coordinator.config import CoordinatorConfig
 from mesh.coordinator.executor import CoordinatorExecutor, WorkerFactory
 from mesh.coordinator.push import build_push_sender, make_push_url_validator
 from mesh.coordinator.store import Stores, mark_interrupted, open_stores
+from mesh.coordinator.taskboard import ObservedTaskStore, TaskBoard
 from mesh.coordinator.validation import RequestGuard
 from mesh.engine.types import PoolInfo
 from mesh.gate.types import Admission
@@ -78,12 +79,16 @@ def build_app(
     pool_info: PoolInfo | None,
     extra_routes: Sequence[BaseRoute] = (),
     skills: Sequence[Skill | Mapping[str, Any]] = (),
+    task_board: TaskBoard | None = None,
+    public_paths: Sequence[str] = (),
 ) -> Starlette:
     """The A2A coordinator as a Starlette app (see the module docstring for what it mounts).
 
     ``worker_factory`` makes one worker per admitted subtask; ``admission`` is the gate's
     async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
-    card. Raises ``ValueError`` if ``config`` does not validate. Does no I/O.
+    card; ``task_board``, if given, sees every task the handler saves (the dashboard);
+    ``public_paths`` are served without auth next to the card and ``/healthz``. Raises
+    ``ValueError`` if ``config`` does not validate. Does no I/O.
     """
     config.validate()
     card = build_agent_card(config, skills, pool_info)
@@ -99,7 +104,7 @@ def build_app(
     push_sender = build_push_sender(push_client, stores.push_configs, url_validator)
     handler = DefaultRequestHandler(
         executor,
-        stores.tasks,
+        stores.tasks if task_board is None else ObservedTaskStore(stores.tasks, task_board),
         card,
         push_config_store=stores.push_configs,
         push_sender=push_sender,
@@ -156,7 +161,7 @@ def build_app(
             Middleware(
                 BearerAuth,
                 tokens=config.tokens,
-                public_paths=(AGENT_CARD_WELL_KNOWN_PATH, HEALTH_PATH),
+                public_paths=(AGENT_CARD_WELL_KNOWN_PATH, HEALTH_PATH, *public_paths),
             ),
             Middleware(RequestGuard, config=config, check_queue=admission.check_queue),
         ],

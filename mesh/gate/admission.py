@@ -255,4 +255,20 @@ class FloorGate:
             "model": {**self.model.describe(), "live_scale": proj.scale},
             "admitted_total": self.num_admitted,
             "refused_total": self.num_refused,
+            "workers": _worker_rows(load),
         }
+
+
+def _worker_rows(load: PoolLoad) -> list[dict[str, Any]]:
+    """One row per pool session for ``capacity()["workers"]`` (the dashboard's chart)."""
+    return [
+        {
+            "id": s.id,
+            "state": s.state.value,
+            "decodeTps": s.decode_tps,
+            "dutyCycle": s.duty_cycle,
+            "privateCells": s.private_cells,
+            "ageS": round(s.age_s, 3),
+        }
+        for s in load.sessions
+    ]
