@@ -210,3 +210,37 @@ async def test_observed_store_reports_only_accepted_saves() -> None:
         await store.save(_task("boom", pb.TASK_STATE_WORKING), None)  # type: ignore[arg-type]
     assert inner.saved == ["ok"]
     assert [r["id"] for r in board.snapshot()["live"]] == ["ok"]
+
+
+async def test_nodes_source_goes_into_each_frame() -> None:
+    engine = FakeEngine(prefix_tokens=10)
+    gate = FloorGate(engine, GateConfig.create(floor_tps=3.0))
+
+    async def nodes() -> list[dict[str, Any]]:
+        return [{"name": "n1", "url": "http://n1", "capacity": {"headroom": math.nan}}]
+
+    app = Starlette(routes=dashboard_routes(gate, tasks=None, nodes=nodes, max_stream_s=0.5))
+    port = free_port()
+    server = Server(Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:
+                await anyio.sleep(0.02)
+        async with httpx.AsyncClient(timeout=10) as client:
+            frame = (await _frames(client, f"http://127.0.0.1:{port}", 1))[0]
+        server.should_exit = True
+    assert frame["tasks"] is None
+    assert frame["nodes"] == [{"name": "n1", "url": "http://n1", "capacity": {"headroom": None}}]
+
+
+def test_simulate_prints_the_dashboard_of_the_server_it_starts(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mesh.cli.simulate import _watched
+    from mesh.sim.server import serve_command
+    from mesh.sim.types import SimConfig
+
+    config = SimConfig()
+    assert _watched(config)(8123, tmp_path) == serve_command(config, 8123, tmp_path)
+    assert "dashboard: http://127.0.0.1:8123/dashboard" in capsys.readouterr().err

@@ -149,7 +149,11 @@
       state.history[id].forEach(function (p) { if (p[1] > top) top = p[1]; });
     });
     top *= 1.1;
-    function x(t) { return L + (W - L - 4) * (1 - (now - t) / WINDOW_S); }
+    // The last 5 minutes, or since the page opened if that is shorter (at least 30 s).
+    var first = state.frames.length ? state.frames[0].t : now;
+    if (state.since === undefined) state.since = first;
+    var span = Math.min(WINDOW_S, Math.max(30, now - state.since));
+    function x(t) { return L + (W - L - 8) * (1 - (now - t) / span); }
     function y(v) { return (H - B) * (1 - v / top) + 2; }
     ctx.strokeStyle = "#2c3640"; ctx.fillStyle = "#8a96a3"; ctx.font = "11px sans-serif";
     for (var k = 0; k <= 4; k++) {
@@ -157,12 +161,19 @@
       ctx.beginPath(); ctx.moveTo(L, y(v)); ctx.lineTo(W, y(v)); ctx.stroke();
       ctx.fillText(v.toFixed(1), 2, y(v) + 4);
     }
-    for (var m = 0; m <= 5; m++) ctx.fillText("-" + m + "m", x(now - 60 * m) - 10, H - 4);
+    var step = span > 120 ? 60 : (span > 60 ? 20 : 10);
+    for (var a = step; a <= span; a += step) {
+      ctx.fillText("-" + (a >= 60 && a % 60 === 0 ? a / 60 + "m" : a + "s"), x(now - a) - 10, H - 4);
+    }
+    ctx.fillText("now", W - 26, H - 4);
     Object.keys(state.history).forEach(function (id) {
       var h = state.history[id];
       ctx.strokeStyle = color(id); ctx.lineWidth = 1.5; ctx.beginPath();
       h.forEach(function (p, i) { if (i) ctx.lineTo(x(p[0]), y(p[1])); else ctx.moveTo(x(p[0]), y(p[1])); });
       ctx.stroke();
+      var end = h[h.length - 1];
+      ctx.fillStyle = color(id);
+      ctx.fillRect(x(end[0]) - 2, y(end[1]) - 2, 4, 4);
     });
     if (floor) {
       ctx.strokeStyle = "#e8574c"; ctx.lineWidth = 2; ctx.setLineDash([6, 4]);
