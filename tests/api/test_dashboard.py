@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from uvicorn import Config, Server
 
 from mesh.api import api_routes
-from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes, finite
+from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes, finite, poll_nodes
 from mesh.coordinator.auth import BearerAuth
 from mesh.coordinator.taskboard import ObservedTaskStore, TaskBoard
 from mesh.engine.fake import FakeEngine
@@ -244,3 +244,25 @@ def test_simulate_prints_the_dashboard_of_the_server_it_starts(
     config = SimConfig()
     assert _watched(config)(8123, tmp_path) == serve_command(config, 8123, tmp_path)
     assert "dashboard: http://127.0.0.1:8123/dashboard" in capsys.readouterr().err
+
+
+async def test_poll_nodes_reads_each_capacity_once_per_interval() -> None:
+    calls: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.host)
+        if request.url.host == "down":
+            raise httpx.ConnectError("refused", request=request)
+        assert request.headers["authorization"] == "Bearer tok"
+        return httpx.Response(200, json={"headroom": 2, "verdict": "admit"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        nodes = poll_nodes(["http://up:1", "http://down:2"], client, token="tok",
+                           min_interval_s=60)
+        first = await nodes()
+        again = await nodes()
+    assert first == again
+    assert sorted(calls) == ["down", "up"]  # the second read came from the cache
+    assert first[0] == {"url": "http://up:1", "capacity": {"headroom": 2, "verdict": "admit"},
+                        "error": None}
+    assert first[1]["capacity"] is None and "ConnectError" in first[1]["error"]
