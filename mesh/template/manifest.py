@@ -155,6 +155,8 @@ class TurnSpec(_Model):
     max_tokens_per_turn: int = Field(256, ge=1)
     max_total_tokens: int = Field(2048, ge=1)
     temperature: float = Field(0.0, ge=0.0)
+    # Sample each turn under the GBNF grammar of mesh.worker.grammar (false: the raw model).
+    grammar: bool = True
 
 
 class ToolsSpec(_Model):
