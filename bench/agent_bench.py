@@ -283,21 +283,27 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _report(pairs: list[PairResult]) -> dict[str, Any]:
+    return {
+        "command": "python -m bench.agent_bench " + " ".join(sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "results": [p.summary() for p in pairs],
+        "tasks": {f"{p.model}/{p.template}": [asdict(t) for t in p.tasks] for p in pairs},
+    }
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     pairs: list[PairResult] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="agent-bench-") as tmp:
         for model in args.models.split(","):
             for template in args.templates.split(","):
                 print(f"{model} / {template} ...", file=sys.stderr, flush=True)
                 pairs.append(await run_pair(model, template, args, Path(tmp)))
-    rows = [p.summary() for p in pairs]
-    print(_table(rows))
-    return {
-        "command": "python -m bench.agent_bench " + " ".join(sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "results": rows,
-        "tasks": {f"{p.model}/{p.template}": [asdict(t) for t in p.tasks] for p in pairs},
-    }
+                out.write_text(json.dumps(_report(pairs), indent=2) + "\n")  # each pair
+    print(_table([p.summary() for p in pairs]))
+    return _report(pairs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,10 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="bench/results/agent.json")
     args = p.parse_args(argv)
     report = asyncio.run(main_async(args))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}", file=sys.stderr)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
