@@ -90,11 +90,13 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
     from mesh.coordinator.taskboard import TaskBoard
+    from mesh.engine.llama import LlamaModel
     from mesh.engine.models import resolve_model
-    from mesh.engine.pool import SharedKVPool, open_tokenizer
+    from mesh.engine.pool import SharedKVPool
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.calibrate import seed_model
     from mesh.template import build_prefix, load_template
+    from mesh.template.chat import ChatFormat
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
 
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth_token:
@@ -113,16 +115,22 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if not project.is_dir():
         raise ValueError(f"project directory not found: {project}; pass --project DIR")
     model = resolve_model(args.model)
-    tokenizer = open_tokenizer(str(model.path))
+    vocab = LlamaModel(str(model.path), vocab_only=True)
     try:
-        prefix = build_prefix(template, project, tokenizer.count,
+        prefix = build_prefix(template, project,
+                              lambda text: len(vocab.tokenize(text, add_bos=False)),
                               target_tokens=args.prefix_tokens)
+        # The model's own chat format; one that breaks the token-prefix rule falls back.
+        chat = ChatFormat.from_gguf(model.path, model_name=model.name).resolve(
+            lambda text: vocab.tokenize(text, add_bos=vocab.add_bos),
+            lambda msg: print(msg, file=sys.stderr))
     finally:
-        tokenizer.close()
+        vocab.close()
     peers = PeerClient(args.peer, token=None) if args.peer else None
-    prefix_text = prefix.text
+    system_text = prefix.text
     if peers is not None:
-        prefix_text += "\n\n" + await peers.describe()
+        system_text += "\n\n" + await peers.describe()
+    prefix_text = chat.prefix_text(system_text)
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     cfg = EngineConfig(model_path=str(model.path), max_sessions=args.max_sessions,
@@ -135,6 +143,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         print(f"\rprefix: {done}/{total} tokens decoded", end="", file=sys.stderr, flush=True)
 
     print(f"model: {model.name} ({model.source}) {model.path}", file=sys.stderr)
+    print(f"chat format: {chat.name}; tool-call grammar: "
+          f"{'on' if template.manifest.turns.grammar else 'off'}", file=sys.stderr)
     print(f"template: {template.name}; project: {project} "
           f"({len(prefix.included)} files in the prefix, {len(prefix.skipped)} skipped)",
           file=sys.stderr)
@@ -156,7 +166,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     board = TaskBoard()
     app = build_app(
         coord,
-        worker_factory=lambda: DispatchWorker(pool, template, tools),
+        worker_factory=lambda: DispatchWorker(pool, template, tools, chat),
         admission=gate,
         pool_info=info,
         extra_routes=[*api_routes(pool, gate), *dashboard_routes(gate, tasks=board)],

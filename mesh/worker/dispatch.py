@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mesh.engine.types import Engine
+from mesh.template.chat import ChatFormat
 from mesh.template.loader import Template
 from mesh.worker.loop import AgentWorker
 from mesh.worker.simulated import ScenarioWorker
@@ -25,11 +26,12 @@ class DispatchWorker:
     engine: Engine
     template: Template
     tools: Mapping[str, ToolFn]
+    chat: ChatFormat | None = None  # the model's chat format (default: plain)
 
     async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
         worker: Worker
         if subtask.params.get("scenario"):
             worker = ScenarioWorker(self.engine, self.template)
         else:
-            worker = AgentWorker(self.engine, self.template, self.tools)
+            worker = AgentWorker(self.engine, self.template, self.tools, chat=self.chat)
         return await worker.run(subtask, emit)
