@@ -234,3 +234,48 @@ def test_importing_the_package_loads_no_llama_cpp(package: str) -> None:
     assert done.returncode == 0, (
         f"import {package} loaded {done.stdout.strip() or '?'}; stderr: {done.stderr[-2000:]}"
     )
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (anywhere in it, TYPE_CHECKING too)."""
+    prefix = package.replace(".", "/") + "/"
+    mods = {module_name(rel): rel for rel in source_files() if rel.startswith(prefix)}
+    graph: dict[str, set[str]] = {}
+    for mod, rel in mods.items():
+        source = (ROOT / rel).read_text(encoding="utf-8")
+        graph[mod] = {i.module for i in imports_in(source, rel) if i.module in mods} - {mod}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (``[a, b, ..., a]``), or None when the graph has none."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for nxt in sorted(graph.get(node, ())):
+            if cycle := visit(nxt, [*path, node]):
+                return cycle
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if cycle := visit(start, []):
+            return cycle
+    return None
+
+
+def test_the_engine_has_no_import_cycles() -> None:
+    graph = import_graph("mesh.engine")
+    assert graph.get("mesh.engine.pool"), "the scan sees no imports"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle in mesh/engine: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"x": {"y"}, "y": {"y2"}, "y2": {"y"}}) == ["y", "y2", "y"]

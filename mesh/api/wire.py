@@ -96,6 +96,7 @@ def turn_json(session_id: str, result: TurnResult, context_len: int) -> dict[str
         "id": session_id,
         "text": result.text,
         "finish_reason": result.finish_reason,
+        "stop": result.stop,
         "num_prompt_tokens": result.num_prompt_tokens,
         "num_generated": result.num_generated,
         "decode_s": result.decode_s,

@@ -4,6 +4,14 @@ It keeps the same accounting rules as the real pool (cells, sequence ids, budget
 and "generates" a deterministic echo of the session's last input, one word per token, with
 an optional delay per step. It is for unit tests and for measuring the A2A layer's own
 overhead (``bench/a2a_bench.py``); ``mesh serve`` never uses it.
+
+``SamplingParams.grammar`` is accepted and ignored: the fake cannot enforce GBNF (its echo
+is not sampled from logits). Grammar behaviour is tested on the real pool only.
+
+Turn endings follow the pool's: stop strings go through the same
+:class:`~mesh.engine.output.TurnOutput` (cut exactly, named in ``TurnResult.stop``), and a
+session that runs out of budget mid-turn ends the turn with ``context_full`` (appending text
+that does not fit raises :class:`~mesh.engine.types.ContextOverflow`, as the pool does).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator
 
+from mesh.engine.output import TurnOutput
 from mesh.engine.types import (
     AttachCheck,
     ContextOverflow,
@@ -64,37 +73,43 @@ class _FakeGeneration:
         words = (" ".join(prompt).split() or ["ok"]) * self._params.max_tokens
         s.state = SessionState.DECODING
         start = time.monotonic()
-        out: list[str] = []
+        out = TurnOutput(self._params.stop)  # the pool's own stop-string rules
+        generated = 0
         finish = "length"
         for word in words[: self._params.max_tokens]:
             if self._closed:
                 finish = "cancelled"
                 break
             if s.private_cells + 1 > engine.info.session_budget:
-                s.state = SessionState.IDLE
-                raise ContextOverflow(
-                    f"session {s.id} reached its budget of {engine.info.session_budget} tokens"
-                )
+                finish = "context_full"  # as the pool: the turn ends, the session lives
+                break
             if engine.step_delay_s:
                 await asyncio.sleep(engine.step_delay_s)
             else:
                 await asyncio.sleep(0)
             s.private_cells += 1
             s.num_generated += 1
-            text = (" " if out else "") + word
-            out.append(text)
-            yield Piece(token=len(out), text=text)
-            joined = "".join(out)
-            if any(stop in joined for stop in self._params.stop):
+            generated += 1
+            text = out.feed_text((" " if generated > 1 else "") + word)
+            if out.matched is not None:
+                if text:
+                    yield Piece(token=generated, text=text)
                 finish = "stop"
                 break
+            if generated == self._params.max_tokens:
+                text += out.finish()
+            yield Piece(token=generated, text=text)
+        tail = out.finish()
+        if tail:
+            yield Piece(token=-1, text=tail)
         s.state = SessionState.IDLE
         self.result = TurnResult(
-            text="".join(out),
+            text=out.text,
             num_prompt_tokens=sum(_count(t) for t in prompt),
-            num_generated=len(out),
+            num_generated=generated,
             finish_reason=finish,
             decode_s=time.monotonic() - start,
+            stop=out.matched,
         )
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mesh.engine.paths import default_cache_dir
 from mesh.engine.tiny import TinyVariant, tiny_model_path
 from mesh.engine.types import ModelError
 
@@ -53,15 +54,6 @@ class ResolvedModel:
     path: Path
     name: str
     source: ModelSource
-
-
-def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/mesh/models`` if that variable holds an absolute path, else
-    ``~/.cache/mesh/models``. Creates nothing."""
-    env = os.environ if env is None else env
-    xdg = env.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "mesh" / "models"
 
 
 def resolve_model(

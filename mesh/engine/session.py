@@ -19,14 +19,14 @@ promised: llama.cpp never sees a batch it has no room for.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from mesh.engine.output import TurnOutput
 from mesh.engine.types import (
     Piece,
     SamplingParams,
@@ -37,7 +37,6 @@ from mesh.engine.types import (
 
 if TYPE_CHECKING:
     from mesh.engine.llama import TokenSampler
-    from mesh.engine.pool import SharedKVPool
 
 __all__ = ["PooledSession", "SeqState", "Turn"]
 
@@ -56,11 +55,8 @@ class Turn:
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     num_generated: int = 0
-    text: str = ""
     cancelled: bool = False
-    decoder: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
-    )
+    output: TurnOutput = field(default_factory=TurnOutput)  # detokenizer + stop strings
 
     def post(self, item: Piece | TurnResult | BaseException) -> None:
         """Hand an item to the awaiting consumer (thread-safe; a closed loop drops it)."""
@@ -135,6 +131,21 @@ class SeqState:
         return 1.0 / self.step_ewma_s
 
 
+class PoolOps(Protocol):
+    """What a session handle needs from its pool (the pool implements it; no import of
+    :mod:`mesh.engine.pool` here, so the two modules form no cycle)."""
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def append_tokens(self, st: SeqState, tokens: list[int]) -> None: ...
+
+    async def start_turn(self, st: SeqState, params: SamplingParams) -> Turn: ...
+
+    async def detach(self, st: SeqState) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 class PoolGeneration:
     """Async iterator over a turn's pieces; see :class:`mesh.engine.types.Generation`."""
 
@@ -187,7 +198,7 @@ class PoolGeneration:
 class PooledSession:
     """A caller's handle on one pooled session; see :class:`mesh.engine.types.Session`."""
 
-    def __init__(self, pool: SharedKVPool, state: SeqState) -> None:
+    def __init__(self, pool: PoolOps, state: SeqState) -> None:
         self.pool = pool
         self.state = state
         self.id = state.id

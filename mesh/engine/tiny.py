@@ -30,6 +30,8 @@ import gguf
 import numpy as np
 from numpy.typing import NDArray
 
+from mesh.engine.paths import default_cache_dir
+
 __all__ = ["TINY_FORMAT_VERSION", "TinyVariant", "tiny_model_path", "write_tiny_model"]
 
 TinyVariant = Literal["llama", "gemma3"]
@@ -206,8 +208,6 @@ def tiny_model_path(
     so a concurrent or interrupted writer never leaves a partial model behind.
     """
     if cache_dir is None:
-        from mesh.engine.models import default_cache_dir  # models imports this module
-
         cache_dir = default_cache_dir()
     directory = Path(cache_dir)
     target = directory / f"mesh-tiny-{variant}-v{TINY_FORMAT_VERSION}.gguf"

@@ -156,7 +156,13 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Piece:
-    """One generated token and the text it completed (may be empty mid-UTF-8 sequence)."""
+    """One generated token and the text it released.
+
+    ``text`` may be empty (mid-UTF-8 character, or held back as a possible start of a stop
+    string). Held text released when a turn ends without a token of its own (``eos``,
+    ``context_full``, ``cancelled``) comes as a last piece with ``token == -1``. The pieces'
+    texts always join to ``TurnResult.text``.
+    """
 
     token: int
     text: str

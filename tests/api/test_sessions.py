@@ -310,3 +310,15 @@ async def test_sessions_are_scoped_to_their_caller() -> None:
                                   headers=a)).status_code == 200
         assert (await client.delete(f"/v1/sessions/{sid}", headers=a)).status_code == 204
     await m.api.aclose()
+
+
+async def test_turn_json_names_the_stop_string(mesh: Mesh) -> None:
+    sid = await mesh.create()
+    r = await mesh.client.post(
+        f"/v1/sessions/{sid}/turns",
+        json={"text": "call a.py </call> more", "max_tokens": 10, "stop": ["</call>"]},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["finish_reason"] == "stop" and body["stop"] == "</call>"
+    assert body["text"] == "call a.py "

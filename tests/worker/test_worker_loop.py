@@ -91,6 +91,11 @@ def test_stops_at_the_token_limit() -> None:
     assert result.num_generated <= 20
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="FakeEngine now ends the turn with context_full as the pool does; the loop must "
+    "honour it (issue 9 point 2, worker part) instead of reading the cut text as an answer",
+)
 def test_context_overflow_ends_with_max_tokens() -> None:
     engine = FakeEngine(session_budget=30)
     worker = AgentWorker(engine, LIGHT, {"grep": looping_tool})

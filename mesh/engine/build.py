@@ -1,0 +1,123 @@
+"""Building a pool's native state: the model, the context, the prefix (decoded once or
+restored from the warm-start cache), and a vocabulary-only tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mesh.engine import warm
+from mesh.engine.llama import Batch, LlamaContext, LlamaModel
+from mesh.engine.types import EngineConfig, PoolInfo
+
+__all__ = ["PREFIX_SEQ", "Built", "Progress", "Tokenizer", "build", "open_tokenizer"]
+
+Progress = Callable[[int, int], None]
+PREFIX_SEQ = 0
+
+
+class Tokenizer:
+    """A model's vocabulary alone (no weights): counts tokens before a pool exists."""
+
+    def __init__(self, model_path: str) -> None:
+        self._model = LlamaModel(model_path, vocab_only=True)
+
+    def count(self, text: str) -> int:
+        return len(self._model.tokenize(text, add_bos=False))
+
+    def close(self) -> None:
+        self._model.close()
+
+
+def open_tokenizer(model_path: str) -> Tokenizer:
+    return Tokenizer(model_path)
+
+
+@dataclass
+class Built:
+    model: LlamaModel
+    ctx: LlamaContext
+    batch: Batch
+    prefix: list[int]
+    info: PoolInfo
+    shared_cells: int  # cells the prefix sequence holds (0 in naive mode)
+
+
+def build(cfg: EngineConfig, prefix_input: str | list[int], progress: Progress | None) -> Built:
+    """Load the model, size and create the context, build or restore the prefix."""
+    t0 = time.monotonic()
+    model = LlamaModel(cfg.model_path, n_gpu_layers=cfg.n_gpu_layers,
+                       extra_buffers=cfg.extra_buffers)
+    try:
+        return _build(cfg, model, prefix_input, progress, t0)
+    except BaseException:
+        model.close()
+        raise
+
+
+def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
+           progress: Progress | None, t0: float) -> Built:
+    if isinstance(prefix_input, str):
+        tokens = model.tokenize(prefix_input, add_bos=model.add_bos)
+    else:
+        tokens = list(prefix_input)
+    if not tokens:
+        raise ValueError("the prefix is empty; a pool needs at least one prefix token")
+    if cfg.share_prefix:
+        n_ctx = cfg.n_ctx or len(tokens) + cfg.max_sessions * cfg.session_budget
+    else:
+        n_ctx = cfg.n_ctx or cfg.max_sessions * (len(tokens) + cfg.session_budget)
+    n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the cache to 256 cells anyway
+    if len(tokens) >= n_ctx:
+        raise ValueError(
+            f"the prefix is {len(tokens)} tokens but the KV buffer has {n_ctx} cells; "
+            "raise n_ctx or shrink the prefix"
+        )
+    n_seq_max = cfg.max_sessions + 1
+    threads = cfg.n_threads or os.cpu_count() or 1
+    # n_outputs_max: at most one logits row per session per step. llama.cpp requires it to
+    # be >= n_seq_max at construction; the default (n_batch rows of a 262K vocabulary)
+    # would allocate a 514 MiB logits buffer.
+    ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=cfg.n_batch,
+                       n_outputs_max=n_seq_max, n_threads=threads, swa_full=cfg.swa_full)
+    batch = Batch(cfg.n_batch)
+    prefix_hash = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in tokens)).hexdigest()
+    warm_started = False
+    snap = None
+    if cfg.cache_dir and cfg.share_prefix:
+        snap = warm.snapshot_path(Path(cfg.cache_dir), cfg.model_path, prefix_hash,
+                                  ctx_key=f"{n_ctx}:{n_seq_max}:{cfg.swa_full}:unified")
+        warm_started = warm.restore(ctx, snap, PREFIX_SEQ, tokens)
+    if cfg.share_prefix and not warm_started:
+        _prefill_prefix(ctx, batch, tokens, cfg.prefill_chunk, progress)
+        if snap is not None:
+            warm.save(ctx, snap, PREFIX_SEQ, tokens)
+    elif cfg.share_prefix and progress is not None:
+        progress(len(tokens), len(tokens))
+    info = PoolInfo(
+        model_path=str(cfg.model_path), model_name=model.description, n_ctx=ctx.n_ctx,
+        n_seq_max=n_seq_max, max_sessions=cfg.max_sessions,
+        session_budget=cfg.session_budget, n_vocab=model.n_vocab,
+        prefix_tokens=len(tokens), prefix_hash=prefix_hash, warm_started=warm_started,
+        build_s=time.monotonic() - t0,
+    )
+    shared = len(tokens) if cfg.share_prefix else 0  # naive: no shared prefix sequence
+    return Built(model=model, ctx=ctx, batch=batch, prefix=tokens, info=info,
+                 shared_cells=shared)
+
+
+def _prefill_prefix(ctx: LlamaContext, batch: Batch, tokens: list[int], chunk: int,
+                    progress: Progress | None) -> None:
+    for start in range(0, len(tokens), chunk):
+        batch.clear()
+        for i, tok in enumerate(tokens[start : start + chunk]):
+            batch.add(tok, start + i, PREFIX_SEQ, False)
+        rc = ctx.decode(batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed ({rc}) while building the prefix")
+        if progress is not None:
+            progress(min(start + chunk, len(tokens)), len(tokens))

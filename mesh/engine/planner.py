@@ -1,0 +1,105 @@
+"""The step planner: which sessions decode and which queued text is prefilled in one step.
+
+Pure: it reads plain numbers and returns a plan, so it is tested without llama.cpp. The
+pool's engine thread builds the batch from the plan, decodes, samples and publishes.
+
+Rules:
+
+* every decoding session gets its one row (``n_batch`` exceeds ``max_sessions``);
+* queued text of sessions in a turn is prefilled oldest session first, under the token
+  budget left; while sessions decode, a :class:`~mesh.engine.types.PrefillBudget` caps the
+  prefill tokens of the step (chunked prefill: the rest waits for later steps); with nothing
+  decoding a step takes the full ``n_batch``;
+* the chunk that empties a session's queue asks for logits (its first sample), if an output
+  row is left; otherwise its last token waits for the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mesh.engine.types import PrefillBudget
+
+__all__ = ["Candidate", "Chunk", "StepBudget", "StepPlan", "plan_step", "step_budget"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One session as the planner sees it."""
+
+    seq: int
+    created: float  # attach time: older sessions' text is prefilled first
+    decoding: bool  # in a turn, with a carry token and nothing queued
+    ready: int  # queued tokens it may prefill now (0 unless in a turn)
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """What one step may carry: ``tokens`` in the batch, ``output_rows`` logits rows and
+    ``prefill_tokens`` of queued text (None: no cap beyond ``tokens``)."""
+
+    tokens: int
+    output_rows: int
+    prefill_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq: int
+    tokens: int
+    logits: bool  # the chunk ends the session's queue: sample after it
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    decode: tuple[int, ...]  # sequence ids with one decode row each
+    prefill: tuple[Chunk, ...]
+
+    @property
+    def num_prefill(self) -> int:
+        return sum(c.tokens for c in self.prefill)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+def step_budget(
+    *, n_batch: int, output_rows: int, num_decode: int, cells_used: int,
+    prefill_budget: PrefillBudget | None,
+) -> StepBudget:
+    """The budget of the next step; ``prefill_budget`` is asked only while sessions decode."""
+    cap = None
+    if prefill_budget is not None and num_decode > 0:
+        cap = max(0, int(prefill_budget(num_decode, cells_used)))
+    return StepBudget(tokens=n_batch, output_rows=output_rows, prefill_tokens=cap)
+
+
+def plan_step(sessions: Sequence[Candidate], budget: StepBudget) -> StepPlan:
+    """Plan one step over ``sessions`` within ``budget``; see the module docstring."""
+    decode = tuple(c.seq for c in sessions if c.decoding)
+    tokens = budget.tokens - len(decode)
+    rows = budget.output_rows - len(decode)
+    if tokens < 0 or rows < 0:
+        raise ValueError(f"{len(decode)} decoding sessions do not fit {budget}")
+    prefill_left = tokens if budget.prefill_tokens is None else min(tokens,
+                                                                    budget.prefill_tokens)
+    chunks: list[Chunk] = []
+    for c in sorted(sessions, key=lambda s: s.created):
+        if prefill_left <= 0:
+            break
+        if c.decoding or c.ready <= 0:
+            continue
+        take = min(c.ready, prefill_left)
+        ends = take == c.ready
+        if ends and rows <= 0:
+            take -= 1  # no logits row left: the last token waits for a later step
+            ends = False
+        if take <= 0:
+            continue
+        if ends:
+            rows -= 1
+        chunks.append(Chunk(seq=c.seq, tokens=take, logits=ends))
+        prefill_left -= take
+    return StepPlan(decode=decode, prefill=tuple(chunks))

@@ -1,0 +1,106 @@
+"""Turns on the engine thread: open one (its sampler and output), sample a row, end it.
+
+Everything here runs on the engine thread. Items for consumers go to the pool's outbox
+(posted after the snapshot is published); cell promises go through the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+from mesh.engine.ledger import CellLedger
+from mesh.engine.llama import LlamaContext, LlamaModel, make_sampler
+from mesh.engine.output import TurnOutput
+from mesh.engine.session import SeqState, Turn
+from mesh.engine.types import Piece, SamplingParams, SessionFailed, TurnResult
+
+__all__ = ["Outbox", "Turns"]
+
+Outbox = list[tuple[Turn, Piece | TurnResult | BaseException]]
+
+
+class Turns:
+    """Opens, samples and finishes the turns of one pool."""
+
+    def __init__(self, model: LlamaModel, ledger: CellLedger, outbox: Outbox,
+                 pool_seed: int) -> None:
+        self._model = model
+        self._ledger = ledger
+        self._outbox = outbox
+        self._seed = pool_seed
+
+    def open(self, st: SeqState, params: SamplingParams,
+             loop: asyncio.AbstractEventLoop) -> Turn:
+        if st.detached:
+            raise SessionFailed(st.failed or f"session {st.id} is detached")
+        if st.turn is not None:
+            raise RuntimeError(f"session {st.id} is already generating")
+        num_prompt = self._ledger.pending(st)
+        if not num_prompt and st.carry is None:
+            raise ValueError(f"session {st.id} has no input; append text first")
+        seed = params.seed
+        if seed is None:
+            key = f"{self._seed}:{st.id}:{st.turns_started}".encode()
+            seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+        # An invalid grammar raises ValueError here, on the caller's await.
+        sampler = make_sampler(temperature=params.temperature, top_k=params.top_k,
+                               top_p=params.top_p, seed=seed, grammar=params.grammar,
+                               model=self._model)
+        turn = Turn(params=params, sampler=sampler, loop=loop, queue=asyncio.Queue(),
+                    num_prompt=num_prompt, output=TurnOutput(params.stop))
+        st.turn = turn
+        st.turns_started += 1
+        return turn
+
+    def sample(self, st: SeqState, ctx: LlamaContext, idx: int) -> None:
+        """Sample the session's next token from batch row ``idx`` and queue the piece."""
+        turn = st.turn
+        if turn is None:
+            return
+        tok = turn.sampler.sample(ctx, idx)
+        params = turn.params
+        if turn.first_token_at is None:
+            turn.first_token_at = time.monotonic()
+        if self._model.is_eog(tok) and (params.grammar is not None or params.stop_at_eos):
+            # Under a grammar, EOG is sampled only once the grammar is complete.
+            self.finish(st, "stop" if params.grammar is not None else "eos")
+            return
+        if not self._ledger.carry(st, tok):
+            self.finish(st, "context_full")
+            return
+        turn.num_generated += 1
+        st.num_generated += 1
+        out = turn.output
+        text = out.feed(self._model.token_bytes(tok))
+        if out.matched is not None:
+            if text:
+                self._outbox.append((turn, Piece(token=tok, text=text)))
+            self.finish(st, "stop")
+            return
+        last = turn.num_generated >= params.max_tokens
+        if last:
+            text += out.finish()  # held text goes out with the last token
+        self._outbox.append((turn, Piece(token=tok, text=text)))
+        if last:
+            self.finish(st, "length")
+
+    def finish(self, st: SeqState, reason: str) -> None:
+        turn = st.turn
+        if turn is None:
+            return
+        out = turn.output
+        tail = out.finish()
+        if tail:  # held text released by an end with no token of its own (eos, cut)
+            self._outbox.append((turn, Piece(token=-1, text=tail)))
+        now = time.monotonic()
+        self._outbox.append((turn, TurnResult(
+            text=out.text, num_prompt_tokens=turn.num_prompt, num_generated=turn.num_generated,
+            finish_reason=reason, decode_s=now - (turn.first_token_at or turn.started),
+            stop=out.matched)))
+        turn.sampler.close()
+        st.turn = None
+        # An undecoded carry token goes back to the queue: the next turn decodes it first,
+        # so the conversation keeps every token the session generated.
+        self._ledger.requeue_carry(st)

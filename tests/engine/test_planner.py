@@ -1,0 +1,91 @@
+"""The step planner alone: pure numbers in, a plan out (no llama.cpp)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mesh.engine.planner import Candidate, Chunk, StepBudget, plan_step, step_budget
+
+
+def dec(seq: int) -> Candidate:
+    return Candidate(seq=seq, created=float(seq), decoding=True, ready=0)
+
+
+def pre(seq: int, ready: int, created: float | None = None) -> Candidate:
+    return Candidate(seq=seq, created=float(seq) if created is None else created,
+                     decoding=False, ready=ready)
+
+
+def test_every_decoding_session_gets_one_row() -> None:
+    plan = plan_step([dec(1), dec(2), pre(3, 0)], StepBudget(tokens=512, output_rows=17))
+    assert plan.decode == (1, 2) and plan.prefill == () and not plan.empty
+
+
+def test_nothing_to_do_is_an_empty_plan() -> None:
+    assert plan_step([pre(1, 0)], StepBudget(tokens=512, output_rows=17)).empty
+
+
+def test_prefill_fills_the_rest_of_the_batch_oldest_first() -> None:
+    sessions = [dec(1), pre(2, 300, created=5.0), pre(3, 300, created=1.0)]
+    plan = plan_step(sessions, StepBudget(tokens=512, output_rows=17))
+    assert plan.prefill == (Chunk(3, 300, True), Chunk(2, 211, False))
+    assert plan.num_prefill == 511
+
+
+def test_a_prefill_budget_caps_prefill_and_the_rest_waits() -> None:
+    sessions = [dec(1), dec(2), pre(3, 100), pre(4, 50)]
+    plan = plan_step(sessions, StepBudget(tokens=512, output_rows=17, prefill_tokens=64))
+    assert plan.decode == (1, 2)
+    assert plan.prefill == (Chunk(3, 64, False),)
+    # Later steps: the rest of the oldest queue first, then the next session.
+    plan = plan_step([dec(1), dec(2), pre(3, 36), pre(4, 50)],
+                     StepBudget(tokens=512, output_rows=17, prefill_tokens=64))
+    assert plan.prefill == (Chunk(3, 36, True), Chunk(4, 28, False))
+
+
+def test_a_zero_prefill_budget_decodes_only() -> None:
+    plan = plan_step([dec(1), pre(2, 10)], StepBudget(512, 17, prefill_tokens=0))
+    assert plan.decode == (1,) and plan.prefill == ()
+
+
+def test_no_output_row_left_holds_back_the_last_token() -> None:
+    plan = plan_step([dec(1), dec(2), pre(3, 5)], StepBudget(tokens=512, output_rows=2))
+    assert plan.prefill == (Chunk(3, 4, False),)
+    plan = plan_step([dec(1), dec(2), pre(3, 1)], StepBudget(tokens=512, output_rows=2))
+    assert plan.prefill == ()
+
+
+def test_too_many_decoding_sessions_is_an_error() -> None:
+    with pytest.raises(ValueError, match="do not fit"):
+        plan_step([dec(1), dec(2)], StepBudget(tokens=1, output_rows=4))
+
+
+class Recorder:
+    def __init__(self, answer: int) -> None:
+        self.answer = answer
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, num_decode: int, cells_used: int) -> int:
+        self.calls.append((num_decode, cells_used))
+        return self.answer
+
+
+def test_the_budget_asks_the_prefill_budget_only_while_decoding() -> None:
+    rec = Recorder(48)
+    idle = step_budget(n_batch=512, output_rows=17, num_decode=0, cells_used=900,
+                       prefill_budget=rec)
+    assert idle == StepBudget(512, 17, None) and rec.calls == []
+    busy = step_budget(n_batch=512, output_rows=17, num_decode=3, cells_used=900,
+                       prefill_budget=rec)
+    assert busy == StepBudget(512, 17, 48) and rec.calls == [(3, 900)]
+    assert step_budget(n_batch=512, output_rows=17, num_decode=3, cells_used=900,
+                       prefill_budget=None) == StepBudget(512, 17, None)
+    assert step_budget(n_batch=512, output_rows=17, num_decode=1, cells_used=9,
+                       prefill_budget=Recorder(-5)).prefill_tokens == 0
+
+
+def test_with_nothing_decoding_a_step_takes_the_full_batch() -> None:
+    budget = step_budget(n_batch=512, output_rows=17, num_decode=0, cells_used=0,
+                         prefill_budget=Recorder(8))
+    plan = plan_step([pre(1, 2000)], budget)
+    assert plan.prefill == (Chunk(1, 512, False),)
