@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="another A2A agent workers may delegate to (repeatable)")
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
+    p.add_argument("--simulation", action="store_true",
+                   help="honour (bounded) scenario params in subtasks: the load harness; "
+                        "`mesh simulate` turns it on for the server it starts")
     p.set_defaults(func=run)
 
 
@@ -101,7 +104,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     coord = CoordinatorConfig(host=args.host, port=args.port, public_url=args.public_url,
                               data_dir=args.data_dir, auth_token=args.auth_token,
                               peers=tuple(args.peer),
-                              allow_private_push=args.allow_private_push)
+                              allow_private_push=args.allow_private_push,
+                              simulation=args.simulation)
     coord.validate()
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
                                  max_queue=args.max_queue)
@@ -153,7 +157,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         tools["delegate"] = delegate_tool(peers.send)
     app = build_app(
         coord,
-        worker_factory=lambda: DispatchWorker(pool, template, tools),
+        worker_factory=lambda: DispatchWorker(pool, template, tools,
+                                              simulation=args.simulation),
         admission=gate,
         pool_info=info,
         extra_routes=api_routes(pool, gate),

@@ -20,6 +20,7 @@ class CoordinatorConfig:
     ``rest_prefix`` is where the HTTP+JSON binding lives; JSON-RPC is always at ``/``.
     ``allow_private_push`` lets push notifications go to loopback/private addresses
     (tests and single-host setups); by default such URLs are refused.
+    ``simulation`` honours ``params.scenario`` in subtasks (bounded; off by default).
     """
 
     name: str = "mesh"
@@ -36,6 +37,7 @@ class CoordinatorConfig:
     max_subtasks: int = 32
     max_json_depth: int = 64
     allow_private_push: bool = False
+    simulation: bool = False
     peers: tuple[str, ...] = field(default_factory=tuple)
     rest_prefix: str = "/a2a"
     card_max_age_s: int = 60

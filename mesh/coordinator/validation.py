@@ -28,8 +28,9 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.coordinator.config import CoordinatorConfig
-from mesh.coordinator.subtasks import check_subtask_list
+from mesh.coordinator.subtasks import SubtaskSpec, check_subtask_list
 from mesh.gate.types import QueueCheck
+from mesh.worker.simulated import check_scenario_bounds
 
 __all__ = ["JSONRPC_METHODS", "RequestGuard", "check_json_depth"]
 
@@ -242,6 +243,7 @@ class _Shapes:
                         )
                     except ValueError as e:
                         raise Invalid("params", str(e)) from None
+                    self._scenarios(specs, f"{pat}.data.subtasks")
                     num_chars += sum(len(s.instructions) for s in specs)
                     has_content = True
                 elif value is None:
@@ -261,6 +263,22 @@ class _Shapes:
             )
         if not has_content:
             raise Invalid("params", f"{at} has no text and no subtasks; send a text part")
+
+    def _scenarios(self, specs: list[SubtaskSpec], at: str) -> None:
+        """Scenario params: refused unless simulation is on, and bounded when it is."""
+        for i, spec in enumerate(specs):
+            if not spec.params.get("scenario"):
+                continue
+            if not self.config.simulation:
+                raise Invalid(
+                    "params",
+                    f"{at}[{i}].params.scenario: scenario params are off on this server; "
+                    "start it with `mesh serve --simulation` (or use `mesh simulate`)",
+                )
+            try:
+                check_scenario_bounds(spec.params)
+            except ValueError as e:
+                raise Invalid("params", f"{at}[{i}].params: {e}") from None
 
     def send(self, params: dict[str, Any], at: str = "params") -> None:
         msg = _obj(params, "message", at, required=True)
