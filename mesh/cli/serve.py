@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="another A2A agent workers may delegate to (repeatable)")
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
+    p.add_argument("--session-idle-s", type=float, default=300.0,
+                   help="expire a /v1/sessions session idle this long (default 300)")
     p.add_argument("--simulation", action="store_true",
                    help="honour (bounded) scenario params in subtasks: the load harness; "
                         "`mesh simulate` turns it on for the server it starts")
@@ -87,7 +89,7 @@ async def _close(pool: Any, peers: Any) -> None:
 
 
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    from mesh.api import api_routes
+    from mesh.api import SessionAPI, api_routes
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
@@ -155,14 +157,16 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
+    sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
     app = build_app(
         coord,
         worker_factory=lambda: DispatchWorker(pool, template, tools,
                                               simulation=args.simulation),
         admission=gate,
         pool_info=info,
-        extra_routes=api_routes(pool, gate),
+        extra_routes=api_routes(pool, gate, sessions),
         skills=[s.model_dump() for s in template.manifest.skills],
+        on_shutdown=[sessions.aclose],
     )
     base = args.public_url or f"http://{args.host}:{args.port}"
     print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)

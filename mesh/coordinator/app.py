@@ -22,7 +22,7 @@ cover ``extra_routes`` too.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -78,12 +78,14 @@ def build_app(
     pool_info: PoolInfo | None,
     extra_routes: Sequence[BaseRoute] = (),
     skills: Sequence[Skill | Mapping[str, Any]] = (),
+    on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Starlette:
     """The A2A coordinator as a Starlette app (see the module docstring for what it mounts).
 
     ``worker_factory`` makes one worker per admitted subtask; ``admission`` is the gate's
     async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
-    card. Raises ``ValueError`` if ``config`` does not validate. Does no I/O.
+    card. ``on_shutdown`` runs first at shutdown (the session API's ``aclose``). Raises
+    ``ValueError`` if ``config`` does not validate. Does no I/O.
     """
     config.validate()
     card = build_agent_card(config, skills, pool_info)
@@ -118,6 +120,8 @@ def build_app(
             yield
         finally:
             try:
+                for close in on_shutdown:
+                    await close()
                 await handler.aclose()
                 await mark_interrupted(stores)
             finally:

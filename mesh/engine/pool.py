@@ -323,6 +323,8 @@ class SharedKVPool:
         """Queue tokens for prefill; check the budgets first (check, then commit)."""
         n = len(tokens)
         with self._lock:
+            if st.detached:  # checked under the lock: a release cannot slip in between
+                raise SessionFailed(st.failed or f"session {st.id} is detached")
             if st.reserved + n > st.budget:
                 raise ContextOverflow(
                     f"session {st.id} holds {st.reserved} of its {st.budget} suffix tokens; "
@@ -393,8 +395,8 @@ class SharedKVPool:
             st.carry = None
             st.private = 0
             self._free_seqs.append(st.seq)
-        st.detached = True
-        st.failed = reason
+            st.failed = reason
+            st.detached = True  # under the lock: append_tokens checks it there
         self._sessions.pop(st.seq, None)
 
     # ------------------------------------------------------------------ engine thread
