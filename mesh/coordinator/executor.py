@@ -171,8 +171,22 @@ class CoordinatorExecutor(AgentExecutor):
         self._runs[task_id] = run
         try:
             await self._execute(run, message, task_id)
+        except Exception as e:  # any failure point (admit, a flush, an error group, ...)
+            await self._fail(run, task_id, e)
         finally:
             self._runs.pop(task_id, None)
+
+    async def _fail(self, run: _Run, task_id: str, exc: Exception) -> None:
+        """End the task FAILED at once with the reason (never leave it SUBMITTED/WORKING)."""
+        logger.error("task %s failed: %s", task_id, exc, exc_info=exc)
+        leaf: BaseException = exc
+        while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+            leaf = leaf.exceptions[0]
+        reason = f"failed: {type(leaf).__name__}" + (f": {leaf}" if str(leaf) else "")
+        try:
+            await run.finish(pb.TaskState.TASK_STATE_FAILED, reason)
+        except Exception:
+            logger.exception("task %s: could not write its failed state", task_id)
 
     async def _execute(self, run: _Run, message: pb.Message, task_id: str) -> None:
         try:
