@@ -46,8 +46,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--data-dir", default=".mesh", help="task store and prefix cache")
     p.add_argument("--auth-token", default=os.environ.get("MESH_AUTH_TOKEN"),
                    help="require 'Authorization: Bearer TOKEN' (or set MESH_AUTH_TOKEN)")
-    p.add_argument("--peer", action="append", default=[], metavar="URL",
-                   help="another A2A agent workers may delegate to (repeatable)")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+                   help="another A2A agent workers may delegate to, by NAME (repeatable); "
+                        "its token: $MESH_PEER_TOKEN_<NAME> (or a file named by "
+                        "$MESH_PEER_TOKEN_<NAME>_FILE)")
+    p.add_argument("--max-hops", type=int, default=4,
+                   help="refuse a delegated message past this many hops (default 4)")
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
     p.add_argument("--session-idle-s", type=float, default=300.0,
@@ -65,6 +69,26 @@ def _default_project(template: Any) -> Path:
     if (cwd / ".git").exists():
         return cwd
     return sample_project_dir()
+
+
+def _peer_tokens(specs: list[str]) -> dict[str, str]:
+    """Each named peer's token from ``MESH_PEER_TOKEN_<NAME>`` or the file that
+    ``MESH_PEER_TOKEN_<NAME>_FILE`` names."""
+    from mesh.coordinator.peers import parse_peer, peer_token_env
+
+    tokens: dict[str, str] = {}
+    for spec in specs:
+        name, _ = parse_peer(spec)
+        if name is None:
+            continue
+        env = peer_token_env(name)
+        token = os.environ.get(env)
+        path = os.environ.get(env + "_FILE")
+        if token is None and path:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        if token:
+            tokens[name] = token
+    return tokens
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,6 +117,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
+    from mesh.coordinator.push import make_push_url_validator
     from mesh.engine.models import resolve_model
     from mesh.engine.pool import SharedKVPool, open_tokenizer
     from mesh.gate import FloorGate, GateConfig
@@ -107,7 +132,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                               data_dir=args.data_dir, auth_token=args.auth_token,
                               peers=tuple(args.peer),
                               allow_private_push=args.allow_private_push,
-                              simulation=args.simulation)
+                              simulation=args.simulation, max_hops=args.max_hops)
     coord.validate()
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
                                  max_queue=args.max_queue)
@@ -123,7 +148,11 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                               target_tokens=args.prefix_tokens)
     finally:
         tokenizer.close()
-    peers = PeerClient(args.peer, token=None) if args.peer else None
+    peers = (
+        PeerClient(args.peer, tokens=_peer_tokens(args.peer), origin=coord.name,
+                   url_validator=make_push_url_validator(args.allow_private_push))
+        if args.peer else None
+    )
     prefix_text = prefix.text
     if peers is not None:
         prefix_text += "\n\n" + await peers.describe()

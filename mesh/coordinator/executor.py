@@ -33,7 +33,9 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2 as pb
+from google.protobuf.json_format import MessageToDict
 
+from mesh.coordinator.peers import CURRENT_HOPS, hops_of
 from mesh.coordinator.subtasks import join_answers, local_id, subtasks_from_message
 from mesh.gate.types import Admission, QueueFull
 from mesh.worker.types import EventKind, Subtask, Worker, WorkerEvent, WorkerResult
@@ -169,6 +171,8 @@ class CoordinatorExecutor(AgentExecutor):
             )
         run = _Run(TaskUpdater(event_queue, task_id, context_id))
         self._runs[task_id] = run
+        # The hop count travels on to any peer this task's workers delegate to.
+        CURRENT_HOPS.set(hops_of(MessageToDict(message.metadata)))
         try:
             await self._execute(run, message, task_id)
         except Exception as e:  # any failure point (admit, a flush, an error group, ...)

@@ -28,6 +28,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.coordinator.config import CoordinatorConfig
+from mesh.coordinator.peers import HOPS_KEY, hops_of
 from mesh.coordinator.subtasks import SubtaskSpec, check_subtask_list
 from mesh.gate.types import QueueCheck
 from mesh.worker.simulated import check_scenario_bounds
@@ -214,7 +215,16 @@ class _Shapes:
             raise Invalid("params", f"{at}.role must be \"ROLE_USER\" (or \"ROLE_AGENT\")")
         for key in ("contextId", "taskId"):
             _str(msg, key, at)
-        _obj(msg, "metadata", at)
+        meta = _obj(msg, "metadata", at)
+        if meta is not None:
+            hops, chain = hops_of(meta)
+            if hops > self.config.max_hops:
+                path = " -> ".join([*chain, self.config.name]) or "unknown"
+                raise Invalid(
+                    "params",
+                    f"{at}.metadata.{HOPS_KEY} is {hops}, past this agent's limit of "
+                    f"{self.config.max_hops} delegation hops (--max-hops); chain: {path}",
+                )
         _str_list(msg, "extensions", at)
         _str_list(msg, "referenceTaskIds", at)
         parts = _get(msg, "parts")
