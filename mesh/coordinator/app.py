@@ -98,7 +98,8 @@ def build_app(
         max_subtasks=config.max_subtasks,
         text_flush_s=config.text_flush_s,
     )
-    push_sender = build_push_sender(push_client, stores.push_configs, url_validator)
+    push_sender = build_push_sender(push_client, stores.push_configs, url_validator,
+                                    allow_private=config.allow_private_push)
     handler = DefaultRequestHandler(
         executor,
         stores.tasks,
