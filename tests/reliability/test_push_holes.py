@@ -22,7 +22,8 @@ def sender(handler: Any, *, allow_private: bool = True) -> tuple[BackgroundPushS
 
     def record(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return handler(request, len(seen))
+        response: httpx.Response = handler(request, len(seen))
+        return response
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(record))
     store = InMemoryPushNotificationConfigStore()
