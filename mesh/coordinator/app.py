@@ -30,9 +30,8 @@ from typing import Any
 import httpx
 import uvicorn
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
+from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
 from a2a.types import a2a_pb2 as pb
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -41,7 +40,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from mesh.coordinator.auth import BearerAuth
-from mesh.coordinator.card import Skill, build_agent_card
+from mesh.coordinator.card import CARD_PATH, LEGACY_CARD_PATH, Skill, build_agent_card, card_routes
 from mesh.coordinator.config import CoordinatorConfig
 from mesh.coordinator.executor import CoordinatorExecutor, WorkerFactory
 from mesh.coordinator.push import build_push_sender, make_push_url_validator
@@ -134,9 +133,7 @@ def build_app(
         return JSONResponse({"ok": True, "running_tasks": executor.num_running})
 
     routes: list[BaseRoute] = [
-        *create_agent_card_routes(
-            card, cache_control=f"public, max-age={config.card_max_age_s}"
-        ),
+        *card_routes(card, f"public, max-age={config.card_max_age_s}"),
         Route(HEALTH_PATH, healthz, methods=["GET"]),
         *extra_routes,
         *create_jsonrpc_routes(handler, "/", enable_v0_3_compat=True),
@@ -161,7 +158,7 @@ def build_app(
             Middleware(
                 BearerAuth,
                 tokens=config.tokens,
-                public_paths=(AGENT_CARD_WELL_KNOWN_PATH, HEALTH_PATH),
+                public_paths=(CARD_PATH, LEGACY_CARD_PATH, HEALTH_PATH),
             ),
             Middleware(RequestGuard, config=config, check_queue=admission.check_queue),
         ],

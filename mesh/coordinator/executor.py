@@ -214,10 +214,11 @@ class CoordinatorExecutor(AgentExecutor):
             {
                 "id": local_id(s),
                 "answer": r.answer,
-                "num_turns": r.num_turns,
-                "num_generated": r.num_generated,
-                "num_tool_calls": r.num_tool_calls,
-                "finish_reason": r.finish_reason,
+                # camelCase, as every A2A 1.0 JSON key
+                "numTurns": r.num_turns,
+                "numGenerated": r.num_generated,
+                "numToolCalls": r.num_tool_calls,
+                "finishReason": r.finish_reason,
             }
             for s, r in zip(subtasks, results, strict=True)
         ]

@@ -78,6 +78,13 @@ _TASK_STATES = frozenset(
     }
 )
 _PART_KINDS = ("text", "raw", "url", "data")
+#: The media types a message part may declare (the card's default input modes).
+ACCEPTED_MEDIA_TYPES = ("text/plain", "application/json")
+
+
+def _accepted_media(kind: str, media: str) -> bool:
+    base = media.split(";", 1)[0].strip().lower()
+    return base in ACCEPTED_MEDIA_TYPES or (kind == "text" and base.startswith("text/"))
 _JSON_TYPES = ("application/json", "application/a2a+json")
 
 
@@ -265,6 +272,13 @@ class _Shapes:
                 has_content = has_content or bool(value.strip())
             for key in ("filename", "mediaType"):
                 _str(part, key, pat)
+            media = _get(part, "mediaType")
+            if media and not _accepted_media(kind, media):
+                raise Invalid(
+                    "content_type",
+                    f"{pat}.mediaType {media!r} is not accepted; this agent takes "
+                    f"{', '.join(ACCEPTED_MEDIA_TYPES)} (and text/* in text parts)",
+                )
             _obj(part, "metadata", pat)
         if num_chars > self.config.max_message_chars:
             raise Invalid(
@@ -474,7 +488,8 @@ class RequestGuard:
             self.shapes.jsonrpc_params(method, params)
         except Invalid as e:
             code = {"parse": -32700, "request": -32600, "method": -32601, "params": -32602,
-                    "version": -32009}  # A2A's VersionNotSupportedError
+                    "version": -32009,  # A2A's VersionNotSupportedError
+                    "content_type": -32005}  # A2A's ContentTypeNotSupportedError
             await _send_json(
                 send,
                 200,
@@ -513,6 +528,8 @@ class RequestGuard:
                     else:
                         self.shapes.push_config(doc, "body", need_task=False)
                 except Invalid as e:
+                    if e.kind == "content_type":  # A2A's ContentTypeNotSupportedError
+                        raise _RestInvalid(415, "INVALID_ARGUMENT", str(e)) from None
                     raise _RestInvalid(422, "INVALID_ARGUMENT", str(e)) from None
             if op.startswith("/message:"):
                 self._check_capacity(None)
