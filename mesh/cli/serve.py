@@ -46,10 +46,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--data-dir", default=".mesh", help="task store and prefix cache")
     p.add_argument("--auth-token", default=os.environ.get("MESH_AUTH_TOKEN"),
                    help="require 'Authorization: Bearer TOKEN' (or set MESH_AUTH_TOKEN)")
-    p.add_argument("--peer", action="append", default=[], metavar="URL",
-                   help="another A2A agent workers may delegate to (repeatable)")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+                   help="another A2A agent workers may delegate to, by NAME (repeatable); "
+                        "its token: $MESH_PEER_TOKEN_<NAME> (or a file named by "
+                        "$MESH_PEER_TOKEN_<NAME>_FILE)")
+    p.add_argument("--max-hops", type=int, default=4,
+                   help="refuse a delegated message past this many hops (default 4)")
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
+    p.add_argument("--session-idle-s", type=float, default=300.0,
+                   help="expire a /v1/sessions session idle this long (default 300)")
+    p.add_argument("--simulation", action="store_true",
+                   help="honour (bounded) scenario params in subtasks: the load harness; "
+                        "`mesh simulate` turns it on for the server it starts")
     p.set_defaults(func=run)
 
 
@@ -60,6 +69,26 @@ def _default_project(template: Any) -> Path:
     if (cwd / ".git").exists():
         return cwd
     return sample_project_dir()
+
+
+def _peer_tokens(specs: list[str]) -> dict[str, str]:
+    """Each named peer's token from ``MESH_PEER_TOKEN_<NAME>`` or the file that
+    ``MESH_PEER_TOKEN_<NAME>_FILE`` names."""
+    from mesh.coordinator.peers import parse_peer, peer_token_env
+
+    tokens: dict[str, str] = {}
+    for spec in specs:
+        name, _ = parse_peer(spec)
+        if name is None:
+            continue
+        env = peer_token_env(name)
+        token = os.environ.get(env)
+        path = os.environ.get(env + "_FILE")
+        if token is None and path:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        if token:
+            tokens[name] = token
+    return tokens
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,11 +113,12 @@ async def _close(pool: Any, peers: Any) -> None:
 
 
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    from mesh.api import api_routes
+    from mesh.api import SessionAPI, api_routes
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
+    from mesh.coordinator.push import make_push_url_validator
     from mesh.coordinator.taskboard import TaskBoard
     from mesh.engine.llama import LlamaModel
     from mesh.engine.models import resolve_model
@@ -105,7 +135,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     coord = CoordinatorConfig(host=args.host, port=args.port, public_url=args.public_url,
                               data_dir=args.data_dir, auth_token=args.auth_token,
                               peers=tuple(args.peer),
-                              allow_private_push=args.allow_private_push)
+                              allow_private_push=args.allow_private_push,
+                              simulation=args.simulation, max_hops=args.max_hops)
     coord.validate()
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
                                  max_queue=args.max_queue)
@@ -126,7 +157,11 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             lambda msg: print(msg, file=sys.stderr))
     finally:
         vocab.close()
-    peers = PeerClient(args.peer, token=None) if args.peer else None
+    peers = (
+        PeerClient(args.peer, tokens=_peer_tokens(args.peer), origin=coord.name,
+                   url_validator=make_push_url_validator(args.allow_private_push))
+        if args.peer else None
+    )
     system_text = prefix.text
     if peers is not None:
         system_text += "\n\n" + await peers.describe()
@@ -164,15 +199,18 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
     board = TaskBoard()
+    sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
     app = build_app(
         coord,
-        worker_factory=lambda: DispatchWorker(pool, template, tools, chat),
+        worker_factory=lambda: DispatchWorker(pool, template, tools, chat,
+                                              simulation=args.simulation),
         admission=gate,
         pool_info=info,
-        extra_routes=[*api_routes(pool, gate), *dashboard_routes(gate, tasks=board)],
+        extra_routes=[*api_routes(pool, gate, sessions), *dashboard_routes(gate, tasks=board)],
         skills=[s.model_dump() for s in template.manifest.skills],
         task_board=board,
         public_paths=DASHBOARD_PUBLIC_PATHS,
+        on_shutdown=[sessions.aclose],
     )
     base = args.public_url or f"http://{args.host}:{args.port}"
     print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)

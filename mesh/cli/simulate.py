@@ -138,7 +138,8 @@ def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
         model=args.model,
         sample_interval_s=args.interval,
         startup_timeout_s=args.startup_timeout,
-        serve_args=tuple(args.serve_arg),
+        # The server started here runs the scenario, so it honours scenario params.
+        serve_args=(*(() if args.url else ("--simulation",)), *args.serve_arg),
     )
     config.validate()
     return config
