@@ -48,6 +48,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="require 'Authorization: Bearer TOKEN' (or set MESH_AUTH_TOKEN)")
     p.add_argument("--peer", action="append", default=[], metavar="URL",
                    help="another A2A agent workers may delegate to (repeatable)")
+    p.add_argument("--plan", choices=("auto", "always", "never"), default="auto",
+                   help="planning turn for messages without explicit subtasks: auto (an "
+                        "unparseable plan runs the message as one subtask), always (it fails "
+                        "the task), never (one subtask, as a dispatcher)")
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
     p.set_defaults(func=run)
@@ -85,6 +89,7 @@ async def _close(pool: Any, peers: Any) -> None:
 
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.api import api_routes
+    from mesh.coordinator.agent import Agent, AgentConfig
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
@@ -101,7 +106,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     coord = CoordinatorConfig(host=args.host, port=args.port, public_url=args.public_url,
                               data_dir=args.data_dir, auth_token=args.auth_token,
                               peers=tuple(args.peer),
-                              allow_private_push=args.allow_private_push)
+                              allow_private_push=args.allow_private_push,
+                              plan=args.plan)
     coord.validate()
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
                                  max_queue=args.max_queue)
@@ -151,6 +157,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
+    agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
+                                    tools=tuple(sorted(tools))))
     app = build_app(
         coord,
         worker_factory=lambda: DispatchWorker(pool, template, tools),
@@ -158,6 +166,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         pool_info=info,
         extra_routes=api_routes(pool, gate),
         skills=[s.model_dump() for s in template.manifest.skills],
+        agent=agent,
     )
     base = args.public_url or f"http://{args.host}:{args.port}"
     print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)

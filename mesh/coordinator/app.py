@@ -40,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from mesh.coordinator.agent import Agent
 from mesh.coordinator.auth import BearerAuth
 from mesh.coordinator.card import Skill, build_agent_card
 from mesh.coordinator.config import CoordinatorConfig
@@ -78,12 +79,14 @@ def build_app(
     pool_info: PoolInfo | None,
     extra_routes: Sequence[BaseRoute] = (),
     skills: Sequence[Skill | Mapping[str, Any]] = (),
+    agent: Agent | None = None,
 ) -> Starlette:
     """The A2A coordinator as a Starlette app (see the module docstring for what it mounts).
 
     ``worker_factory`` makes one worker per admitted subtask; ``admission`` is the gate's
     async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
-    card. Raises ``ValueError`` if ``config`` does not validate. Does no I/O.
+    card; ``agent`` (optional) plans messages without explicit subtasks. Raises
+    ``ValueError`` if ``config`` does not validate. Does no I/O.
     """
     config.validate()
     card = build_agent_card(config, skills, pool_info)
@@ -95,6 +98,7 @@ def build_app(
         admission,
         max_subtasks=config.max_subtasks,
         text_flush_s=config.text_flush_s,
+        agent=agent,
     )
     push_sender = build_push_sender(push_client, stores.push_configs, url_validator)
     handler = DefaultRequestHandler(

@@ -40,6 +40,7 @@ class CoordinatorConfig:
     rest_prefix: str = "/a2a"
     card_max_age_s: int = 60
     text_flush_s: float = 0.05  # coalesce streamed text pieces into chunks this often
+    plan: str = "auto"  # auto | always | never: planning turn for messages w/o subtasks
 
     @property
     def base_url(self) -> str:
@@ -97,6 +98,8 @@ class CoordinatorConfig:
             raise ValueError(f"card_max_age_s must be >= 0, got {self.card_max_age_s}")
         if self.text_flush_s < 0:
             raise ValueError(f"text_flush_s must be >= 0, got {self.text_flush_s}")
+        if self.plan not in ("auto", "always", "never"):
+            raise ValueError(f"plan must be auto, always or never, got {self.plan!r}")
         for peer in self.peers:
             parsed = urlparse(peer)
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
