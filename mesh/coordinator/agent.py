@@ -87,13 +87,11 @@ class AgentConfig:
             raise ValueError(f"plan must be one of {PLAN_MODES}, got {self.plan!r}")
         if self.max_subtasks < 1:
             raise ValueError(f"max_subtasks must be >= 1, got {self.max_subtasks}")
-        if self.text_max < 8:
-            raise ValueError(f"text_max must be >= 8, got {self.text_max}")
         if self.history_tokens < 0:
             raise ValueError(f"history_tokens must be >= 0, got {self.history_tokens}")
         if self.synthesis_max_tokens < 1:
             raise ValueError("synthesis_max_tokens must be >= 1")
-        plan_schema(self.max_subtasks, self.tools, self.actions)  # raises on bad actions
+        plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max)  # checks
 
 
 class TextSink(Protocol):
@@ -131,7 +129,8 @@ class Agent:
         self.config = config
         self.render = render
         self.conversations = Conversations(engine.count_tokens)
-        self.schema = plan_schema(config.max_subtasks, config.tools, config.actions)
+        self.schema = plan_schema(config.max_subtasks, config.tools, config.actions,
+                                  config.text_max)
         self.grammar = schema_to_gbnf(self.schema)
         self.plan_max_tokens = max_plan_chars(self.schema)
 

@@ -33,8 +33,6 @@ __all__ = [
 ]
 
 ACTIONS = ("delegate", "answer", "ask")
-_INSTRUCTIONS_MAX = 240
-_TEXT_MAX = 400
 _NAME_MAX = 80
 _FILES_MAX = 4
 
@@ -95,20 +93,30 @@ def _string(max_len: int, min_len: int = 1) -> dict[str, Any]:
 
 
 def plan_schema(
-    max_subtasks: int, tools: Sequence[str] = (), actions: Sequence[str] = ACTIONS
+    max_subtasks: int,
+    tools: Sequence[str] = (),
+    actions: Sequence[str] = ACTIONS,
+    text_max: int = 240,
 ) -> dict[str, Any]:
-    """The JSON schema of a plan; ``actions`` narrows which shapes are allowed."""
+    """The JSON schema of a plan; ``actions`` narrows which shapes are allowed.
+
+    Instructions are at most ``text_max`` characters, a direct answer or a question twice
+    that, a file name ``min(80, text_max)``.
+    """
+    if text_max < 8:
+        raise ValueError(f"text_max must be >= 8, got {text_max}")
     if max_subtasks < 1:
         raise ValueError(f"max_subtasks must be >= 1, got {max_subtasks}")
     bad = [a for a in actions if a not in ACTIONS]
     if bad or not actions:
         raise ValueError(f"actions must be a non-empty subset of {ACTIONS}, got {list(actions)}")
-    tool_item: dict[str, Any] = {"enum": list(tools)} if tools else _string(_NAME_MAX)
+    name = min(_NAME_MAX, text_max)
+    tool_item: dict[str, Any] = {"enum": list(tools)} if tools else _string(name)
     subtask = {
         "type": "object",
         "properties": {
-            "instructions": _string(_INSTRUCTIONS_MAX),
-            "files": {"type": "array", "items": _string(_NAME_MAX), "maxItems": _FILES_MAX},
+            "instructions": _string(text_max),
+            "files": {"type": "array", "items": _string(name), "maxItems": _FILES_MAX},
             "tools": {"type": "array", "items": tool_item, "maxItems": max(1, len(tools))},
         },
     }
@@ -118,9 +126,9 @@ def plan_schema(
             "subtasks": {"type": "array", "items": subtask, "minItems": 1,
                          "maxItems": max_subtasks}}},
         "answer": {"type": "object", "properties": {
-            "action": {"const": "answer"}, "answer": _string(_TEXT_MAX)}},
+            "action": {"const": "answer"}, "answer": _string(2 * text_max)}},
         "ask": {"type": "object", "properties": {
-            "action": {"const": "ask"}, "question": _string(_TEXT_MAX)}},
+            "action": {"const": "ask"}, "question": _string(2 * text_max)}},
     }
     return {"oneOf": [shapes[a] for a in actions]}
 
