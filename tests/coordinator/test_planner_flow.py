@@ -10,6 +10,7 @@ from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
 from mesh.coordinator.agent import AgentConfig
+from mesh.sim.scenario import PackagePlan
 from tests.coordinator.agent_helpers import (
     Scripted,
     ScriptedEngine,
@@ -179,3 +180,15 @@ async def test_an_unparseable_plan_falls_back_in_auto_and_fails_in_always(
     else:
         assert task.status.state == S.TASK_STATE_FAILED
         assert "planning failed: the plan is not JSON" in text_of(task.status.message.parts)
+
+
+async def test_a_simulation_package_bypasses_planning(tmp_path: Path) -> None:
+    from a2a.helpers.proto_helpers import new_data_message  # as the sim driver does
+
+    package = PackagePlan(index=0, seed=1, params={"scenario": "light", "steps": 1}, steps=())
+    engine = ScriptedEngine(Scripted([plan_json("unused")]))
+    with serve_agent(tmp_path, engine) as served:
+        message = new_data_message(package.message_data(), role=pb.Role.ROLE_USER)
+        task = await _send(served.url, pb.SendMessageRequest(message=message))
+    assert task.status.state == S.TASK_STATE_COMPLETED
+    assert engine.turns == [] and served.admission.admitted == [f"{task.id}/p0"]
