@@ -122,7 +122,8 @@ async def _send(args: argparse.Namespace) -> int:
                 elif response.HasField("artifact_update"):
                     artifact = response.artifact_update.artifact
                     if artifact.artifact_id == "stream-plan":  # the plan forming: a note
-                        sys.stderr.write(_text(artifact.parts))
+                        end = "\n" if response.artifact_update.last_chunk else ""
+                        sys.stderr.write(_text(artifact.parts) + end)
                     elif artifact.artifact_id.startswith("stream-"):
                         sys.stdout.write(_text(artifact.parts))
                         sys.stdout.flush()

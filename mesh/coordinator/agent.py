@@ -49,8 +49,8 @@ from mesh.coordinator.synthesis import (
 )
 from mesh.engine.types import Engine, EngineError, SamplingParams, TurnResult
 from mesh.gate.types import Admission
-from mesh.worker.loop import release
-from mesh.worker.types import Subtask, WorkerResult
+from mesh.worker.loop import WorkerFailed, release, stream_turn
+from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 
 __all__ = ["PLAN_ARTIFACT", "PLAN_MODES", "Agent", "AgentConfig", "AgentTask", "plain_turn"]
 
@@ -147,15 +147,21 @@ class Agent:
         session = await self.engine.attach()
         try:
             session.append(self.render(prompt))
-            generation = session.generate(params)
-            async for piece in generation:
-                await sink.add(piece.text)
+            result = await stream_turn(session, params, _sink_emit(sink), 1)
             await sink.flush(last=True)
-            if generation.result is None:
-                raise EngineError("the engine ended the turn without a result")
-            return generation.result
+            return result
+        except WorkerFailed as e:
+            raise EngineError(str(e)) from e
         finally:
             await release(session)
+
+
+def _sink_emit(sink: TextSink) -> Callable[[WorkerEvent], Awaitable[None]]:
+    async def emit(event: WorkerEvent) -> None:
+        if event.kind is EventKind.TEXT:
+            await sink.add(event.text)
+
+    return emit
 
 
 RunOne = Callable[[Subtask], Awaitable[WorkerResult]]
