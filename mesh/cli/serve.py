@@ -52,6 +52,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "$MESH_PEER_TOKEN_<NAME>_FILE)")
     p.add_argument("--max-hops", type=int, default=4,
                    help="refuse a delegated message past this many hops (default 4)")
+    p.add_argument("--plan", choices=("auto", "always", "never"), default="auto",
+                   help="planning turn for messages without explicit subtasks: auto (an "
+                        "unparseable plan runs the message as one subtask), always (it fails "
+                        "the task), never (one subtask, as a dispatcher)")
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
     p.add_argument("--session-idle-s", type=float, default=300.0,
@@ -115,6 +119,7 @@ async def _close(pool: Any, peers: Any) -> None:
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.api import SessionAPI, api_routes
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes
+    from mesh.coordinator.agent import Agent, AgentConfig
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
@@ -136,7 +141,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                               data_dir=args.data_dir, auth_token=args.auth_token,
                               peers=tuple(args.peer),
                               allow_private_push=args.allow_private_push,
-                              simulation=args.simulation, max_hops=args.max_hops)
+                              simulation=args.simulation, max_hops=args.max_hops,
+                              plan=args.plan)
     coord.validate()
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
                                  max_queue=args.max_queue)
@@ -200,6 +206,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         tools["delegate"] = delegate_tool(peers.send)
     board = TaskBoard()
     sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
+    agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
+                                    tools=tuple(sorted(tools))))
     app = build_app(
         coord,
         worker_factory=lambda: DispatchWorker(pool, template, tools, chat,
@@ -211,6 +219,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         task_board=board,
         public_paths=DASHBOARD_PUBLIC_PATHS,
         on_shutdown=[sessions.aclose],
+        agent=agent,
     )
     base = args.public_url or f"http://{args.host}:{args.port}"
     print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)

@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from mesh.coordinator.agent import Agent
 from mesh.coordinator.auth import BearerAuth
 from mesh.coordinator.card import CARD_PATH, LEGACY_CARD_PATH, Skill, build_agent_card, card_routes
 from mesh.coordinator.config import CoordinatorConfig
@@ -81,6 +82,7 @@ def build_app(
     task_board: TaskBoard | None = None,
     public_paths: Sequence[str] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+    agent: Agent | None = None,
 ) -> Starlette:
     """The A2A coordinator as a Starlette app (see the module docstring for what it mounts).
 
@@ -88,7 +90,8 @@ def build_app(
     async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
     card; ``task_board``, if given, sees every task the handler saves (the dashboard);
     ``public_paths`` are served without auth next to the card and ``/healthz``;
-    ``on_shutdown`` runs first at shutdown (the session API's ``aclose``). Raises
+    ``on_shutdown`` runs first at shutdown (the session API's ``aclose``); ``agent``
+    (optional) plans messages without explicit subtasks. Raises
     ``ValueError`` if ``config`` does not validate. Does no I/O.
     """
     config.validate()
@@ -101,6 +104,7 @@ def build_app(
         admission,
         max_subtasks=config.max_subtasks,
         text_flush_s=config.text_flush_s,
+        agent=agent,
     )
     push_sender = build_push_sender(push_client, stores.push_configs, url_validator,
                                     allow_private=config.allow_private_push)

@@ -45,6 +45,7 @@ class CoordinatorConfig:
     rest_prefix: str = "/a2a"
     card_max_age_s: int = 60
     text_flush_s: float = 0.05  # coalesce streamed text pieces into chunks this often
+    plan: str = "auto"  # auto | always | never: planning turn for messages w/o subtasks
 
     @property
     def base_url(self) -> str:
@@ -104,6 +105,8 @@ class CoordinatorConfig:
             raise ValueError(f"text_flush_s must be >= 0, got {self.text_flush_s}")
         if self.max_hops < 1:
             raise ValueError(f"max_hops must be >= 1, got {self.max_hops}")
+        if self.plan not in ("auto", "always", "never"):
+            raise ValueError(f"plan must be auto, always or never, got {self.plan!r}")
         for peer in self.peers:
             _, url = parse_peer(peer)  # raises ValueError naming the fix
             if not urlparse(url).netloc:

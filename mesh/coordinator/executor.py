@@ -35,8 +35,10 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
+from mesh.coordinator.agent import Agent, AgentTask
 from mesh.coordinator.peers import CURRENT_HOPS, hops_of
-from mesh.coordinator.subtasks import join_answers, local_id, subtasks_from_message
+from mesh.coordinator.store import owner_of
+from mesh.coordinator.subtasks import join_answers, local_id, message_text, subtasks_from_message
 from mesh.gate.types import Admission, QueueFull
 from mesh.worker.types import EventKind, Subtask, Worker, WorkerEvent, WorkerResult
 
@@ -140,7 +142,9 @@ class CoordinatorExecutor(AgentExecutor):
         max_subtasks: int = 32,
         text_flush_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
+        agent: Agent | None = None,
     ) -> None:
+        self._agent = agent
         self._worker_factory = worker_factory
         self._admission = admission
         self._max_subtasks = max_subtasks
@@ -174,7 +178,8 @@ class CoordinatorExecutor(AgentExecutor):
         # The hop count travels on to any peer this task's workers delegate to.
         CURRENT_HOPS.set(hops_of(MessageToDict(message.metadata)))
         try:
-            await self._execute(run, message, task_id)
+            planned = self._planned(context, run, message, task_id, context_id)
+            await (planned.run() if planned is not None else self._execute(run, message, task_id))
         except Exception as e:  # any failure point (admit, a flush, an error group, ...)
             await self._fail(run, task_id, e)
         finally:
@@ -191,6 +196,26 @@ class CoordinatorExecutor(AgentExecutor):
             await run.finish(pb.TaskState.TASK_STATE_FAILED, reason)
         except Exception:
             logger.exception("task %s: could not write its failed state", task_id)
+
+    def _planned(
+        self, context: RequestContext, run: _Run, message: pb.Message, task_id: str,
+        context_id: str,
+    ) -> AgentTask | None:
+        """The planned run of this message, or None when it is dispatched as before."""
+        agent = self._agent
+        if agent is None or agent.config.plan == "never":
+            return None
+        text = message_text(message)
+        if text is None:
+            return None  # explicit subtasks (or nothing to plan): no planning turn
+        owner = owner_of(context.call_context) if context.call_context is not None else ""
+
+        def make_sink(artifact_id: str, name: str) -> _TextStream:
+            return _TextStream(run, artifact_id=artifact_id, name=name,
+                               flush_s=self._text_flush_s, clock=self._clock)
+
+        return AgentTask(agent, run, self._admission, task_id, f"{owner}\x00{context_id}",
+                         text, lambda s: self._run_one(run, s), make_sink)
 
     async def _execute(self, run: _Run, message: pb.Message, task_id: str) -> None:
         try:
