@@ -1,26 +1,41 @@
-"""Gate benchmark: decision latency, projection error, floor honoured.
+"""Gate benchmark that can fail: the floor as a client sees it, with more workers than fit.
 
-    python bench/gate_bench.py [--model default|tiny|PATH] [--floor F] [--out FILE]
+    python bench/gate_bench.py [--model tiny|default|PATH] [--slots 32] [--floor auto|F]
+                               [--policies floor,none] [--run-s 25] [--out FILE]
 
 * Decision latency (pure): µs per ``decide`` on synthetic snapshots of 0, 4 and 16 sessions.
-* Projection error (real pool): admit workers one by one under the floor; before each
-  admission record ``projected_tps_next``, then measure the per-worker tokens/s once the
-  new worker runs. Target: median absolute error ≤ 15 %.
-* Floor honoured (real pool): more requests than fit, each a few turns with simulated tool
-  waits; sample every decoding worker's tokens/s. Target: ≤ 10 % of samples below floor.
+* Floor at the client (real pool): the pool has ``--slots`` session slots, well above what
+  the floor admits, and ``--requests`` workers (default: all the slots) ask for one at once.
+  Each worker runs turns of ``--turn-tokens`` tokens separated by tool calls (an idle gap of
+  0.2–1.2 s, then a tool result of 40–160 words appended and prefilled: duty cycle < 1).
+  Every token's arrival time is taken *at the client*; a worker's tokens/s is measured
+  over each window of ``--window`` consecutive inter-token gaps within a turn (the gap to a
+  turn's first token is its own prefill, not a stall, and is left out). Reported: the share
+  of windows under the floor and under half the floor, per policy. Nothing bounds this by
+  construction: the slot count does not bind, and a stall behind another worker's prefill
+  or a wrong projection shows up as a slow window.
+* Projection error per admitted count: at each admission the gate's ``projected_tps_next``
+  (with the idle-gap estimate when a duty cycle is measured) against the median client
+  window while exactly that many workers held tickets.
+* Cells term: step time with ``n`` decoding sessions while idle sessions hold 0 or
+  ``--idle-private`` private tokens, measured vs projected with and without the
+  rows × cells-used term.
 
-The engine parts need ``mesh.engine.pool.SharedKVPool`` and llama.cpp; without them they are
-reported as skipped and the JSON still carries the latency part.
+``--floor auto`` sets the floor at the seeded model's per-worker rate with a quarter of
+the slots decoding, so that the floor, not the slots, is what binds.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
+import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +49,8 @@ PREFIX = (
     "You are a careful software agent working on a shared project. Read the task, plan, "
     "call tools when needed and answer briefly.\n"
 ) * 12
+WORDS = ("the", "file", "read", "write", "test", "code", "list", "main", "run", "build", "check",
+         "open", "line", "value", "name")
 
 
 def synthetic_load(n: int, max_sessions: int = 32) -> PoolLoad:
@@ -50,7 +67,7 @@ def synthetic_load(n: int, max_sessions: int = 32) -> PoolLoad:
     )  # fmt: skip
 
 
-def bench_latency(iterations: int = 20_000) -> dict[str, Any]:
+def bench_latency(iterations: int) -> dict[str, Any]:
     config = GateConfig.create(floor_tps=4.0)
     model = ThroughputModel()
     out: dict[str, Any] = {}
@@ -66,193 +83,265 @@ def bench_latency(iterations: int = 20_000) -> dict[str, Any]:
     return out
 
 
-async def open_pool(spec: str | None, max_sessions: int) -> Engine:
+async def open_pool(spec: str, slots: int, session_budget: int) -> Engine:
     from mesh.engine.models import resolve_model
     from mesh.engine.pool import SharedKVPool
     from mesh.engine.types import EngineConfig
 
-    model = resolve_model(spec)
-    config = EngineConfig(model_path=str(model.path), max_sessions=max_sessions,
-                          session_budget=1024, n_batch=512)  # fmt: skip
+    model = resolve_model(None if spec == "default" else spec)
+    config = EngineConfig(model_path=str(model.path), max_sessions=slots,
+                          session_budget=session_budget, n_batch=512)  # fmt: skip
     pool = SharedKVPool(config, PREFIX)
     await pool.start()
     return pool
 
 
-async def busy_worker(engine: Engine, stop: anyio.Event, idle_s: float = 0.0) -> None:
-    """Turn after turn until ``stop``; ``idle_s`` simulates a tool call between turns."""
-    session = await engine.attach()
+@dataclass
+class Trace:
+    """Client-side record of one policy run."""
+
+    windows: list[tuple[float, float, int]] = field(default_factory=list)  # (t, tps, tickets)
+    admissions: list[dict[str, Any]] = field(default_factory=list)
+    turns: int = 0
+
+
+def tool_result(rng: random.Random) -> str:
+    return " Tool result: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 160)))
+
+
+async def worker(engine: Engine, gate: FloorGate, trace: Trace, i: int, args: argparse.Namespace,
+                 stop: anyio.Event) -> None:  # fmt: skip
+    """Admit, then turns separated by tool calls until ``stop`` or ``--turns`` turns."""
+    rng = random.Random(args.seed * 1000 + i)
+    before = gate.decide_now(queue_ahead=0)
+    ticket = await gate.admit(f"w{i}")
+    # If it waited, the projection when it was let in is the head's last look.
+    proj = before.projection if before.admitted else gate.decide_now(queue_ahead=0).projection
+    trace.admissions.append({"t": anyio.current_time(), "tickets": gate.num_tickets,
+                             "projected_tps_next": proj.tps_next,
+                             "idle_estimate": proj.idle_estimate})  # fmt: skip
+    params = SamplingParams(max_tokens=args.turn_tokens, stop_at_eos=False, seed=i)
     try:
-        session.append("Task: list ten prime numbers, one per line.")
-        params = SamplingParams(max_tokens=24, stop_at_eos=False)
-        while not stop.is_set():
-            async for _ in session.generate(params):
+        session = await engine.attach()
+        try:
+            session.append(f"Task {i}: list the files to change, one per line.")
+            for _ in range(args.turns):
                 if stop.is_set():
                     break
-            if idle_s:
-                await anyio.sleep(idle_s)
-            if session.context_len > engine.info.prefix_tokens + 900:
-                break
-            session.append(" Continue.")
-    finally:
-        with anyio.CancelScope(shield=True):
-            await session.detach()
-
-
-async def step_times(engine: Engine, num_decode: int, window_s: float) -> list[float]:
-    """Wall times of the steps in which exactly ``num_decode`` sessions decoded."""
-    seen: set[int] = set()
-    keep: list[object] = []  # holds the samples so their ids stay unique
-    times: list[float] = []
-    deadline = anyio.current_time() + window_s
-    while anyio.current_time() < deadline:
-        await anyio.sleep(0.5)
-        for s in engine.load().recent_steps:
-            if id(s) not in seen:
-                seen.add(id(s))
-                keep.append(s)
-                if s.num_decode == num_decode:
-                    times.append(s.step_s)
-    return times
-
-
-async def bench_projection(
-    engine: Engine, model: ThroughputModel, floor: float, max_workers: int, settle_s: float
-) -> Any:
-    """Projected tokens/s per worker (before admitting) vs the median step with every
-    worker decoding (after): what a decoding worker actually gets."""
-    gate = FloorGate(engine, GateConfig.create(floor_tps=floor, max_workers=max_workers), model)
-    stop = anyio.Event()
-    rows: list[dict[str, Any]] = []
-    num_workers = 0
-    async with anyio.create_task_group() as tg:
-        while True:
-            d = gate.decide_now()
-            if not d.admitted:
-                break
-            projected = d.projection.tps_next
-            await gate.admit(f"w{num_workers}")
-            num_workers += 1
-            tg.start_soon(busy_worker, engine, stop)
-            await anyio.sleep(settle_s)
-            times = await step_times(engine, num_workers, 2 * settle_s)
-            gate.decide_now()  # let the model learn from the steps meanwhile
-            if not times:
-                continue
-            tps = 1.0 / statistics.median(times)
-            rows.append({"workers": num_workers, "projected_tps": projected,
-                         "measured_tps": tps, "num_steps": len(times),
-                         "abs_error": abs(projected - tps) / tps})  # fmt: skip
-        stop.set()
-    errors = [r["abs_error"] for r in rows]
-    return {
-        "floor_tps": floor,
-        "rows": rows,
-        "median_abs_error": statistics.median(errors) if errors else None,
-        "target": 0.15,
-        "model": model.describe(),
-    }
-
-
-async def bench_floor(
-    engine: Engine, model: ThroughputModel, floor: float, num_requests: int, run_s: float
-) -> Any:
-    config = GateConfig.create(floor_tps=floor, max_queue=num_requests)
-    gate = FloorGate(engine, config, model)
-    stop = anyio.Event()
-    below = total = 0
-    peak_workers = 0
-    decoding_counts: list[int] = []
-
-    async def request(i: int) -> None:
-        ticket = await gate.admit(f"r{i}")
-        try:
-            await busy_worker(engine, stop, idle_s=0.5 + (i % 3) * 0.5)
+                stamps: list[float] = []
+                async for _ in session.generate(params):
+                    stamps.append(time.monotonic())
+                    if stop.is_set():
+                        break
+                trace.turns += 1
+                gaps = [b - a for a, b in itertools.pairwise(stamps)]
+                for k in range(0, len(gaps) - args.window + 1, args.window):
+                    span = sum(gaps[k : k + args.window])
+                    if span > 0:
+                        trace.windows.append((stamps[k], args.window / span, gate.num_tickets))
+                await anyio.sleep(rng.uniform(0.2, 1.2))  # the tool call
+                if session.context_len + 200 + args.turn_tokens > engine.info.session_budget \
+                        + engine.info.prefix_tokens:  # fmt: skip
+                    break
+                session.append(tool_result(rng))
         finally:
-            await ticket.release()
+            with anyio.CancelScope(shield=True):
+                await session.detach()
+    finally:
+        await ticket.release()
 
+
+async def run_policy(engine: Engine, model: ThroughputModel, policy: str, floor: float,
+                     args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    config = GateConfig.create(policy=policy, floor_tps=floor, max_queue=args.requests)
+    gate = FloorGate(engine, config, model)
+    budget = gate.pool_budget()
+    setter = getattr(engine, "set_prefill_budget", None)
+    if setter is not None:
+        setter(budget)
+    trace = Trace()
+    stop = anyio.Event()
+    peak = 0
+    started = anyio.current_time()
     async with anyio.create_task_group() as tg:
-        for i in range(num_requests):
-            tg.start_soon(request, i)
-        deadline = anyio.current_time() + run_s
-        while anyio.current_time() < deadline:
-            await anyio.sleep(0.1)
-            load = engine.load()
-            peak_workers = max(peak_workers, len(load.sessions))
-            decoding_counts.append(load.count(SessionState.DECODING))
-            for s in load.sessions:
-                if s.state is SessionState.DECODING and s.decode_tps is not None:
-                    total += 1
-                    below += s.decode_tps < floor
+        for i in range(args.requests):
+            tg.start_soon(worker, engine, gate, trace, i, args, stop)
+        while anyio.current_time() - started < args.run_s:
+            await anyio.sleep(0.2)
+            peak = max(peak, len(engine.load().sessions))
         stop.set()
+    if setter is not None:
+        setter(None)
+    tps = [w[1] for w in trace.windows]
+    n = len(tps)
+    rows: list[dict[str, Any]] = []
+    for adm in sorted(trace.admissions, key=lambda a: a["tickets"]):
+        k = adm["tickets"]
+        if any(r["workers"] == k for r in rows):
+            continue
+        seen = [w[1] for w in trace.windows if w[2] == k]
+        if len(seen) < 3:
+            continue
+        measured = statistics.median(seen)
+        rows.append({"workers": k, "projected_tps": adm["projected_tps_next"],
+                     "measured_p50_tps": measured, "windows": len(seen),
+                     "idle_estimate": adm["idle_estimate"],
+                     "error": (adm["projected_tps_next"] - measured) / measured})  # fmt: skip
+    errors = [abs(r["error"]) for r in rows]
     return {
+        "policy": policy,
         "floor_tps": floor,
-        "requests": num_requests,
+        "prefill_budget": setter is not None and budget is not None,
+        "requests": args.requests,
         "admitted": gate.num_admitted,
-        "peak_workers": peak_workers,
-        "mean_decoding": statistics.mean(decoding_counts) if decoding_counts else None,
-        "samples": total,
-        "share_below_floor": below / total if total else None,
-        "target": 0.10,
+        "peak_workers": peak,
+        "turns": trace.turns,
+        "windows": n,
+        "p50_tps": statistics.median(tps) if tps else None,
+        "p05_tps": statistics.quantiles(tps, n=20)[0] if n >= 20 else None,
+        "share_below_floor": sum(t < floor for t in tps) / n if n else None,
+        "share_below_half_floor": sum(t < floor / 2 for t in tps) / n if n else None,
+        "projection": rows,
+        "median_abs_projection_error": statistics.median(errors) if errors else None,
     }
+
+
+async def bench_cells(engine: Engine, model: ThroughputModel, decoding: int, idle: int,
+                      private: int) -> list[dict[str, Any]]:  # fmt: skip
+    """Step time with ``decoding`` sessions decoding beside ``idle`` idle ones holding
+    0 or ``private`` tokens: measured vs projected with and without the cells term."""
+    out = []
+    params = SamplingParams(max_tokens=24, stop_at_eos=False)
+    for held in (0, private):
+        idlers = [await engine.attach() for _ in range(idle)]
+        busy = [await engine.attach() for _ in range(decoding)]
+        try:
+            for s in idlers:
+                if held:
+                    s.append(" ".join(WORDS[j % len(WORDS)] for j in range(held)))
+                    async for _ in s.generate(SamplingParams(max_tokens=1)):
+                        pass
+            mark = engine.load().recent_steps
+            last = mark[-1] if mark else None
+            async with anyio.create_task_group() as tg:
+                for s in busy:
+                    s.append("Count:")
+                    tg.start_soon(_drain, s, params)
+            steps = list(engine.load().recent_steps)
+            if last is not None and any(x is last for x in steps):
+                steps = steps[[x is last for x in steps].index(True) + 1 :]
+            full = [x for x in steps if x.num_decode == decoding and x.num_prefill_tokens == 0]
+            if not full:
+                continue
+            measured = statistics.median(x.step_s for x in full)
+            ref = full[len(full) // 2]
+            cells = ref.cells_used or engine.load().cells_used
+            cost = model.params
+            with_e = cost.step_s(decoding, ref.sum_context, 0, cells)
+            without = replace(cost, e=0.0).step_s(decoding, ref.sum_context, 0, cells)
+            out.append({"decoding": decoding, "idle": idle, "idle_private_tokens": held,
+                        "cells_used": cells, "measured_step_ms": measured * 1e3,
+                        "projected_ms_with_cells_term": with_e * 1e3,
+                        "projected_ms_without": without * 1e3,
+                        "error_with": (with_e - measured) / measured,
+                        "error_without": (without - measured) / measured})  # fmt: skip
+        finally:
+            with anyio.CancelScope(shield=True):
+                for s in idlers + busy:
+                    await s.detach()
+    return out
+
+
+async def _drain(session: Any, params: SamplingParams) -> None:
+    async for _ in session.generate(params):
+        pass
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
+        "command": " ".join(sys.argv),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
         "decide_latency": bench_latency(args.iterations),
     }
-    try:
-        engine = await open_pool(None if args.model == "default" else args.model, args.workers)
-    except Exception as exc:  # no llama.cpp, no pool module, or no model: report and go on
-        reason = f"engine unavailable: {type(exc).__name__}: {exc}"
-        print(f"engine parts skipped ({reason})")
-        result["projection"] = result["floor_honoured"] = {"skipped": reason}
-        return result
+    engine = await open_pool(args.model, args.slots, args.session_budget)
     try:
         result["model"] = engine.info.model_name
-        model = ThroughputModel()  # seeded once, then shared: the gate keeps learning
-        model.seed(await micro_benchmark(engine))
-        result["projection"] = await bench_projection(
-            engine, model, args.floor, args.workers, args.settle
-        )
-        result["floor_honoured"] = await bench_floor(
-            engine, model, args.floor, args.workers * 2, args.run_s
-        )
+        seed = await micro_benchmark(engine)
+        model = ThroughputModel()
+        model.seed(seed)
+        result["seed_model"] = model.describe()
+        if args.floor == "auto":
+            load = engine.load()
+            n = max(2, args.slots // 4)
+            cells = load.prefix_cells + n * 400
+            floor = round(1.0 / model.step_s(n, n * (load.prefix_cells + 400), 0, cells), 1)
+        else:
+            floor = float(args.floor)
+        result["floor_tps"] = floor
+        result["runs"] = []
+        for policy in args.policies.split(","):
+            m = ThroughputModel()  # every policy starts from the same seed
+            m.seed(seed)
+            result["runs"].append(await run_policy(engine, m, policy, floor, args))
+            model = m if policy == "floor" else model
+        result["cells_term"] = await bench_cells(engine, model, args.slots // 4,
+                                                 args.slots // 2, args.idle_private)
+        result["model_after"] = model.describe()
     finally:
         await engine.aclose()
     return result
 
 
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def print_table(result: dict[str, Any]) -> None:
+    print(f"model {result.get('model')}, floor {result.get('floor_tps')} tok/s")
     print(f"{'decide latency':<24}{'µs (median of 5)':>18}")
     for name, row in result["decide_latency"].items():
         print(f"  {name:<22}{row['us_per_decide_median']:>18.1f}")
-    proj = result["projection"]
-    if "rows" in proj:
-        print(f"{'workers':>8}{'projected':>12}{'measured':>10}{'error':>8}   tokens/s per worker")
-        for r in proj["rows"]:
-            print(f"{r['workers']:>8}{r['projected_tps']:>12.2f}{r['measured_tps']:>10.2f}"
-                  f"{r['abs_error']:>8.1%}")  # fmt: skip
-        print(f"median abs error: {proj['median_abs_error']} (target ≤ 15 %)")
-    floor = result["floor_honoured"]
-    if "samples" in floor:
-        print(
-            f"share below floor: {floor['share_below_floor']} of {floor['samples']} samples "
-            f"(peak {floor['peak_workers']} workers, {floor['mean_decoding']} decoding on average)"
-        )
+    print(f"{'policy':<10}{'budget':>7}{'req':>5}{'adm':>5}{'peak':>5}{'windows':>8}"
+          f"{'p50 t/s':>9}{'p05 t/s':>9}{'<floor':>8}{'<floor/2':>9}{'proj err':>9}")
+    for r in result.get("runs", []):
+        print(f"{r['policy']:<10}{'yes' if r['prefill_budget'] else 'no':>7}{r['requests']:>5}"
+              f"{r['admitted']:>5}{r['peak_workers']:>5}{r['windows']:>8}"
+              f"{_f(r['p50_tps'], '.1f'):>9}{_f(r['p05_tps'], '.1f'):>9}"
+              f"{_f(r['share_below_floor'], '.1%'):>8}{_f(r['share_below_half_floor'], '.1%'):>9}"
+              f"{_f(r['median_abs_projection_error'], '.1%'):>9}")  # fmt: skip
+    for r in result.get("runs", []):
+        if r["projection"]:
+            print(f"projection, policy {r['policy']}: workers projected measured error idle-est")
+            for p in r["projection"]:
+                print(f"  {p['workers']:>7}{p['projected_tps']:>10.1f}{p['measured_p50_tps']:>9.1f}"
+                      f"{p['error']:>+7.1%}  {p['idle_estimate']}")  # fmt: skip
+    for c in result.get("cells_term", []):
+        print(f"cells: {c['decoding']} decoding + {c['idle']} idle x {c['idle_private_tokens']} "
+              f"private ({c['cells_used']} cells): measured {c['measured_step_ms']:.1f} ms, "
+              f"projected {c['projected_ms_with_cells_term']:.1f} ms with the cells term "
+              f"({c['error_with']:+.1%}), {c['projected_ms_without']:.1f} ms without "
+              f"({c['error_without']:+.1%})")  # fmt: skip
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="default", help="default | tiny | PATH to a GGUF")
-    p.add_argument("--floor", type=float, default=4.0, help="floor tokens/s per worker")
-    p.add_argument("--workers", type=int, default=8, help="most workers to admit")
-    p.add_argument("--settle", type=float, default=3.0, help="seconds before measuring")
-    p.add_argument("--run-s", type=float, default=30.0, help="floor-honoured run length")
-    p.add_argument("--iterations", type=int, default=20_000)
+    p.add_argument("--model", default="tiny", help="tiny | default | PATH to a GGUF")
+    p.add_argument("--slots", type=int, default=32, help="pool session slots")
+    p.add_argument("--requests", type=int, default=None, help="workers (default: --slots)")
+    p.add_argument("--floor", default="auto", help="floor tokens/s per worker, or auto")
+    p.add_argument("--policies", default="floor,none")
+    p.add_argument("--turn-tokens", type=int, default=32)
+    p.add_argument("--turns", type=int, default=6, help="turns per worker before it leaves")
+    p.add_argument("--window", type=int, default=4, help="inter-token gaps per tps sample")
+    p.add_argument("--run-s", type=float, default=25.0, help="seconds per policy")
+    p.add_argument("--session-budget", type=int, default=1536)
+    p.add_argument("--idle-private", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iterations", type=int, default=5_000)
     p.add_argument("--out", type=Path, default=Path("bench/results/gate.json"))
     args = p.parse_args()
+    if args.requests is None:
+        args.requests = args.slots
     result = anyio.run(main_async, args)
     print_table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)

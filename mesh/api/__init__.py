@@ -25,6 +25,10 @@ __all__ = [
 ]
 
 
-def api_routes(engine: Engine, admission: Admission) -> list[BaseRoute]:
-    """Every route of this package, ready to mount in a Starlette app."""
-    return [*capacity_routes(admission), *SessionAPI(engine, admission).routes]
+def api_routes(
+    engine: Engine, admission: Admission, sessions: SessionAPI | None = None
+) -> list[BaseRoute]:
+    """Every route of this package, ready to mount in a Starlette app (pass ``sessions`` to
+    keep the handle whose ``aclose`` the app's lifespan should call)."""
+    api = SessionAPI(engine, admission) if sessions is None else sessions
+    return [*capacity_routes(admission), *api.routes]

@@ -6,17 +6,24 @@
     POST   /v1/sessions/{id}/turns    append text and generate (JSON, or SSE with "stream")
     DELETE /v1/sessions/{id}          detach (204)
 
-Every session made here holds an admission ticket until it is deleted (or fails). Errors
-are JSON ``{"error": {"code", "message"}}``. One turn runs per session at a time (409
-otherwise). A streamed turn whose client goes away is stopped with ``Generation.aclose()``;
-the tokens generated so far stay in the session. Nothing here touches the engine except
-through its :class:`~mesh.engine.types.Session` protocol, so no request can stop the pool.
+Every session made here holds an admission ticket until it is deleted, fails, or sits
+idle (no request) longer than ``idle_s`` (``--session-idle-s``, default 300 s): then it is
+detached, its ticket released, and a later call on it answers 404 ``expired`` with the
+reason. Each caller holds at most ``max_per_caller`` sessions (429 past it), so abandoned
+sessions cannot starve A2A work. Errors are JSON ``{"error": {"code", "message"}}``, always
+4xx for a client's mistake: empty input 400, a turn while one runs 409, a detached or
+failed session 404/410. A streamed turn whose client goes away is stopped with
+``Generation.aclose()``; the tokens generated so far stay in the session. Nothing here
+touches the engine except through its :class:`~mesh.engine.types.Session` protocol, so no
+request can stop the pool.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +68,7 @@ class _Entry:
     owner: str = ""  # the authenticated caller that created it ("" without auth)
     generation: Generation | None = None
     iterator: AsyncIterator[Any] | None = None
+    last_used: float = 0.0
 
 
 def _caller(request: Request) -> str:
@@ -70,13 +78,41 @@ def _caller(request: Request) -> str:
     return str(name) if name else ""
 
 
-class SessionAPI:
-    """The routes above over one engine and one admission gate. Build once per app."""
+DEFAULT_IDLE_S = 300.0
+_EXPIRED_KEPT = 1024  # reasons remembered for expired sessions (oldest forgotten first)
 
-    def __init__(self, engine: Engine, admission: Admission) -> None:
+
+class SessionAPI:
+    """The routes above over one engine and one admission gate. Build once per app and
+    call :meth:`aclose` at shutdown (the app's lifespan does, see ``build_app``).
+
+    ``idle_s``: a session with no request (and no turn running) for this long is expired.
+    ``max_per_caller``: sessions one caller may hold (default: half the pool's slots).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        admission: Admission,
+        *,
+        idle_s: float = DEFAULT_IDLE_S,
+        max_per_caller: int | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
+        if idle_s <= 0:
+            raise ValueError(f"session idle timeout must be > 0 s, got {idle_s}")
         self.engine = engine
         self.admission = admission
+        self.idle_s = idle_s
+        self.max_per_caller = (
+            max(1, engine.info.max_sessions // 2) if max_per_caller is None else max_per_caller
+        )
+        if self.max_per_caller < 1:
+            raise ValueError(f"max_per_caller must be >= 1, got {self.max_per_caller}")
+        self._clock = clock
         self._entries: dict[str, _Entry] = {}
+        self._expired: OrderedDict[str, tuple[str, str]] = OrderedDict()  # sid -> owner, why
+        self._reaper: asyncio.Task[None] | None = None
 
     @property
     def routes(self) -> list[BaseRoute]:
@@ -89,9 +125,40 @@ class SessionAPI:
         ]
 
     async def aclose(self) -> None:
-        """Detach every session made here and release its ticket (app shutdown)."""
+        """Stop the idle reaper; detach every session made here and release its ticket."""
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
         for sid in list(self._entries):
             await self._drop(sid)
+
+    async def expire_idle(self) -> list[str]:
+        """Expire every session idle longer than ``idle_s`` (the reaper calls this)."""
+        now = self._clock()
+        stale = [
+            sid for sid, e in self._entries.items()
+            if e.generation is None and now - e.last_used > self.idle_s
+        ]
+        for sid in stale:
+            entry = self._entries[sid]
+            why = (f"session {sid} expired after {now - entry.last_used:.0f} s idle "
+                   f"(the limit is {self.idle_s:g} s, --session-idle-s); attach a new one")
+            self._expired[sid] = (entry.owner, why)
+            while len(self._expired) > _EXPIRED_KEPT:
+                self._expired.popitem(last=False)
+            await self._drop(sid)
+        return stale
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.idle_s / 4, 5.0))
+            await self.expire_idle()
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
 
     # ------------------------------------------------------------------ handlers
 
@@ -100,6 +167,15 @@ class SessionAPI:
             req = await parse_body(request, AttachRequest, allow_empty=True)
         except BadRequest as exc:
             return error_response(exc.status, exc.code, exc.message)
+        caller = _caller(request)
+        held = sum(1 for e in self._entries.values() if e.owner == caller)
+        if held >= self.max_per_caller:
+            return too_busy(
+                "too_many_sessions",
+                f"this caller holds {held} sessions, the most allowed; delete one "
+                "(DELETE /v1/sessions/{id}) or let it expire",
+                min(self.idle_s, 60.0),
+            )
         check = self.admission.check_queue()
         if not check.ok:
             return too_busy("queue_full", check.reason or "the queue is full", check.retry_after_s)
@@ -120,8 +196,9 @@ class SessionAPI:
             with anyio.CancelScope(shield=True):
                 await ticket.release()
             raise
-        self._entries[session.id] = _Entry(session, ticket, time.monotonic(),
-                                           owner=_caller(request))
+        now = self._clock()
+        self._entries[session.id] = _Entry(session, ticket, now, owner=caller, last_used=now)
+        self._start_reaper()
         body = {
             "id": session.id,
             "context_len": session.context_len,
@@ -141,18 +218,26 @@ class SessionAPI:
         entry = self._entries.get(request.path_params["id"])
         if entry is None or entry.owner != _caller(request):
             return None
+        entry.last_used = self._clock()
         return entry
+
+    def _not_found(self, request: Request) -> JSONResponse:
+        sid = request.path_params["id"]
+        expired = self._expired.get(sid)
+        if expired is not None and expired[0] == _caller(request):
+            return error_response(404, "expired", expired[1])
+        return error_response(404, "not_found", f"no session {sid!r}")
 
     async def _get(self, request: Request) -> Response:
         sid = request.path_params["id"]
         if self._entry(request) is None:
-            return self._not_found(sid)
+            return self._not_found(request)
         return JSONResponse(self._describe(sid, self._loads()))
 
     async def _delete(self, request: Request) -> Response:
         sid = request.path_params["id"]
         if self._entry(request) is None:
-            return self._not_found(sid)
+            return self._not_found(request)
         await self._drop(sid)
         return Response(status_code=204)
 
@@ -160,7 +245,7 @@ class SessionAPI:
         sid = request.path_params["id"]
         entry = self._entry(request)
         if entry is None:
-            return self._not_found(sid)
+            return self._not_found(request)
         try:
             req = await parse_body(request, TurnRequest)
             params = self._params(req)
@@ -176,13 +261,25 @@ class SessionAPI:
             return await self._engine_error(sid, exc)
         entry.generation = generation
         entry.iterator = generation.__aiter__()
+        try:
+            # Register the turn now, so its refusals (no input, a turn still running, a
+            # detached session) are a 4xx before any stream starts.
+            start = getattr(generation, "start", None)
+            if start is not None:
+                await start()
+        except (EngineError, ValueError, RuntimeError) as exc:
+            await self._end_turn(entry)
+            return await self._start_error(sid, exc)
+        except BaseException:
+            await self._end_turn(entry)
+            raise
         if req.stream:
             return TurnStream(self._events(sid, entry), lambda: self._end_turn(entry))
         try:
             async for _ in entry.iterator:
                 pass
-        except EngineError as exc:
-            return await self._engine_error(sid, exc)
+        except (EngineError, ValueError, RuntimeError) as exc:
+            return await self._start_error(sid, exc)
         finally:
             await self._end_turn(entry)
         result = generation.result
@@ -191,6 +288,16 @@ class SessionAPI:
         return JSONResponse(turn_json(sid, result, entry.session.context_len))
 
     # ------------------------------------------------------------------ helpers
+
+    async def _start_error(self, sid: str, exc: Exception) -> Response:
+        """The answer to a turn the engine refused to start (or failed)."""
+        if isinstance(exc, EngineError):
+            return await self._engine_error(sid, exc)
+        if isinstance(exc, ValueError):
+            return error_response(400, "empty_input", f"{exc} (send non-empty \"text\")")
+        return error_response(
+            409, "session_busy", f"{exc}; the previous turn is still stopping, retry shortly"
+        )
 
     async def _engine_error(self, sid: str, exc: EngineError) -> Response:
         """The answer to an engine error in a turn; a failed session is dropped."""
@@ -226,6 +333,7 @@ class SessionAPI:
         """Stop an unfinished generation and free the session for the next turn."""
         generation, iterator = entry.generation, entry.iterator
         entry.generation = entry.iterator = None
+        entry.last_used = self._clock()
         with anyio.CancelScope(shield=True):
             if generation is not None and generation.result is None:
                 with contextlib.suppress(EngineError):
@@ -299,10 +407,7 @@ class SessionAPI:
             "private_cells": load.private_cells if load else 0,
             "decode_tps": load.decode_tps if load else None,
             "num_generated": load.num_generated if load else 0,
-            "age_s": time.monotonic() - entry.created_at,
+            "age_s": self._clock() - entry.created_at,
+            "idle_s": self._clock() - entry.last_used,
             "in_turn": entry.generation is not None,
         }
-
-    @staticmethod
-    def _not_found(sid: str) -> JSONResponse:
-        return error_response(404, "not_found", f"no session {sid!r}")

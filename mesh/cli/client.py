@@ -98,6 +98,8 @@ async def _send(args: argparse.Namespace) -> int:
                 role=pb.Role.ROLE_USER,
                 message_id=uuid.uuid4().hex,
                 parts=[pb.Part(text=args.text)],
+                context_id=args.context or "",
+                task_id=args.task or "",
             )
         )
         task_id = ""
@@ -119,7 +121,10 @@ async def _send(args: argparse.Namespace) -> int:
                     print(f"[{_state_name(state)}] {note}".rstrip(), file=sys.stderr)
                 elif response.HasField("artifact_update"):
                     artifact = response.artifact_update.artifact
-                    if artifact.artifact_id.startswith("stream-"):
+                    if artifact.artifact_id == "stream-plan":  # the plan forming: a note
+                        end = "\n" if response.artifact_update.last_chunk else ""
+                        sys.stderr.write(_text(artifact.parts) + end)
+                    elif artifact.artifact_id.startswith("stream-"):
                         sys.stdout.write(_text(artifact.parts))
                         sys.stdout.flush()
                         streamed = True
@@ -136,7 +141,13 @@ async def _send(args: argparse.Namespace) -> int:
     if answer:
         print(answer)
     reason = _text(task.status.message.parts)
-    print(f"[{_state_name(task.status.state)}] task {task.id}: {reason}", file=sys.stderr)
+    print(f"[{_state_name(task.status.state)}] task {task.id} (context {task.context_id}): "
+          f"{reason}", file=sys.stderr)
+    if task.status.state == pb.TaskState.TASK_STATE_INPUT_REQUIRED:
+        print(f"reply with: mesh send {args.url} --task {task.id} \"ANSWER\"", file=sys.stderr)
+    elif task.status.state == pb.TaskState.TASK_STATE_COMPLETED and task.context_id:
+        print(f"follow up with: mesh send {args.url} --context {task.context_id} \"...\"",
+              file=sys.stderr)
     return exit_status(task.status.state)
 
 
@@ -238,6 +249,10 @@ def register(subparsers: Any) -> None:
     send.add_argument(
         "--stream", action="store_true", help="stream status and generated text as they arrive"
     )
+    send.add_argument("--context", default=None, metavar="ID",
+                      help="continue this conversation (a contextId an earlier send printed)")
+    send.add_argument("--task", default=None, metavar="ID",
+                      help="answer this task's question (a task in input-required)")
     send.set_defaults(func=_runner(_send))
 
     tasks = subparsers.add_parser("tasks", help="list the tasks an agent holds for you")

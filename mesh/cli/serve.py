@@ -46,10 +46,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--data-dir", default=".mesh", help="task store and prefix cache")
     p.add_argument("--auth-token", default=os.environ.get("MESH_AUTH_TOKEN"),
                    help="require 'Authorization: Bearer TOKEN' (or set MESH_AUTH_TOKEN)")
-    p.add_argument("--peer", action="append", default=[], metavar="URL",
-                   help="another A2A agent workers may delegate to (repeatable)")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+                   help="another A2A agent workers may delegate to, by NAME (repeatable); "
+                        "its token: $MESH_PEER_TOKEN_<NAME> (or a file named by "
+                        "$MESH_PEER_TOKEN_<NAME>_FILE)")
+    p.add_argument("--max-hops", type=int, default=4,
+                   help="refuse a delegated message past this many hops (default 4)")
+    p.add_argument("--plan", choices=("auto", "always", "never"), default="auto",
+                   help="planning turn for messages without explicit subtasks: auto (an "
+                        "unparseable plan runs the message as one subtask), always (it fails "
+                        "the task), never (one subtask, as a dispatcher)")
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
+    p.add_argument("--session-idle-s", type=float, default=300.0,
+                   help="expire a /v1/sessions session idle this long (default 300)")
+    p.add_argument("--simulation", action="store_true",
+                   help="honour (bounded) scenario params in subtasks: the load harness; "
+                        "`mesh simulate` turns it on for the server it starts")
     p.set_defaults(func=run)
 
 
@@ -60,6 +73,26 @@ def _default_project(template: Any) -> Path:
     if (cwd / ".git").exists():
         return cwd
     return sample_project_dir()
+
+
+def _peer_tokens(specs: list[str]) -> dict[str, str]:
+    """Each named peer's token from ``MESH_PEER_TOKEN_<NAME>`` or the file that
+    ``MESH_PEER_TOKEN_<NAME>_FILE`` names."""
+    from mesh.coordinator.peers import parse_peer, peer_token_env
+
+    tokens: dict[str, str] = {}
+    for spec in specs:
+        name, _ = parse_peer(spec)
+        if name is None:
+            continue
+        env = peer_token_env(name)
+        token = os.environ.get(env)
+        path = os.environ.get(env + "_FILE")
+        if token is None and path:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        if token:
+            tokens[name] = token
+    return tokens
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,15 +117,21 @@ async def _close(pool: Any, peers: Any) -> None:
 
 
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    from mesh.api import api_routes
+    from mesh.api import SessionAPI, api_routes
+    from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes
+    from mesh.coordinator.agent import Agent, AgentConfig
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
+    from mesh.coordinator.push import make_push_url_validator
+    from mesh.coordinator.taskboard import TaskBoard
+    from mesh.engine.llama import LlamaModel
     from mesh.engine.models import resolve_model
-    from mesh.engine.pool import SharedKVPool, open_tokenizer
+    from mesh.engine.pool import SharedKVPool
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.calibrate import seed_model
     from mesh.template import build_prefix, load_template
+    from mesh.template.chat import ChatFormat
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
 
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth_token:
@@ -101,7 +140,9 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     coord = CoordinatorConfig(host=args.host, port=args.port, public_url=args.public_url,
                               data_dir=args.data_dir, auth_token=args.auth_token,
                               peers=tuple(args.peer),
-                              allow_private_push=args.allow_private_push)
+                              allow_private_push=args.allow_private_push,
+                              simulation=args.simulation, max_hops=args.max_hops,
+                              plan=args.plan)
     coord.validate()
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
                                  max_queue=args.max_queue)
@@ -111,16 +152,26 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if not project.is_dir():
         raise ValueError(f"project directory not found: {project}; pass --project DIR")
     model = resolve_model(args.model)
-    tokenizer = open_tokenizer(str(model.path))
+    vocab = LlamaModel(str(model.path), vocab_only=True)
     try:
-        prefix = build_prefix(template, project, tokenizer.count,
+        prefix = build_prefix(template, project,
+                              lambda text: len(vocab.tokenize(text, add_bos=False)),
                               target_tokens=args.prefix_tokens)
+        # The model's own chat format; one that breaks the token-prefix rule falls back.
+        chat = ChatFormat.from_gguf(model.path, model_name=model.name).resolve(
+            lambda text: vocab.tokenize(text, add_bos=vocab.add_bos),
+            lambda msg: print(msg, file=sys.stderr))
     finally:
-        tokenizer.close()
-    peers = PeerClient(args.peer, token=None) if args.peer else None
-    prefix_text = prefix.text
+        vocab.close()
+    peers = (
+        PeerClient(args.peer, tokens=_peer_tokens(args.peer), origin=coord.name,
+                   url_validator=make_push_url_validator(args.allow_private_push))
+        if args.peer else None
+    )
+    system_text = prefix.text
     if peers is not None:
-        prefix_text += "\n\n" + await peers.describe()
+        system_text += "\n\n" + await peers.describe()
+    prefix_text = chat.prefix_text(system_text)
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     cfg = EngineConfig(model_path=str(model.path), max_sessions=args.max_sessions,
@@ -133,6 +184,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         print(f"\rprefix: {done}/{total} tokens decoded", end="", file=sys.stderr, flush=True)
 
     print(f"model: {model.name} ({model.source}) {model.path}", file=sys.stderr)
+    print(f"chat format: {chat.name}; tool-call grammar: "
+          f"{'on' if template.manifest.turns.grammar else 'off'}", file=sys.stderr)
     print(f"template: {template.name}; project: {project} "
           f"({len(prefix.included)} files in the prefix, {len(prefix.skipped)} skipped)",
           file=sys.stderr)
@@ -151,14 +204,24 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
+    board = TaskBoard()
+    sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
+    agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
+                                    tools=tuple(sorted(tools))))
     app = build_app(
         coord,
-        worker_factory=lambda: DispatchWorker(pool, template, tools),
+        worker_factory=lambda: DispatchWorker(pool, template, tools, chat,
+                                              simulation=args.simulation),
         admission=gate,
         pool_info=info,
-        extra_routes=api_routes(pool, gate),
+        extra_routes=[*api_routes(pool, gate, sessions), *dashboard_routes(gate, tasks=board)],
         skills=[s.model_dump() for s in template.manifest.skills],
+        task_board=board,
+        public_paths=DASHBOARD_PUBLIC_PATHS,
+        on_shutdown=[sessions.aclose],
+        agent=agent,
     )
     base = args.public_url or f"http://{args.host}:{args.port}"
     print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)
+    print(f"dashboard: {base}/dashboard", file=sys.stderr)
     return app, pool, peers

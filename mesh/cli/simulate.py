@@ -15,7 +15,7 @@ from pathlib import Path
 from mesh.sim.compare import RunOne, parse_compare, run_compare, run_sweep
 from mesh.sim.progress import ProgressBar
 from mesh.sim.run import plan_for, run_simulation, write_report
-from mesh.sim.server import ServerError
+from mesh.sim.server import ServerCommand, ServerError, serve_command
 from mesh.sim.types import POLICIES_HELP, SimConfig, SimRun
 
 __all__ = ["register"]
@@ -138,17 +138,31 @@ def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
         model=args.model,
         sample_interval_s=args.interval,
         startup_timeout_s=args.startup_timeout,
-        serve_args=tuple(args.serve_arg),
+        # The server started here runs the scenario, so it honours scenario params.
+        serve_args=(*(() if args.url else ("--simulation",)), *args.serve_arg),
     )
     config.validate()
     return config
 
 
+def _watched(config: SimConfig) -> ServerCommand:
+    """``serve_command`` that first prints the dashboard URL of the server it starts."""
+
+    def command(port: int, data_dir: Path) -> list[str]:
+        print(f"dashboard: http://127.0.0.1:{port}/dashboard", file=sys.stderr, flush=True)
+        return serve_command(config, port, data_dir)
+
+    return command
+
+
 def _runner(args: argparse.Namespace) -> RunOne:
     def run_one(config: SimConfig, label: str) -> SimRun:
         total = len(plan_for(config).packages)
+        if config.url is not None:
+            print(f"dashboard: {config.url.rstrip('/')}/dashboard", file=sys.stderr, flush=True)
+        command = None if config.url is not None else _watched(config)
         with ProgressBar(total, label or "packages", disable=args.no_progress) as bar:
-            return run_simulation(config, on_progress=bar, label=label)
+            return run_simulation(config, on_progress=bar, label=label, server_command=command)
 
     return run_one
 

@@ -22,7 +22,7 @@ cover ``extra_routes`` too.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +30,8 @@ from typing import Any
 import httpx
 import uvicorn
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
+from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
 from a2a.types import a2a_pb2 as pb
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -40,12 +39,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from mesh.coordinator.agent import Agent
 from mesh.coordinator.auth import BearerAuth
-from mesh.coordinator.card import Skill, build_agent_card
+from mesh.coordinator.card import CARD_PATH, LEGACY_CARD_PATH, Skill, build_agent_card, card_routes
 from mesh.coordinator.config import CoordinatorConfig
 from mesh.coordinator.executor import CoordinatorExecutor, WorkerFactory
 from mesh.coordinator.push import build_push_sender, make_push_url_validator
 from mesh.coordinator.store import Stores, mark_interrupted, open_stores
+from mesh.coordinator.taskboard import ObservedTaskStore, TaskBoard
 from mesh.coordinator.validation import RequestGuard
 from mesh.engine.types import PoolInfo
 from mesh.gate.types import Admission
@@ -78,12 +79,20 @@ def build_app(
     pool_info: PoolInfo | None,
     extra_routes: Sequence[BaseRoute] = (),
     skills: Sequence[Skill | Mapping[str, Any]] = (),
+    task_board: TaskBoard | None = None,
+    public_paths: Sequence[str] = (),
+    on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+    agent: Agent | None = None,
 ) -> Starlette:
     """The A2A coordinator as a Starlette app (see the module docstring for what it mounts).
 
     ``worker_factory`` makes one worker per admitted subtask; ``admission`` is the gate's
     async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
-    card. Raises ``ValueError`` if ``config`` does not validate. Does no I/O.
+    card; ``task_board``, if given, sees every task the handler saves (the dashboard);
+    ``public_paths`` are served without auth next to the card and ``/healthz``;
+    ``on_shutdown`` runs first at shutdown (the session API's ``aclose``); ``agent``
+    (optional) plans messages without explicit subtasks. Raises
+    ``ValueError`` if ``config`` does not validate. Does no I/O.
     """
     config.validate()
     card = build_agent_card(config, skills, pool_info)
@@ -95,11 +104,13 @@ def build_app(
         admission,
         max_subtasks=config.max_subtasks,
         text_flush_s=config.text_flush_s,
+        agent=agent,
     )
-    push_sender = build_push_sender(push_client, stores.push_configs, url_validator)
+    push_sender = build_push_sender(push_client, stores.push_configs, url_validator,
+                                    allow_private=config.allow_private_push)
     handler = DefaultRequestHandler(
         executor,
-        stores.tasks,
+        stores.tasks if task_board is None else ObservedTaskStore(stores.tasks, task_board),
         card,
         push_config_store=stores.push_configs,
         push_sender=push_sender,
@@ -118,6 +129,8 @@ def build_app(
             yield
         finally:
             try:
+                for close in on_shutdown:
+                    await close()
                 await handler.aclose()
                 await mark_interrupted(stores)
             finally:
@@ -129,9 +142,7 @@ def build_app(
         return JSONResponse({"ok": True, "running_tasks": executor.num_running})
 
     routes: list[BaseRoute] = [
-        *create_agent_card_routes(
-            card, cache_control=f"public, max-age={config.card_max_age_s}"
-        ),
+        *card_routes(card, f"public, max-age={config.card_max_age_s}"),
         Route(HEALTH_PATH, healthz, methods=["GET"]),
         *extra_routes,
         *create_jsonrpc_routes(handler, "/", enable_v0_3_compat=True),
@@ -156,7 +167,7 @@ def build_app(
             Middleware(
                 BearerAuth,
                 tokens=config.tokens,
-                public_paths=(AGENT_CARD_WELL_KNOWN_PATH, HEALTH_PATH),
+                public_paths=(CARD_PATH, LEGACY_CARD_PATH, HEALTH_PATH, *public_paths),
             ),
             Middleware(RequestGuard, config=config, check_queue=admission.check_queue),
         ],

@@ -3,23 +3,46 @@
 The card is built once from the config, the template's skills and the pool's facts. A2A 1.0
 cards have no free-form metadata, so the pool facts (prefix token count and hash, model,
 session limits) travel as the params of an agent extension, ``POOL_EXTENSION_URI``.
+
+:func:`card_routes` serves it. ``/.well-known/agent-card.json`` answers the plain A2A 1.0
+card (it validates against the 1.0 schema: no top-level ``url``, ``protocolVersion`` or
+``preferredTransport``). A 0.3 client gets the card with those 0.3 fields merged in (the
+SDK's compat view) at ``/.well-known/agent.json``, or at the 1.0 path when it sends
+``A2A-Version: 0.3``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
+from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Struct
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
 
 from mesh.coordinator.config import CoordinatorConfig
 from mesh.engine.types import PoolInfo
 
-__all__ = ["BEARER_SCHEME", "POOL_EXTENSION_URI", "Skill", "build_agent_card"]
+__all__ = [
+    "BEARER_SCHEME",
+    "CARD_PATH",
+    "LEGACY_CARD_PATH",
+    "POOL_EXTENSION_URI",
+    "Skill",
+    "build_agent_card",
+    "card_routes",
+]
 
+CARD_PATH = "/.well-known/agent-card.json"
+LEGACY_CARD_PATH = "/.well-known/agent.json"  # the 0.3 view, for 0.3 clients
 POOL_EXTENSION_URI = "urn:mesh:pool:v1"
 BEARER_SCHEME = "bearer"
 
@@ -144,3 +167,29 @@ def build_agent_card(
         requirement.schemes[BEARER_SCHEME].CopyFrom(pb.StringList())
         card.security_requirements.append(requirement)
     return card
+
+
+def card_routes(card: pb.AgentCard, cache_control: str) -> list[BaseRoute]:
+    """The card's routes (see the module docstring), each with an ETag (304 on a match)."""
+    v1 = MessageToDict(card)
+    v03 = agent_card_to_dict(card)
+
+    def answer(request: Request, body: dict[str, Any]) -> Response:
+        etag = '"' + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+        headers = {"ETag": etag + '"', "Cache-Control": cache_control, "Vary": "A2A-Version"}
+        match = request.headers.get("if-none-match", "")
+        if headers["ETag"] in (m.strip() for m in match.split(",")) or match.strip() == "*":
+            return Response(status_code=304, headers=headers)
+        return JSONResponse(body, headers=headers)
+
+    async def current(request: Request) -> Response:
+        version = request.headers.get("a2a-version", "").strip()
+        return answer(request, v03 if version.startswith("0.") else v1)
+
+    async def legacy(request: Request) -> Response:
+        return answer(request, v03)
+
+    return [
+        Route(CARD_PATH, current, methods=["GET"]),
+        Route(LEGACY_CARD_PATH, legacy, methods=["GET"]),
+    ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from mesh.coordinator.peers import parse_peer
+
 __all__ = ["CoordinatorConfig"]
 
 _MIB = 1024 * 1024
@@ -20,6 +22,7 @@ class CoordinatorConfig:
     ``rest_prefix`` is where the HTTP+JSON binding lives; JSON-RPC is always at ``/``.
     ``allow_private_push`` lets push notifications go to loopback/private addresses
     (tests and single-host setups); by default such URLs are refused.
+    ``simulation`` honours ``params.scenario`` in subtasks (bounded; off by default).
     """
 
     name: str = "mesh"
@@ -36,10 +39,13 @@ class CoordinatorConfig:
     max_subtasks: int = 32
     max_json_depth: int = 64
     allow_private_push: bool = False
+    simulation: bool = False
+    max_hops: int = 4  # a delegated message past this many hops is refused at the door
     peers: tuple[str, ...] = field(default_factory=tuple)
     rest_prefix: str = "/a2a"
     card_max_age_s: int = 60
     text_flush_s: float = 0.05  # coalesce streamed text pieces into chunks this often
+    plan: str = "auto"  # auto | always | never: planning turn for messages w/o subtasks
 
     @property
     def base_url(self) -> str:
@@ -97,7 +103,11 @@ class CoordinatorConfig:
             raise ValueError(f"card_max_age_s must be >= 0, got {self.card_max_age_s}")
         if self.text_flush_s < 0:
             raise ValueError(f"text_flush_s must be >= 0, got {self.text_flush_s}")
+        if self.max_hops < 1:
+            raise ValueError(f"max_hops must be >= 1, got {self.max_hops}")
+        if self.plan not in ("auto", "always", "never"):
+            raise ValueError(f"plan must be auto, always or never, got {self.plan!r}")
         for peer in self.peers:
-            parsed = urlparse(peer)
-            if parsed.scheme not in ("http", "https") or not parsed.netloc:
-                raise ValueError(f"peer must be an absolute http(s) URL, got {peer!r}")
+            _, url = parse_peer(peer)  # raises ValueError naming the fix
+            if not urlparse(url).netloc:
+                raise ValueError(f"peer must be NAME=URL with an http(s) URL, got {peer!r}")

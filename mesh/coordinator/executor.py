@@ -33,8 +33,12 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2 as pb
+from google.protobuf.json_format import MessageToDict
 
-from mesh.coordinator.subtasks import join_answers, local_id, subtasks_from_message
+from mesh.coordinator.agent import Agent, AgentTask
+from mesh.coordinator.peers import CURRENT_HOPS, hops_of
+from mesh.coordinator.store import owner_of
+from mesh.coordinator.subtasks import join_answers, local_id, message_text, subtasks_from_message
 from mesh.gate.types import Admission, QueueFull
 from mesh.worker.types import EventKind, Subtask, Worker, WorkerEvent, WorkerResult
 
@@ -138,7 +142,9 @@ class CoordinatorExecutor(AgentExecutor):
         max_subtasks: int = 32,
         text_flush_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
+        agent: Agent | None = None,
     ) -> None:
+        self._agent = agent
         self._worker_factory = worker_factory
         self._admission = admission
         self._max_subtasks = max_subtasks
@@ -169,10 +175,47 @@ class CoordinatorExecutor(AgentExecutor):
             )
         run = _Run(TaskUpdater(event_queue, task_id, context_id))
         self._runs[task_id] = run
+        # The hop count travels on to any peer this task's workers delegate to.
+        CURRENT_HOPS.set(hops_of(MessageToDict(message.metadata)))
         try:
-            await self._execute(run, message, task_id)
+            planned = self._planned(context, run, message, task_id, context_id)
+            await (planned.run() if planned is not None else self._execute(run, message, task_id))
+        except Exception as e:  # any failure point (admit, a flush, an error group, ...)
+            await self._fail(run, task_id, e)
         finally:
             self._runs.pop(task_id, None)
+
+    async def _fail(self, run: _Run, task_id: str, exc: Exception) -> None:
+        """End the task FAILED at once with the reason (never leave it SUBMITTED/WORKING)."""
+        logger.error("task %s failed: %s", task_id, exc, exc_info=exc)
+        leaf: BaseException = exc
+        while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+            leaf = leaf.exceptions[0]
+        reason = f"failed: {type(leaf).__name__}" + (f": {leaf}" if str(leaf) else "")
+        try:
+            await run.finish(pb.TaskState.TASK_STATE_FAILED, reason)
+        except Exception:
+            logger.exception("task %s: could not write its failed state", task_id)
+
+    def _planned(
+        self, context: RequestContext, run: _Run, message: pb.Message, task_id: str,
+        context_id: str,
+    ) -> AgentTask | None:
+        """The planned run of this message, or None when it is dispatched as before."""
+        agent = self._agent
+        if agent is None or agent.config.plan == "never":
+            return None
+        text = message_text(message)
+        if text is None:
+            return None  # explicit subtasks (or nothing to plan): no planning turn
+        owner = owner_of(context.call_context) if context.call_context is not None else ""
+
+        def make_sink(artifact_id: str, name: str) -> _TextStream:
+            return _TextStream(run, artifact_id=artifact_id, name=name,
+                               flush_s=self._text_flush_s, clock=self._clock)
+
+        return AgentTask(agent, run, self._admission, task_id, f"{owner}\x00{context_id}",
+                         text, lambda s: self._run_one(run, s), make_sink)
 
     async def _execute(self, run: _Run, message: pb.Message, task_id: str) -> None:
         try:
@@ -196,10 +239,11 @@ class CoordinatorExecutor(AgentExecutor):
             {
                 "id": local_id(s),
                 "answer": r.answer,
-                "num_turns": r.num_turns,
-                "num_generated": r.num_generated,
-                "num_tool_calls": r.num_tool_calls,
-                "finish_reason": r.finish_reason,
+                # camelCase, as every A2A 1.0 JSON key
+                "numTurns": r.num_turns,
+                "numGenerated": r.num_generated,
+                "numToolCalls": r.num_tool_calls,
+                "finishReason": r.finish_reason,
             }
             for s, r in zip(subtasks, results, strict=True)
         ]

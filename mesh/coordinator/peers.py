@@ -8,21 +8,89 @@ with a ``Message`` (its text is the answer) or a ``Task``: the client follows th
 the answer from the task's ``answer`` artifact (mesh peers) or, failing that, every text
 artifact, or the final status message. A peer task that fails, is canceled or rejected
 raises :class:`PeerError` with the peer's reason.
+
+Only configured peers are reachable: ``send`` takes a peer's configured name (``--peer
+NAME=URL``), its URL as configured, or its card name; any other URL is refused, so a
+model cannot point ``delegate`` at an address of its choosing. Each peer URL passes the
+push policy (``url_validator``: no private addresses unless ``--allow-private-push``)
+before each send, and a peer may have its own bearer token (``MESH_PEER_TOKEN_<NAME>``).
+
+Every delegated message carries ``metadata.meshHops`` (hops so far, this one included)
+and ``metadata.meshChain`` (the agents it went through). The hop count of the message
+being worked on is :data:`CURRENT_HOPS` (the executor sets it from the incoming message);
+a coordinator refuses a message past ``--max-hops`` at its door, with the chain, so
+A → B → A cannot loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from a2a.client import A2ACardResolver, A2AClientError, ClientConfig, ClientFactory
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import TransportProtocol
+from a2a.utils.errors import A2AError
 
-__all__ = ["PeerClient", "PeerError", "PeerInfo", "answer_text"]
+__all__ = [
+    "CHAIN_KEY",
+    "CURRENT_HOPS",
+    "HOPS_KEY",
+    "PeerClient",
+    "PeerError",
+    "PeerInfo",
+    "answer_text",
+    "hops_of",
+    "parse_peer",
+    "peer_token_env",
+]
+
+HOPS_KEY = "meshHops"
+CHAIN_KEY = "meshChain"
+#: (hops, chain) of the message the current task is working on (set by the executor).
+CURRENT_HOPS: contextvars.ContextVar[tuple[int, tuple[str, ...]]] = contextvars.ContextVar(
+    "mesh_current_hops", default=(0, ())
+)
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+
+
+def parse_peer(spec: str) -> tuple[str | None, str]:
+    """``NAME=URL`` (or a bare ``URL``, named by its card) → (name, url); raises
+    ``ValueError`` naming the fix."""
+    name: str | None = None
+    url = spec
+    if "=" in spec and not spec.startswith(("http://", "https://")):
+        name, url = spec.split("=", 1)
+        if not _NAME.match(name):
+            raise ValueError(f"peer name {name!r} must match [A-Za-z][A-Za-z0-9_-]*")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"peer must be NAME=URL with an absolute http(s) URL, got {spec!r}")
+    return name, url.rstrip("/")
+
+
+def peer_token_env(name: str) -> str:
+    """The environment variable holding a peer's token: ``MESH_PEER_TOKEN_<NAME>``."""
+    return "MESH_PEER_TOKEN_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+def hops_of(metadata: Mapping[str, Any] | None) -> tuple[int, tuple[str, ...]]:
+    """(hops, chain) from a message's metadata; (0, ()) when absent or malformed."""
+    if not metadata:
+        return 0, ()
+    hops = metadata.get(HOPS_KEY, 0)
+    chain = metadata.get(CHAIN_KEY, [])
+    if isinstance(hops, float) and hops.is_integer():
+        hops = int(hops)
+    if not isinstance(hops, int) or isinstance(hops, bool) or hops < 0:
+        hops = 0
+    names = tuple(str(c) for c in chain) if isinstance(chain, list | tuple) else ()
+    return hops, names
 
 _TERMINAL = frozenset(
     {
@@ -64,39 +132,67 @@ def answer_text(task: pb.Task) -> str:
 
 
 class PeerClient:
-    """Cards, skills and ``send`` for a fixed list of peer base URLs.
+    """Cards, skills and ``send`` for a fixed list of peers (``NAME=URL`` or ``URL``).
 
-    ``token`` is sent as a bearer token to every peer. One ``httpx.AsyncClient`` is shared
-    by all calls; ``aclose`` closes it (unless it was passed in).
+    ``token`` is sent as a bearer token to every peer without one in ``tokens`` (by name).
+    ``url_validator`` is the address policy checked before each send (the push policy;
+    None: no check). ``origin`` names this agent in ``meshChain``. One
+    ``httpx.AsyncClient`` per token; ``aclose`` closes them (unless one was passed in).
     """
 
     def __init__(
         self,
-        urls: Iterable[str],
+        peers: Iterable[str],
         *,
         token: str | None = None,
+        tokens: Mapping[str, str] | None = None,
+        url_validator: Callable[[str], Awaitable[bool]] | None = None,
+        origin: str = "mesh",
         timeout_s: float = 300.0,
         httpx_client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.urls = tuple(u.rstrip("/") for u in urls)
+        parsed = [parse_peer(p) for p in peers]
+        self.urls = tuple(url for _, url in parsed)
+        self.names: dict[str, str] = {name: url for name, url in parsed if name}
         self.timeout_s = timeout_s
+        self.origin = origin
+        self._validate = url_validator
         self._owns_http = httpx_client is None
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx_client or httpx.AsyncClient(
-            headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0)
-        )
+        self._shared = httpx_client
+        self._clients: dict[str | None, httpx.AsyncClient] = {}
+        self._token_of: dict[str, str | None] = {}
+        for name, url in parsed:
+            self._token_of[url] = (tokens or {}).get(name or "", token)
         self._cards: dict[str, pb.AgentCard] = {}
+
+    def _http_for(self, url: str) -> httpx.AsyncClient:
+        if self._shared is not None:
+            return self._shared
+        token = self._token_of.get(url)
+        if token not in self._clients:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            self._clients[token] = httpx.AsyncClient(
+                headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0)
+            )
+        return self._clients[token]
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        return self._http_for("")
 
     async def aclose(self) -> None:
         if self._owns_http:
-            await self._http.aclose()
+            for client in self._clients.values():
+                await client.aclose()
+            self._clients.clear()
 
     async def card(self, url: str) -> pb.AgentCard:
         """The peer's card (fetched once, then cached)."""
         url = url.rstrip("/")
         if url not in self._cards:
             try:
-                self._cards[url] = await A2ACardResolver(self._http, url).get_agent_card()
+                http = self._http_for(url)
+                self._cards[url] = await A2ACardResolver(http, url).get_agent_card()
             except A2AClientError as e:
                 raise PeerError(f"cannot fetch the agent card of {url}: {e}") from e
         return self._cards[url]
@@ -120,34 +216,55 @@ class PeerClient:
     async def describe(self) -> str:
         """A plain-text list of peers and skills, for the ``delegate`` tool's description."""
         lines: list[str] = []
+        names = {url: name for name, url in self.names.items()}
         for info in await self.refresh():
-            lines.append(f"- {info.name} ({info.url}): {info.description}")
-            lines.extend(f"    * {name}: {desc}" for name, desc in info.skills)
-        return "\n".join(lines) if lines else "(no peers)"
+            name = names.get(info.url, info.name)
+            card = f", card {info.name!r}" if name != info.name else ""
+            lines.append(f"- {name} ({info.url}{card}): {info.description}")
+            lines.extend(f"    * {skill}: {desc}" for skill, desc in info.skills)
+        if not lines:
+            return "(no peers)"
+        allowed = ", ".join(self.peer_names())
+        return "\n".join([f"delegate: the peer argument must be one of: {allowed}", *lines])
+
+    def peer_names(self) -> list[str]:
+        """The names the ``delegate`` tool accepts (configured names, else card names)."""
+        named = set(self.names.values())
+        cards = [self._cards[u].name for u in self.urls if u not in named and u in self._cards]
+        return [*self.names, *cards]
 
     async def send(self, peer: str, text: str) -> str:
         """Send ``text`` to ``peer`` (a URL or a card name); return the final answer text."""
         url = await self._resolve(peer)
+        if self._validate is not None and not await self._validate(url):
+            raise PeerError(
+                f"peer {url} resolves to a private or loopback address, refused by the "
+                "push policy; start the server with --allow-private-push to allow it"
+            )
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await self._send(url, text)
         except TimeoutError:
             raise PeerError(f"peer {url} did not finish within {self.timeout_s:.0f} s") from None
-        except A2AClientError as e:
+        except (A2AClientError, A2AError) as e:
             raise PeerError(f"peer {url} failed: {e}") from e
 
     async def _resolve(self, peer: str) -> str:
-        if peer.startswith(("http://", "https://")):
+        if peer in self.names:
+            return self.names[peer]
+        if peer.rstrip("/") in self.urls:
             return peer.rstrip("/")
-        for url in self.urls:
-            if (await self.card(url)).name == peer:
-                return url
-        raise PeerError(f"unknown peer {peer!r}; known: {', '.join(self.urls) or 'none'}")
+        if not peer.startswith(("http://", "https://")):
+            for url in self.urls:
+                if (await self.card(url)).name == peer:
+                    return url
+        known = ", ".join(self.peer_names()) or "none configured (mesh serve --peer NAME=URL)"
+        raise PeerError(f"unknown peer {peer!r}; delegate only to a configured peer: {known}")
 
     async def _send(self, url: str, text: str) -> str:
         card = await self.card(url)
         config = ClientConfig(
-            httpx_client=self._http,
+            httpx_client=self._http_for(url),
             streaming=card.capabilities.streaming,
             supported_protocol_bindings=[
                 TransportProtocol.JSONRPC.value,
@@ -155,13 +272,12 @@ class PeerClient:
             ],
         )
         client = ClientFactory(config).create(card)
-        request = pb.SendMessageRequest(
-            message=pb.Message(
-                role=pb.Role.ROLE_USER,
-                message_id=uuid.uuid4().hex,
-                parts=[pb.Part(text=text)],
-            )
+        hops, chain = CURRENT_HOPS.get()
+        message = pb.Message(
+            role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[pb.Part(text=text)]
         )
+        message.metadata.update({HOPS_KEY: hops + 1, CHAIN_KEY: [*chain, self.origin]})
+        request = pb.SendMessageRequest(message=message)
         task_id = ""
         state = pb.TaskState.TASK_STATE_UNSPECIFIED
         try:

@@ -15,26 +15,41 @@ timeout) would hold up every later event of the task, and a blocking ``SendMessa
 with it. :class:`BackgroundPushSender` queues each event and returns at once; one
 delivery loop per task sends that task's events in order. The backlog is bounded
 (``max_pending`` events in all); past it, events are dropped and counted.
+
+Each delivery resolves the host once, checks every address against the policy and then
+connects to that checked address (the URL's host goes in ``Host`` and, for https, in SNI),
+so DNS cannot answer differently between the check and the connect. A 5xx, 429, timeout
+or connection error is retried ``retries`` times with exponential backoff; other 4xx are
+not. Pushes are per state change, not per streamed piece: a task pushes its first
+``Task``, every status update whose state differs from the last pushed one (terminal
+states always), and artifact updates that close an artifact (``lastChunk``) or are not
+appends; the 50 ms text chunks in between are not pushed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlunparse
 
 import httpx
 from a2a.server.events import Event
 from a2a.server.tasks import BasePushNotificationSender, PushNotificationConfigStore
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.push_url_validator import validate_push_notification_url
+from google.protobuf.json_format import MessageToDict
 
 __all__ = [
     "BackgroundPushSender",
     "PushUrlValidator",
     "build_push_sender",
     "make_push_url_validator",
+    "pin_address",
 ]
 
 logger = logging.getLogger(__name__)
@@ -64,6 +79,48 @@ def make_push_url_validator(allow_private: bool) -> PushUrlValidator:
     return validate
 
 
+def _public(ip: str) -> bool:
+    """Whether an address is a public unicast destination (IPv4-mapped judged as IPv4)."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    if mapped is not None:
+        addr = mapped
+    return addr.is_global and not (addr.is_multicast or addr.is_reserved)
+
+
+async def pin_address(url: str, allow_private: bool) -> tuple[str, str, str] | None:
+    """Resolve ``url``'s host once and check the addresses: ``(url with the address as host,
+    Host header, SNI name)``, or None if the URL is bad, does not resolve, or (unless
+    ``allow_private``) any address is not public."""
+    if not _is_http_url(url):
+        return None
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    addrs = [str(info[4][0]) for info in infos]
+    if not addrs or (not allow_private and not all(_public(a) for a in addrs)):
+        return None
+    ip = addrs[0]
+    netloc_host = f"[{ip}]" if ":" in ip else ip
+    netloc = f"{netloc_host}:{parsed.port}" if parsed.port else netloc_host
+    host_header = parsed.netloc.rsplit("@", 1)[-1]
+    return urlunparse(parsed._replace(netloc=netloc)), host_header, host
+
+
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_TERMINAL_STATES = frozenset({
+    pb.TaskState.TASK_STATE_COMPLETED, pb.TaskState.TASK_STATE_FAILED,
+    pb.TaskState.TASK_STATE_CANCELED, pb.TaskState.TASK_STATE_REJECTED,
+})
+
+
 class BackgroundPushSender(BasePushNotificationSender):
     """The SDK's sender, delivering off the event path (see the module docstring)."""
 
@@ -74,10 +131,18 @@ class BackgroundPushSender(BasePushNotificationSender):
         validator: PushUrlValidator,
         *,
         max_pending: int = 10_000,
+        allow_private: bool = False,
+        retries: int = 3,
+        backoff_s: float = 0.5,
     ) -> None:
         super().__init__(client, config_store, push_url_validator=validator)
         self.max_pending = max_pending
+        self.allow_private = allow_private
+        self.retries = retries
+        self.backoff_s = backoff_s
         self.num_dropped = 0
+        self.num_sent = 0
+        self._last_state: dict[str, int] = {}
         self._pending: dict[str, deque[Event]] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._num_pending = 0
@@ -87,7 +152,23 @@ class BackgroundPushSender(BasePushNotificationSender):
         """Events queued and not yet handed to the SDK's sender."""
         return self._num_pending
 
+    def _worth_pushing(self, task_id: str, event: Event) -> bool:
+        """One push per state change and per closed artifact (see the module docstring)."""
+        if isinstance(event, pb.TaskArtifactUpdateEvent):
+            return event.last_chunk or not event.append
+        if isinstance(event, pb.TaskStatusUpdateEvent | pb.Task):
+            state = event.status.state
+            if self._last_state.get(task_id) == state:
+                return False
+            self._last_state[task_id] = state
+            if state in _TERMINAL_STATES:
+                del self._last_state[task_id]  # nothing follows a terminal state
+            return True
+        return True
+
     async def send_notification(self, task_id: str, event: Event) -> None:
+        if not self._worth_pushing(task_id, event):
+            return
         if self._num_pending >= self.max_pending:
             self.num_dropped += 1
             logger.warning("push backlog full (%d events); dropped one for task %s",
@@ -117,6 +198,44 @@ class BackgroundPushSender(BasePushNotificationSender):
             self._pending.pop(task_id, None)
             self._loops.pop(task_id, None)
 
+    async def _dispatch_notification(
+        self, event: Event, push_info: pb.TaskPushNotificationConfig, task_id: str
+    ) -> bool:
+        """POST one event to one receiver: pinned address, bounded retries with backoff."""
+        url = push_info.url
+        pinned = await pin_address(url, self.allow_private)
+        if pinned is None:
+            logger.warning("push URL %s for task %s refused by the address policy", url, task_id)
+            return False
+        target, host, sni = pinned
+        headers = {"Host": host}
+        if push_info.token:
+            headers["X-A2A-Notification-Token"] = push_info.token
+        if push_info.HasField("authentication") and push_info.authentication.credentials:
+            auth = push_info.authentication
+            headers["Authorization"] = f"{auth.scheme} {auth.credentials}"
+        body = MessageToDict(to_stream_response(event))
+        extensions = {"sni_hostname": sni} if url.startswith("https") else {}
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._client.post(
+                    target, json=body, headers=headers, extensions=extensions
+                )
+                if response.status_code < 400:
+                    self.num_sent += 1
+                    return True
+                if response.status_code not in _RETRY_STATUS:
+                    logger.warning("push to %s answered %d; not retried", url,
+                                   response.status_code)
+                    return False
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                logger.info("push to %s failed (attempt %d): %s", url, attempt + 1, exc)
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+        logger.warning("push to %s for task %s failed after %d attempts", url, task_id,
+                       self.retries + 1)
+        return False
+
     async def aclose(self) -> None:
         """Stop every delivery loop (events not yet sent are dropped)."""
         loops = list(self._loops.values())
@@ -129,7 +248,9 @@ def build_push_sender(
     client: httpx.AsyncClient,
     config_store: PushNotificationConfigStore,
     validator: PushUrlValidator,
+    *,
+    allow_private: bool = False,
 ) -> BackgroundPushSender:
     """A sender that POSTs each task event to every URL registered for the task, in the
     background (a slow receiver never holds up the task)."""
-    return BackgroundPushSender(client, config_store, validator)
+    return BackgroundPushSender(client, config_store, validator, allow_private=allow_private)

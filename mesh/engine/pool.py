@@ -244,8 +244,7 @@ class SharedKVPool:
                                                         "detached")))
             st.turn.sampler.close()
             st.turn = None
-        self._ledger.release(st)
-        st.detached, st.failed = True, reason
+        self._ledger.release(st, reason)
         self._sessions.pop(st.seq, None)
 
     # ------------------------------------------------------------------ engine thread

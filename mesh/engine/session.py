@@ -162,9 +162,23 @@ class PoolGeneration:
         return self._run()
 
     async def start(self) -> None:
-        """Register the turn with the engine now (iteration does it otherwise)."""
+        """Register the turn with the engine now (iteration does it otherwise).
+
+        If the caller is cancelled while the engine registers the turn, the turn is
+        stopped as soon as it exists (it would otherwise run to ``max_tokens`` unowned)."""
         if self._turn is None:
-            self._turn = await self._session.pool.start_turn(self._session.state, self._params)
+            pool = self._session.pool
+            pending = asyncio.ensure_future(pool.start_turn(self._session.state, self._params))
+            try:
+                self._turn = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                def stop(fut: asyncio.Future[Turn]) -> None:
+                    if not fut.cancelled() and fut.exception() is None:
+                        fut.result().cancelled = True
+                        pool.wake()
+
+                pending.add_done_callback(stop)
+                raise
 
     async def _run(self) -> AsyncIterator[Piece]:
         if self._iterated:
@@ -213,6 +227,8 @@ class PooledSession:
         return self.state.seq
 
     def append(self, text: str) -> None:
+        # A fast refusal; append_tokens checks ``detached`` again under the pool lock, which
+        # is what closes the race with a concurrent release.
         if self.state.detached:
             raise SessionFailed(self.state.failed or f"session {self.id} is detached")
         self.pool.append_tokens(self.state, self.pool.tokenize(text))

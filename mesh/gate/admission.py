@@ -27,10 +27,12 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from mesh.engine.types import Engine, PoolLoad, SessionState
-from mesh.gate.config import GateConfig
+from mesh.engine.types import Engine, PoolLoad, PrefillBudget, SessionState
+from mesh.gate.budget import BudgetState, FloorBudget
+from mesh.gate.config import GateConfig, PolicyKind
 from mesh.gate.decide import Decision, GateInput, Verdict, decide
 from mesh.gate.model import ThroughputModel
+from mesh.gate.projection import live_scale
 from mesh.gate.types import OnPosition, QueueCheck, QueueFull, Ticket
 
 __all__ = ["FloorGate", "GateTicket"]
@@ -85,6 +87,27 @@ class FloorGate:
         self._mean_hold_s: float | None = None
         self.num_admitted = 0
         self.num_refused = 0
+        self._budget: FloorBudget | None = None
+
+    # ------------------------------------------------------------------ prefill budget
+
+    def pool_budget(self) -> PrefillBudget | None:
+        """The prefill budget to hand the pool (``pool.set_prefill_budget``): a step beside
+        decoding workers carries only the prefill that keeps it within ``1/floor_tps``.
+        None under policy ``none`` (today's behaviour: a step prefills up to ``n_batch``).
+        The budget follows the model: every snapshot the gate takes refreshes it."""
+        if self.config.policy.kind is PolicyKind.NONE:
+            return None
+        if self._budget is None:
+            self._budget = FloorBudget(self.config.floor_tps, self._budget_state(None))
+        return self._budget
+
+    def _budget_state(self, load: PoolLoad | None) -> BudgetState:
+        cost = self.model.params
+        steps = load.recent_steps if load is not None else ()
+        rows = sum(s.num_decode for s in steps)
+        ctx = sum(s.sum_context for s in steps) / rows if rows else None
+        return BudgetState(cost, live_scale(steps, cost), ctx)
 
     # ------------------------------------------------------------------ reading
 
@@ -100,6 +123,8 @@ class FloorGate:
         """Snapshot the engine (teaching the model its new steps) into a :class:`GateInput`."""
         load = self.engine.load()
         self.model.observe(load)
+        if self._budget is not None:
+            self._budget.update(self._budget_state(load))
         check = self.engine.check_attach()
         inp = GateInput(
             load=load,
@@ -255,4 +280,20 @@ class FloorGate:
             "model": {**self.model.describe(), "live_scale": proj.scale},
             "admitted_total": self.num_admitted,
             "refused_total": self.num_refused,
+            "workers": _worker_rows(load),
         }
+
+
+def _worker_rows(load: PoolLoad) -> list[dict[str, Any]]:
+    """One row per pool session for ``capacity()["workers"]`` (the dashboard's chart)."""
+    return [
+        {
+            "id": s.id,
+            "state": s.state.value,
+            "decodeTps": s.decode_tps,
+            "dutyCycle": s.duty_cycle,
+            "privateCells": s.private_cells,
+            "ageS": round(s.age_s, 3),
+        }
+        for s in load.sessions
+    ]

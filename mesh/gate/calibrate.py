@@ -2,7 +2,8 @@
 
 This is the gate's only module with I/O (the engine and one small JSON file); the model
 itself stays pure. A seed is a handful of :class:`StepSample`s taken with 1, 2, 4, 8 and
-16 sessions decoding together (as many as the pool holds); :meth:`ThroughputModel.seed`
+16 sessions decoding together (as many as the pool holds), with and without private text
+held (so the rows × cells-used term is identified); :meth:`ThroughputModel.seed`
 keeps them for good, so the model can tell fixed cost from per-session cost even before
 the pool has seen varied load.
 """
@@ -24,7 +25,9 @@ from mesh.gate.model import ThroughputModel
 
 __all__ = ["load_seed", "micro_benchmark", "save_seed", "seed_model", "seed_path"]
 
-_FORMAT = 2  # 2: sizes up to 16 (a fit on 1, 2, 4 under-estimated the slope at 8+)
+# 2: sizes up to 16 (a fit on 1, 2, 4 under-estimated the slope at 8+); 3: cells_used, and
+# each size also run with private text held (the rows × cells term).
+_FORMAT = 3
 
 
 def seed_path(cache_dir: str | os.PathLike[str], info: PoolInfo) -> Path:
@@ -58,6 +61,7 @@ def load_seed(path: Path) -> tuple[StepSample, ...] | None:
                 num_prefill_tokens=int(s["num_prefill_tokens"]),
                 sum_context=int(s["sum_context"]),
                 step_s=float(s["step_s"]),
+                cells_used=int(s.get("cells_used", 0)),
             )
             for s in raw["samples"]
         )
@@ -76,6 +80,7 @@ def save_seed(path: Path, samples: Sequence[StepSample]) -> None:
                 "num_prefill_tokens": s.num_prefill_tokens,
                 "sum_context": s.sum_context,
                 "step_s": s.step_s,
+                "cells_used": s.cells_used,
             }
             for s in samples
         ],
@@ -90,8 +95,12 @@ async def micro_benchmark(
     sizes: Sequence[int] = (1, 2, 4, 8, 16),
     num_tokens: int = 10,
     text: str = "Count slowly from one to twenty:",
+    private_tokens: Sequence[int] = (0, 512),
 ) -> tuple[StepSample, ...]:
-    """Run ``num_tokens`` steps with each number of sessions in ``sizes`` decoding together.
+    """Run ``num_tokens`` steps with each number of sessions in ``sizes`` decoding together,
+    once per entry of ``private_tokens``: each session first holds about that many tokens
+    of private text (clamped to half its budget), so the fit sees step time grow with
+    rows × cells used, not only with the number of rows.
 
     Returns the engine's own step samples taken meanwhile; an engine that reports none gets
     one synthesized sample per size (wall time / tokens). Sizes the pool cannot attach are
@@ -99,7 +108,9 @@ async def micro_benchmark(
     """
     samples: list[StepSample] = []
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, stop_at_eos=False)
-    for size in sizes:
+    room = max(0, engine.info.session_budget // 2 - num_tokens - 32)
+    for size, private in [(n, p) for p in private_tokens for n in sizes]:
+        filler = " one" * min(max(private, 0), room)
         sessions: list[Session] = []
         try:
             for _ in range(size):
@@ -113,7 +124,7 @@ async def micro_benchmark(
             started = anyio.current_time()
             async with anyio.create_task_group() as tg:
                 for s in sessions:
-                    s.append(text)
+                    s.append(filler + " " + text if filler else text)
                     tg.start_soon(_drain, s, params)
             wall = anyio.current_time() - started
             steps = engine.load().recent_steps
@@ -126,7 +137,8 @@ async def micro_benchmark(
                 samples.extend(new)
             else:
                 ctx = sum(s.context_len for s in sessions)
-                samples.append(StepSample(size, 0, ctx, wall / num_tokens))
+                samples.append(StepSample(size, 0, ctx, wall / num_tokens,
+                                          engine.load().cells_used))
         finally:
             with anyio.CancelScope(shield=True):
                 for s in sessions:

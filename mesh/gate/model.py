@@ -1,10 +1,14 @@
 """The online throughput model: how long one engine step takes for a given load.
 
     step_s ≈ a + b·num_decode + c·sum_context + d·num_prefill_tokens
+             + e·(num_decode + num_prefill_tokens)·cells_used
 
 ``a`` is fixed per-step work, ``b`` the cost of one more decoding row (on a CPU mostly the
 output layer), ``c`` the attention cost per context token read, ``d`` the cost of one
-prefilled token riding in the same step. A decoding session emits one token per step, so
+prefilled token riding in the same step, ``e`` the cost per batch row per cell in use: with
+one unified KV cache every row of the batch attends over every used cell (masked), idle
+sessions' cells included, so step time grows with rows × cells used, not only with each
+session's own context. A decoding session emits one token per step, so
 its tokens/s is ``1 / step_s``.
 
 Fit: weighted least squares with exponential forgetting (recursive least squares in its
@@ -29,44 +33,57 @@ from mesh.engine.types import PoolLoad, StepSample
 
 __all__ = ["DEFAULT_PRIOR", "StepCost", "ThroughputModel"]
 
-# Feature scales keep the 4×4 normal equations well conditioned: context in thousands of
-# tokens, prefill in hundreds.
-_SCALE = (1.0, 1.0, 1e-3, 1e-2)
+# Feature scales keep the 5×5 normal equations well conditioned: context in thousands of
+# tokens, prefill in hundreds, rows × cells in millions.
+_SCALE = (1.0, 1.0, 1e-3, 1e-2, 1e-6)
+_N = len(_SCALE)
 # A typical magnitude of each scaled feature, to size the ridge towards the prior. The
 # prefill term is kept loose on purpose: it is well identified whenever prefill happens, and
 # irrelevant to the projection (decode-only steps) when it does not; a firm prior on it
 # leaks into the intercept.
-_TYPICAL = (1.0, 4.0, 4.0, 0.1)
+_TYPICAL = (1.0, 4.0, 4.0, 0.1, 0.5)
 _MIN_STEP_S = 1e-6
 
 
 @dataclass(frozen=True)
 class StepCost:
     """Parameters of the step-time model, in seconds (``c`` per context token, ``d`` per
-    prefill token)."""
+    prefill token, ``e`` per batch row per cell in use)."""
 
     a: float
     b: float
     c: float
     d: float = 0.0
+    e: float = 0.0
 
-    def step_s(self, num_decode: float, sum_context: float, num_prefill: float = 0.0) -> float:
+    def step_s(
+        self,
+        num_decode: float,
+        sum_context: float,
+        num_prefill: float = 0.0,
+        cells_used: float = 0.0,
+    ) -> float:
         """Projected wall time of one step (never below a microsecond)."""
-        t = self.a + self.b * num_decode + self.c * sum_context + self.d * num_prefill
+        t = (self.a + self.b * num_decode + self.c * sum_context + self.d * num_prefill
+             + self.e * (num_decode + num_prefill) * cells_used)
         return max(t, _MIN_STEP_S)
 
     def as_dict(self) -> dict[str, float]:
-        return {"a_s": self.a, "b_s": self.b, "c_s": self.c, "d_s": self.d}
+        return {"a_s": self.a, "b_s": self.b, "c_s": self.c, "d_s": self.d, "e_s": self.e}
 
 
 # Shaped like the probe on a 2-core CPU (Gemma 3 270M, 900-token prefix): ~10 ms per step
 # plus ~20 ms per decoding session. It is only a starting point: real samples replace it
 # within a few dozen steps, and a seed replaces it at start-up.
-DEFAULT_PRIOR = StepCost(a=0.010, b=0.020, c=1e-6, d=0.005)
+# ``e``: 32 sessions each gaining 1,024 private cells cost +108 ms a step on this machine's
+# default model (175 → 283 ms), about 1e-7 s per row per cell.
+DEFAULT_PRIOR = StepCost(a=0.010, b=0.020, c=1e-6, d=0.005, e=1e-7)
 
 
-def _features(num_decode: float, sum_context: float, num_prefill: float) -> tuple[float, ...]:
-    raw = (1.0, num_decode, sum_context, num_prefill)
+def _features(
+    num_decode: float, sum_context: float, num_prefill: float, cells_used: float = 0.0
+) -> tuple[float, ...]:
+    raw = (1.0, num_decode, sum_context, num_prefill, (num_decode + num_prefill) * cells_used)
     return tuple(x * s for x, s in zip(raw, _SCALE, strict=True))
 
 
@@ -77,6 +94,7 @@ def _is_usable(sample: StepSample) -> bool:
         and sample.num_decode >= 0
         and sample.sum_context >= 0
         and sample.num_prefill_tokens >= 0
+        and sample.cells_used >= 0
         and sample.num_decode + sample.num_prefill_tokens > 0
     )
 
@@ -121,7 +139,7 @@ class ThroughputModel:
         self._prior = prior
         self._forget = forget
         self._prior_weight = prior_weight
-        n = 4
+        n = _N
         self._live_xx = [[0.0] * n for _ in range(n)]
         self._live_xy = [0.0] * n
         self._seed_xx = [[0.0] * n for _ in range(n)]
@@ -185,7 +203,7 @@ class ThroughputModel:
 
     @staticmethod
     def _accumulate(xx: list[list[float]], xy: list[float], s: StepSample, weight: float) -> None:
-        x = _features(s.num_decode, s.sum_context, s.num_prefill_tokens)
+        x = _features(s.num_decode, s.sum_context, s.num_prefill_tokens, s.cells_used)
         for i, xi in enumerate(x):
             xy[i] += weight * xi * s.step_s
             row = xx[i]
@@ -210,8 +228,14 @@ class ThroughputModel:
     def num_seeded(self) -> int:
         return self._num_seeded
 
-    def step_s(self, num_decode: float, sum_context: float, num_prefill: float = 0.0) -> float:
-        return self.params.step_s(num_decode, sum_context, num_prefill)
+    def step_s(
+        self,
+        num_decode: float,
+        sum_context: float,
+        num_prefill: float = 0.0,
+        cells_used: float = 0.0,
+    ) -> float:
+        return self.params.step_s(num_decode, sum_context, num_prefill, cells_used)
 
     def describe(self) -> dict[str, Any]:
         """JSON-able summary for ``/capacity``."""
@@ -226,8 +250,8 @@ class ThroughputModel:
 
     def _fit(self) -> StepCost:
         p = self._prior
-        theta0 = [v / scale for v, scale in zip((p.a, p.b, p.c, p.d), _SCALE, strict=True)]
-        n = 4
+        theta0 = [v / scale for v, scale in zip((p.a, p.b, p.c, p.d, p.e), _SCALE, strict=True)]
+        n = _N
         data_xx = [[self._live_xx[i][j] + self._seed_xx[i][j] for j in range(n)] for i in range(n)]
         data_xy = [self._live_xy[i] + self._seed_xy[i] for i in range(n)]
         # Rescale the prior to the data's magnitude (the best multiple of the prior's
@@ -247,7 +271,7 @@ class ThroughputModel:
 def _constrained_solve(
     xx: Sequence[Sequence[float]], xy: Sequence[float], fallback: Sequence[float]
 ) -> list[float]:
-    """Solve the normal equations with a ≥ 0, b > 0, c ≥ 0, d ≥ 0 by pinning negatives at
+    """Solve the normal equations with a ≥ 0, b > 0, c, d, e ≥ 0 by pinning negatives at
     zero (``b`` at its prior) and re-solving the free coefficients."""
     n = len(xy)
     pinned: dict[int, float] = {}

@@ -1,7 +1,8 @@
 """The throughput projection behind the gate: what each worker would get with more workers.
 
-* A step takes ``a + b·n + c·Σctx`` for ``n`` sessions decoding together
-  (:mod:`mesh.gate.model`); every session in the step makes one token, so a decoding worker
+* A step takes ``a + b·n + c·Σctx + e·n·cells`` for ``n`` sessions decoding together over
+  ``cells`` used cells (:mod:`mesh.gate.model`; idle workers' cells count too); every
+  session in the step makes one token, so a decoding worker
   makes ``1 / step`` tokens/s.
 * Idle-gap estimate: worker ``w`` decodes in a given step with probability ``d_w``, its
   observed duty cycle (1.0 until measured, or when ``use_idle_estimate`` is off). How many
@@ -112,7 +113,7 @@ def live_scale(steps: Sequence[StepSample], cost: StepCost) -> float:
     if len(recent) < 4:
         return 1.0
     measured = sum(s.step_s for s in recent)
-    modelled = sum(cost.step_s(s.num_decode, s.sum_context, s.num_prefill_tokens)
+    modelled = sum(cost.step_s(s.num_decode, s.sum_context, s.num_prefill_tokens, s.cells_used)
                    for s in recent)
     return min(max(measured / modelled, 0.25), 4.0)
 
@@ -198,16 +199,25 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
     scale = live_scale(load.recent_steps, cost)
     ratio = prefill_ratio(load.recent_steps)
 
-    def step(n: float, sum_ctx: float) -> float:
+    # Cells in use with ``k`` more workers: every row attends over all of them.
+    base_cells = float(load.cells_used + inp.num_pending * config.new_worker_cells)
+
+    def cells(k: int) -> float:
+        return base_cells + k * config.new_worker_cells
+
+    def step(n: float, sum_ctx: float, k: int = 0) -> float:
         # Each decoding worker also brings its share of prefill (``ratio`` per token).
-        return max((cost.a + (cost.b + cost.d * ratio) * n + cost.c * sum_ctx) * scale, 1e-9)
+        rows = n * (1.0 + ratio)
+        t = (cost.a + (cost.b + cost.d * ratio) * n + cost.c * sum_ctx
+             + cost.e * rows * cells(k))
+        return max(t * scale, 1e-9)
 
     def slowest_step(k: int) -> float:
         """Step time of the slowest worker with ``k >= 1`` more workers."""
-        new = step(1 + along_new + k - 1, fresh + ctx.top(along_new + k - 1, k - 1))
+        new = step(1 + along_new + k - 1, fresh + ctx.top(along_new + k - 1, k - 1), k)
         if not duties:
             return new
-        return max(new, step(1 + along + k, ctx.top(along + 1 + k, k)))
+        return max(new, step(1 + along + k, ctx.top(along + 1 + k, k), k))
 
     limit = min(config.max_workers or load.max_sessions, load.max_sessions)
     hard_room = max(0, min(limit - inp.num_workers, load.free_seq_ids - inp.num_pending))
@@ -217,10 +227,10 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
         headroom += 1
     rank = {i: r for r, i in enumerate(sorted(range(len(contexts)), key=lambda i: -contexts[i]))}
     per_worker = tuple(
-        WorkerTps(wid, 1.0 / step(2 + along, c + ctx.top(along + 1, 1, skip=rank[i])))
+        WorkerTps(wid, 1.0 / step(2 + along, c + ctx.top(along + 1, 1, skip=rank[i]), 1))
         for i, (wid, c) in enumerate(zip(ids, contexts, strict=True))
     )
-    next_tps = 1.0 / step(1 + along_new, fresh + ctx.top(along_new))
+    next_tps = 1.0 / step(1 + along_new, fresh + ctx.top(along_new), 1)
     return Projection(
         tps_next=1.0 / slowest_step(1),
         per_worker_next=(*per_worker, WorkerTps("next", next_tps)),

@@ -89,7 +89,7 @@ def _answer_tokens(artifact: pb.Artifact) -> int:
             data: Any = MessageToDict(part.data)
             if isinstance(data, dict):
                 for sub in data.get("subtasks", []):
-                    total += int(sub.get("num_generated", 0))
+                    total += int(sub.get("numGenerated", sub.get("num_generated", 0)))
     return total
 
 

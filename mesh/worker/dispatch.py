@@ -3,6 +3,11 @@
 A subtask whose params carry ``scenario`` (the simulation harness sends these) runs on a
 :class:`~mesh.worker.simulated.ScenarioWorker`; anything else runs the template's agent loop
 (:class:`~mesh.worker.loop.AgentWorker`) with the given tools. One instance per subtask.
+
+Scenario params are honoured only when the operator turned simulation on
+(``simulation=True``: ``mesh serve --simulation``, or the server ``mesh simulate`` starts);
+otherwise such a subtask fails with the fix. The coordinator's door check refuses them
+first (-32602), so this is the second line.
 """
 
 from __future__ import annotations
@@ -11,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mesh.engine.types import Engine
+from mesh.template.chat import ChatFormat
 from mesh.template.loader import Template
-from mesh.worker.loop import AgentWorker
+from mesh.worker.loop import AgentWorker, WorkerFailed
 from mesh.worker.simulated import ScenarioWorker
 from mesh.worker.tools import ToolFn
 from mesh.worker.types import Emit, Subtask, Worker, WorkerResult
@@ -25,11 +31,18 @@ class DispatchWorker:
     engine: Engine
     template: Template
     tools: Mapping[str, ToolFn]
+    chat: ChatFormat | None = None  # the model's chat format (default: plain)
+    simulation: bool = False
 
     async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
         worker: Worker
         if subtask.params.get("scenario"):
+            if not self.simulation:
+                raise WorkerFailed(
+                    "scenario params are off on this server; start it with "
+                    "`mesh serve --simulation` (or use `mesh simulate`)"
+                )
             worker = ScenarioWorker(self.engine, self.template)
         else:
-            worker = AgentWorker(self.engine, self.template, self.tools)
+            worker = AgentWorker(self.engine, self.template, self.tools, chat=self.chat)
         return await worker.run(subtask, emit)

@@ -2,12 +2,16 @@
 
 Turn loop (formats come from the template):
 
-1. attach a session; append the rendered instructions (the session's first suffix);
+1. attach a session; append the rendered instructions as the first user message, in the
+   model's chat format (:class:`~mesh.template.chat.ChatFormat`);
 2. generate up to ``max_tokens_per_turn`` tokens (stopping at the tool-call or answer close
-   tag), streaming every piece as a ``TEXT`` event;
-3. parse the turn: an answer (inside the answer tags, or a turn with no tool call at all)
-   ends the subtask; each tool call is run, its (token-capped) output rendered with the
-   template's ``tool_result`` file and appended; unreadable calls are answered with errors;
+   tag) under the turn grammar (:mod:`mesh.worker.grammar`; off with ``turns.grammar =
+   false``), streaming every piece as a ``TEXT`` event;
+3. parse the turn: a finished turn (``stop``/``eos``) with an answer (inside the answer tags,
+   or with no tool call at all) ends the subtask; each tool call is run, its (token-capped)
+   output rendered with the template's ``tool_result`` file and sent as the next user
+   message; unreadable calls are answered with errors. A turn cut by ``length`` is never an
+   answer (the model is told it was cut); ``context_full`` ends the subtask as such;
 4. repeat until an answer, ``max_turns`` (the last turn's calls are not run: nobody would
    read their results) or ``max_total_tokens``; a session that outgrows its context budget
    ends with ``max_tokens`` too.
@@ -21,20 +25,33 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from mesh.engine.types import ContextOverflow, Engine, EngineError, SamplingParams, Session
 from mesh.engine.types import TurnResult as EngineTurn
+from mesh.template.chat import ChatFormat, ChatFormatError, Message
 from mesh.template.loader import Template
 from mesh.template.prefix import truncate
+from mesh.worker.grammar import turn_grammar
 from mesh.worker.toolcalls import ToolCall, parse_turn
 from mesh.worker.tools import ToolError, ToolFn
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
 
-__all__ = ["AgentWorker", "WorkerFailed", "WorkerLimits", "release", "stream_turn"]
+__all__ = [
+    "SESSION_SYSTEM",
+    "AgentWorker",
+    "WorkerFailed",
+    "WorkerLimits",
+    "release",
+    "stream_turn",
+]
+
+# A session renders its turns without the shared system text (ChatFormat.check makes sure
+# the continuation does not depend on it); this stands in for it.
+SESSION_SYSTEM = "(the shared prefix)"
 
 
 class WorkerFailed(Exception):
@@ -100,7 +117,9 @@ class AgentWorker:
     """A :class:`~mesh.worker.types.Worker` running the template's turn loop.
 
     ``tools`` maps tool names to async callables; only names the template enables are
-    offered (a call to any other is answered with an error).
+    offered (a call to any other is answered with an error). ``chat`` is the model's chat
+    format (:class:`~mesh.template.chat.ChatFormat`); the engine's prefix must be
+    ``chat.prefix_text(system)``. Default: the plain format.
     """
 
     def __init__(
@@ -110,11 +129,15 @@ class AgentWorker:
         tools: Mapping[str, ToolFn],
         *,
         limits: WorkerLimits | None = None,
+        chat: ChatFormat | None = None,
     ) -> None:
         self._engine = engine
         self._template = template
+        self._chat = chat or ChatFormat.plain()
         enabled = set(template.manifest.tools.enabled)
         self._tools: dict[str, ToolFn] = {n: fn for n, fn in tools.items() if n in enabled}
+        # The grammar offers the enabled tools the worker has (never an unknown one).
+        self._tool_names = sorted(self._tools) or sorted(enabled)
         self.limits = limits or WorkerLimits.from_template(template)
         self.limits.validate()
 
@@ -133,8 +156,11 @@ class AgentWorker:
         syntax = self._template.manifest.tool_calls
         lim = self.limits
         state = _Tally(session.id)
+        chat = self._chat
+        first = self._template.instructions(subtask.id, subtask.instructions).strip("\n")
+        messages: list[Message] = [{"role": "user", "content": first}]
         try:
-            session.append(self._template.instructions(subtask.id, subtask.instructions))
+            session.append(chat.continuation(SESSION_SYSTEM, messages))
             for turn in range(1, lim.max_turns + 1):
                 state.turns = turn
                 budget = min(lim.max_tokens_per_turn, lim.max_total_tokens - state.generated)
@@ -143,34 +169,58 @@ class AgentWorker:
                     max_tokens=budget,
                     temperature=self._template.manifest.turns.temperature,
                     stop=(syntax.close, syntax.answer_close),
+                    grammar=self._grammar(budget),
                 )
                 result = await stream_turn(session, params, emit, turn)
                 state.generated += result.num_generated
                 state.last_text = result.text
-                parsed = parse_turn(result.text, syntax)
-                if parsed.answer is not None:
-                    return state.result(parsed.answer, "answer")
-                if not parsed.calls and not parsed.errors:
-                    return state.result(result.text.strip(), "answer")
+                state.finishes.append(result.finish_reason)
+                reply = _closed(result, params.stop)
+                if result.finish_reason == "context_full":
+                    return state.result(result.text.strip(), "context_full")
+                cut = result.finish_reason not in ("stop", "eos")
+                parsed = parse_turn(reply, syntax)
+                state.parse_errors += len(parsed.errors)
+                if not cut:
+                    if parsed.answer is not None:
+                        return state.result(parsed.answer, "answer")
+                    if not parsed.calls and not parsed.errors:
+                        return state.result(result.text.strip(), "answer")
                 if turn == lim.max_turns:
                     break
                 if state.generated >= lim.max_total_tokens:
                     return state.result(result.text.strip(), "max_tokens")
-                for call in parsed.calls:
+                results: list[str] = []
+                if cut:
+                    results.append(
+                        self._template.tool_result(
+                            call="(turn cut)", is_error=True, turn=turn,
+                            output=f"your turn was cut after {result.num_generated} tokens "
+                            f"({result.finish_reason}); write one short tool call or the "
+                            f"answer between {syntax.answer_open} and {syntax.answer_close}",
+                        )
+                    )
+                for call in parsed.calls if not cut else ():
                     output, is_error = await self._call(call, emit, turn)
                     state.tool_calls += 1
-                    session.append(
+                    results.append(
                         self._template.tool_result(
                             call=call.display(), output=output, is_error=is_error, turn=turn
                         )
                     )
-                for error in parsed.errors:
+                for error in parsed.errors if not cut else ():
                     await emit(WorkerEvent(EventKind.TOOL_RESULT, error, turn, {"error": True}))
-                    session.append(
+                    results.append(
                         self._template.tool_result(
                             call="(unreadable call)", output=error, is_error=True, turn=turn
                         )
                     )
+                user = "\n\n".join(r.strip("\n") for r in results)
+                session.append(chat.reply_tail(messages, user))
+                messages += [
+                    {"role": "assistant", "content": reply},
+                    {"role": "user", "content": user},
+                ]
         except ContextOverflow as exc:
             if state.generated == 0:
                 # Nothing was produced: the input itself does not fit the session.
@@ -179,9 +229,17 @@ class AgentWorker:
                     f"budget ({exc}); send a shorter message or raise --session-budget"
                 ) from exc
             return state.result(state.last_text.strip(), "max_tokens", context_overflow=str(exc))
+        except ChatFormatError as exc:
+            raise WorkerFailed(f"subtask {subtask.id}: chat format {chat.name}: {exc}") from exc
         except EngineError as exc:
             raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
         return state.result(state.last_text.strip(), "max_turns")
+
+    def _grammar(self, budget: int) -> str | None:
+        """The turn's GBNF grammar, or None when the template turns it off."""
+        if not self._template.manifest.turns.grammar:
+            return None
+        return turn_grammar(self._template.manifest.tool_calls, self._tool_names, budget)
 
     async def _call(self, call: ToolCall, emit: Emit, turn: int) -> tuple[str, bool]:
         data = {"name": call.name, "arguments": dict(call.arguments)}
@@ -203,13 +261,31 @@ class AgentWorker:
         return output, is_error
 
 
+def _closed(result: EngineTurn, stops: tuple[str, ...]) -> str:
+    """The turn's text with its matched stop string, as the session's context holds it.
+
+    The engine names the stop and leaves all of it out of ``text``; an engine that reports
+    no name may have left the stop's first pieces in: those are completed instead.
+    """
+    if result.stop is not None:
+        return result.text + result.stop
+    if result.finish_reason == "stop":
+        for stop in stops:
+            for k in range(len(stop), 0, -1):
+                if result.text.endswith(stop[:k]):
+                    return result.text[: len(result.text) - k] + stop
+    return result.text
+
+
 @dataclass
 class _Tally:
     session_id: str
     turns: int = 0
     generated: int = 0
     tool_calls: int = 0
+    parse_errors: int = 0
     last_text: str = ""
+    finishes: list[str] = field(default_factory=list)
 
     def result(self, answer: str, finish: str, **extra: Any) -> WorkerResult:
         return WorkerResult(
@@ -218,5 +294,10 @@ class _Tally:
             num_generated=self.generated,
             num_tool_calls=self.tool_calls,
             finish_reason=finish,
-            data={"session_id": self.session_id, **extra},
+            data={
+                "session_id": self.session_id,
+                "parse_errors": self.parse_errors,
+                "turn_finishes": list(self.finishes),
+                **extra,
+            },
         )

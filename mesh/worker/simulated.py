@@ -11,6 +11,12 @@ steps, latencies, tools and outputs. Recognised ``Subtask.params`` keys: ``steps
 ``tokens_per_step``, ``seed``, ``tools`` (list of names), ``tool_latency_s`` and
 ``tool_output_tokens`` (distribution tables as in the manifest); the rest of the defaults
 come from the template's ``[scenario]`` table. Other keys are left to the harness.
+
+Scenario params are a load generator, so they are bounded (:data:`SCENARIO_BOUNDS`): a
+client can never hold a worker slot for longer than ``steps x tool_latency_s`` of the
+bounds, nor make :func:`simulated_output` (which runs on the event loop) build more than
+``tool_output_tokens`` tokens. :func:`check_scenario_bounds` is the door check; the
+coordinator runs it only when the operator turned simulation on (``--simulation``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mesh.engine.types import ContextOverflow, Engine, EngineError, SamplingParams
 from mesh.template.loader import Template
@@ -31,9 +37,11 @@ from mesh.worker.loop import WorkerFailed, release, stream_turn
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
 
 __all__ = [
+    "SCENARIO_BOUNDS",
     "ScenarioParams",
     "ScenarioWorker",
     "StepPlan",
+    "check_scenario_bounds",
     "plan_schedule",
     "sample",
     "simulated_output",
@@ -46,6 +54,48 @@ deliver check config error result value index cache queue worker session token p
 batch step limit budget retry timeout status report update path
 """
 _WORDS = tuple(_VOCABULARY.split())
+
+#: The most a scenario subtask may ask for (the built-in templates use a fraction of it).
+SCENARIO_BOUNDS: Mapping[str, float] = {
+    "steps": 64,
+    "tokens_per_step": 2048,
+    "tools": 16,
+    "tool_latency_s": 60.0,
+    "tool_output_tokens": 4096,
+}
+
+
+def _dist_max(dist: Distribution) -> float:
+    """The largest value a distribution can draw."""
+    if isinstance(dist, FixedDist):
+        return dist.value
+    return dist.max
+
+
+def _check_bounds(knobs: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first knob over :data:`SCENARIO_BOUNDS`."""
+    for key in ("steps", "tokens_per_step"):
+        value = knobs.get(key)
+        if isinstance(value, int | float) and value > SCENARIO_BOUNDS[key]:
+            raise ValueError(
+                f"scenario params: {key} is {value}; the bound is {SCENARIO_BOUNDS[key]:g}"
+            )
+    tools = knobs.get("tools")
+    if isinstance(tools, list | tuple) and len(tools) > SCENARIO_BOUNDS["tools"]:
+        raise ValueError(
+            f"scenario params: tools lists {len(tools)} names; the bound is "
+            f"{SCENARIO_BOUNDS['tools']:g}"
+        )
+    for key in ("tool_latency_s", "tool_output_tokens"):
+        dist = knobs.get(key)
+        if isinstance(dist, FixedDist | UniformDist | LogNormalDist):
+            top = _dist_max(dist)
+            if top > SCENARIO_BOUNDS[key]:
+                field = "value" if isinstance(dist, FixedDist) else "max"
+                raise ValueError(
+                    f"scenario params: {key}.{field} is {top:g}; the bound is "
+                    f"{SCENARIO_BOUNDS[key]:g} (lower it)"
+                )
 
 
 class ScenarioParams(BaseModel):
@@ -60,6 +110,11 @@ class ScenarioParams(BaseModel):
     tool_latency_s: Distribution
     tool_output_tokens: Distribution
 
+    @model_validator(mode="after")
+    def _bounded(self) -> ScenarioParams:
+        _check_bounds(dict(self))
+        return self
+
     @classmethod
     def from_subtask(cls, params: Mapping[str, Any], template: Template) -> ScenarioParams:
         defaults = template.manifest.scenario.model_dump()
@@ -69,7 +124,36 @@ class ScenarioParams(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
+            if not loc:  # a model-level check: its message names the knob already
+                raise ValueError(str(first["ctx"]["error"])) from exc
             raise ValueError(f"scenario params: {loc}: {first['msg']}") from exc
+
+
+def check_scenario_bounds(params: Mapping[str, Any]) -> None:
+    """The door check of a subtask's scenario params (no template needed): raise
+    ``ValueError`` naming the knob and its bound when one is malformed or over the bound."""
+    try:
+        knobs = _Overrides.model_validate(dict(params))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        if not loc:
+            raise ValueError(str(first["ctx"]["error"])) from exc
+        raise ValueError(f"scenario params: {loc}: {first['msg']}") from exc
+    _check_bounds({k: v for k, v in dict(knobs).items() if v is not None})
+
+
+class _Overrides(BaseModel):
+    """The scenario knobs a subtask may override, each optional (for the door check)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    steps: int | None = Field(None, ge=1)
+    tokens_per_step: int | None = Field(None, ge=1)
+    seed: int | None = None
+    tools: tuple[str, ...] | None = Field(None, min_length=1)
+    tool_latency_s: Distribution | None = None
+    tool_output_tokens: Distribution | None = None
 
 
 @dataclass(frozen=True)

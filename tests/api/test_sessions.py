@@ -322,3 +322,70 @@ async def test_turn_json_names_the_stop_string(mesh: Mesh) -> None:
     body = r.json()
     assert body["finish_reason"] == "stop" and body["stop"] == "</call>"
     assert body["text"] == "call a.py "
+
+
+# --------------------------------------------------------------------------- issue 12
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_idle_sessions_expire_release_and_answer_404_with_the_reason() -> None:
+    clock = Clock()
+    m = Mesh()
+    m.api = SessionAPI(m.engine, m.gate, idle_s=300, clock=clock)
+    m.app = Starlette(routes=m.api.routes)
+    m.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=m.app), base_url="http://m")
+    async with m.client:
+        idle, busy = await m.create(), await m.create()
+        clock.now += 200
+        assert (await m.client.get(f"/v1/sessions/{busy}")).status_code == 200  # touches it
+        clock.now += 150
+        assert await m.api.expire_idle() == [idle]
+        assert m.gate.num_tickets == 1 and idle not in m.engine.sessions
+        for r in (
+            await m.client.get(f"/v1/sessions/{idle}"),
+            await m.client.post(f"/v1/sessions/{idle}/turns", json={"text": "a"}),
+        ):
+            assert r.status_code == 404 and error_code(r) == "expired"
+            assert "300 s" in r.json()["error"]["message"]
+    await m.api.aclose()
+    assert m.gate.num_tickets == 0
+
+
+async def test_the_reaper_expires_sessions_on_its_own() -> None:
+    m = Mesh()
+    m.api = SessionAPI(m.engine, m.gate, idle_s=0.2)
+    m.app = Starlette(routes=m.api.routes)
+    m.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=m.app), base_url="http://m")
+    async with m.client:
+        await m.create()
+        with anyio.fail_after(5):
+            while m.gate.num_tickets:
+                await anyio.sleep(0.05)
+    await m.api.aclose()
+
+
+async def test_each_caller_has_a_cap() -> None:
+    m = Mesh(max_sessions=8)
+    async with m.client:
+        assert m.api.max_per_caller == 4
+        for _ in range(4):
+            await m.create()
+        r = await m.client.post("/v1/sessions", json={})
+        assert r.status_code == 429 and error_code(r) == "too_many_sessions"
+        assert "retry-after" in r.headers
+        assert m.gate.num_tickets == 4
+    await m.api.aclose()
+
+
+async def test_a_bad_idle_timeout_is_refused() -> None:
+    engine = FakeEngine()
+    gate = FloorGate(engine, GateConfig.create(policy="none"))
+    with pytest.raises(ValueError, match="idle timeout"):
+        SessionAPI(engine, gate, idle_s=0)

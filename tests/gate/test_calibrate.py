@@ -17,8 +17,11 @@ pytestmark = pytest.mark.anyio
 async def test_micro_benchmark_detaches_and_skips_what_cannot_attach() -> None:
     engine = FakeEngine(max_sessions=2, prefix_tokens=50)
     samples = await micro_benchmark(engine, sizes=(1, 2, 4), num_tokens=3)
-    # FakeEngine reports no steps: one synthesized sample per size that fit.
-    assert [s.num_decode for s in samples] == [1, 2]
+    # FakeEngine reports no steps: one synthesized sample per size that fit, first with
+    # no private text, then with private text held (more cells in use).
+    assert [s.num_decode for s in samples] == [1, 2, 1, 2]
+    assert samples[2].cells_used > samples[0].cells_used
+    assert samples[3].cells_used > samples[1].cells_used
     assert all(s.step_s >= 0 for s in samples)
     assert not engine.sessions
 

@@ -166,3 +166,28 @@ def test_any_fit_is_physical_and_monotone(live: list[StepSample], seed: list[Ste
     assert all(math.isfinite(v) for v in (p.a, p.b, p.c, p.d))
     for n in range(1, 10):
         assert model.step_s(n + 1, (n + 1) * 1000) >= model.step_s(n, n * 1000)
+
+
+def test_fit_recovers_the_rows_times_cells_coefficient() -> None:
+    # A synthetic machine where idle sessions' cells slow every decoding row.
+    truth = StepCost(a=0.008, b=0.006, c=0.0, d=0.001, e=1.2e-7)
+    model = ThroughputModel()
+    for n in (1, 2, 4, 8, 16, 32):
+        for cells in (1_000, 9_000, 33_000):
+            for p in (0, 64):
+                model.add(StepSample(n, p, n * 1_000, truth.step_s(n, n * 1_000, p, cells),
+                                     cells_used=cells))
+    fit = model.params
+    assert fit.e == pytest.approx(truth.e, rel=0.05)
+    assert fit.b == pytest.approx(truth.b, rel=0.05)
+    # 32 rows over 33k cells: the term the old model could not see is ~60 % of the step.
+    assert model.step_s(32, 32_000, 0, 33_000) == pytest.approx(
+        truth.step_s(32, 32_000, 0, 33_000), rel=0.02)
+
+
+def test_without_cells_the_fit_keeps_the_old_shape() -> None:
+    model = ThroughputModel()
+    for n, t in PROBE * 20:
+        model.add(sample(n, 0, t))
+    for n, t in PROBE:
+        assert model.step_s(n, 0) == pytest.approx(t, rel=0.15)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
-from mesh.api import api_routes
+from mesh.api import SessionAPI, api_routes
 from mesh.coordinator.app import build_app
 from mesh.coordinator.config import CoordinatorConfig
 from mesh.engine.fake import FakeEngine
@@ -27,6 +27,7 @@ class FakeStack:
     engine: FakeEngine
     gate: FloorGate
     probe: Probe
+    sessions: SessionAPI
 
 
 @asynccontextmanager
@@ -37,17 +38,19 @@ async def fake_stack(
     gate = FloorGate(engine, GateConfig.create(policy=policy, max_queue=max_queue))
     probe = Probe()
     probe.unblock.set()  # "block ..." tasks finish at once unless a test clears it
+    sessions = SessionAPI(engine, gate)
     app = build_app(
         CoordinatorConfig(data_dir=str(tmp / "data"), **coord),
         worker_factory=lambda: ScriptedWorker(probe),
         admission=gate,
         pool_info=engine.info,
-        extra_routes=api_routes(engine, gate),
+        extra_routes=api_routes(engine, gate, sessions),
+        on_shutdown=[sessions.aclose],
     )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://mesh", headers={"A2A-Version": "1.0"}
         ) as client:
-            yield FakeStack(client, app, engine, gate, probe)
+            yield FakeStack(client, app, engine, gate, probe, sessions)
     await engine.aclose()

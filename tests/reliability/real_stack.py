@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
-from mesh.api import api_routes
+from mesh.api import SessionAPI, api_routes
 from mesh.coordinator.app import build_app
 from mesh.coordinator.config import CoordinatorConfig
 from mesh.engine.pool import SharedKVPool
@@ -29,6 +29,7 @@ class RealStack:
     app: Starlette
     pool: SharedKVPool
     gate: FloorGate
+    sessions: SessionAPI
 
 
 @asynccontextmanager
@@ -47,12 +48,14 @@ async def real_stack(
     try:
         gate = FloorGate(pool, GateConfig.create(policy="none", max_queue=16))
         tools = ProjectTools(project).as_tools()
+        sessions = SessionAPI(pool, gate)
         app = build_app(
             CoordinatorConfig(data_dir=str(tmp / "data"), **coord),
             worker_factory=lambda: AgentWorker(pool, template, tools),
             admission=gate,
             pool_info=info,
-            extra_routes=api_routes(pool, gate),
+            extra_routes=api_routes(pool, gate, sessions),
+            on_shutdown=[sessions.aclose],
         )
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
@@ -60,6 +63,6 @@ async def real_stack(
                 transport=transport, base_url="http://mesh", headers={"A2A-Version": "1.0"},
                 timeout=60,
             ) as client:
-                yield RealStack(client, app, pool, gate)
+                yield RealStack(client, app, pool, gate, sessions)
     finally:
         await pool.aclose()

@@ -12,14 +12,16 @@ from mesh.worker.types import EventKind, Subtask, WorkerEvent
 pytestmark = pytest.mark.anyio
 
 
-async def run(params: dict[str, object]) -> tuple[list[WorkerEvent], object, FakeEngine]:
+async def run(
+    params: dict[str, object], *, simulation: bool = True
+) -> tuple[list[WorkerEvent], object, FakeEngine]:
     engine = FakeEngine()
     events: list[WorkerEvent] = []
 
     async def emit(event: WorkerEvent) -> None:
         events.append(event)
 
-    worker = DispatchWorker(engine, load_template("light"), tools={})
+    worker = DispatchWorker(engine, load_template("light"), tools={}, simulation=simulation)
     result = await worker.run(Subtask(id="t1", instructions="deliver it", params=params), emit)
     return events, result, engine
 

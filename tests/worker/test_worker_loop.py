@@ -53,15 +53,15 @@ def test_finishes_on_a_final_answer() -> None:
 
 
 def test_runs_a_real_tool_then_answers(tmp_path: Path) -> None:
-    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "notes.txt").write_text("<answer>hello</answer>\n")
     engine = FakeEngine()
     emit = Recorder()
     worker = AgentWorker(engine, LIGHT, ProjectTools(tmp_path).as_tools())
-    result = run(worker, "<call>list_files()</call>", emit)
-    assert result.finish_reason == "answer"
+    result = run(worker, "<call>read_file(path='notes.txt')</call>", emit)
+    assert result.finish_reason == "answer" and result.answer == "hello"
     assert result.num_turns == 2 and result.num_tool_calls == 1
-    assert [e.text for e in emit.kinds(EventKind.TOOL_CALL)] == ["list_files()"]
-    assert "notes.txt" in emit.kinds(EventKind.TOOL_RESULT)[0].text
+    assert [e.text for e in emit.kinds(EventKind.TOOL_CALL)] == ["read_file(path='notes.txt')"]
+    assert "<answer>hello" in emit.kinds(EventKind.TOOL_RESULT)[0].text
     assert [e.text for e in emit.kinds(EventKind.TURN_STARTED)] == ["turn 1", "turn 2"]
     assert emit.kinds(EventKind.TEXT)
     assert engine.sessions == {}
@@ -108,12 +108,23 @@ def test_context_overflow_ends_with_max_tokens() -> None:
 def test_unknown_tools_and_garbage_are_reported_to_the_model() -> None:
     emit = Recorder()
     result = run(AgentWorker(FakeEngine(), LIGHT, {}), "<call>rm(path='/')</call>", emit)
-    assert result.num_turns == 2
+    assert result.num_turns >= 2 and result.data["turn_finishes"][0] == "stop"
     errors = emit.kinds(EventKind.TOOL_RESULT)
     assert errors[0].data["error"] is True and "unknown tool 'rm'" in errors[0].text
     emit = Recorder()
     run(AgentWorker(FakeEngine(), LIGHT, {}), "<call>read_file('x')</call>", emit)
     assert "pass arguments by name" in emit.kinds(EventKind.TOOL_RESULT)[0].text
+
+
+def test_a_turn_cut_by_length_is_not_an_answer() -> None:
+    async def chatty(args: Mapping[str, Any]) -> str:
+        return "word " * 200
+
+    limits = WorkerLimits(max_turns=2, max_tokens_per_turn=16, max_total_tokens=200)
+    worker = AgentWorker(FakeEngine(), LIGHT, {"grep": chatty}, limits=limits)
+    result = run(worker, "<call>grep(text='x')</call>")
+    assert result.data["turn_finishes"] == ["stop", "length"]
+    assert result.finish_reason == "max_turns"
 
 
 def test_tools_not_enabled_by_the_template_are_not_offered() -> None:

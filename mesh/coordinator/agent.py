@@ -1,0 +1,307 @@
+"""The coordinator as an agent: plan on the pool, delegate through the gate, synthesize.
+
+Life of a planned task (a message without an explicit ``subtasks`` list, ``plan`` not
+``never``)::
+
+    working "planning" ─▶ stream-plan chunks ─▶ working event=plan + the ``plan`` artifact
+      ├─ action answer   ─▶ completed with the ``answer`` artifact (no worker)
+      ├─ action ask      ─▶ input-required with the question (the reply resumes the task)
+      └─ action delegate ─▶ every subtask p1..pN through the gate like an explicit one
+                            (one failing does not cancel the others)
+                         ─▶ synthesis turn (stream-synthesis) ─▶ completed with ``answer``
+                            (what failed is said) │ failed when every worker failed
+
+The planning and synthesis turns are pool sessions admitted by the gate like workers (keys
+``<task>/plan`` and ``<task>/synthesis``), so they share the prefix and keep the floor.
+In ``auto`` mode a plan that does not parse (or a planning turn that fails) falls back to
+the message as one subtask, answered as the dispatcher did; in ``always`` mode it fails the
+task. The events go through a :class:`TaskEvents` writer (the executor's run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from a2a.types import a2a_pb2 as pb
+
+from mesh.coordinator.conversation import Conversations
+from mesh.coordinator.planner import (
+    ACTIONS,
+    Plan,
+    PlanError,
+    fallback_plan,
+    max_plan_chars,
+    parse_plan,
+    plan_prompt,
+    plan_schema,
+    schema_to_gbnf,
+)
+from mesh.coordinator.synthesis import (
+    Outcome,
+    joined_answers,
+    missing_note,
+    summary,
+    synthesis_prompt,
+)
+from mesh.engine.types import Engine, EngineError, SamplingParams, TurnResult
+from mesh.gate.types import Admission
+from mesh.worker.loop import WorkerFailed, release, stream_turn
+from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
+
+__all__ = ["PLAN_ARTIFACT", "PLAN_MODES", "Agent", "AgentConfig", "AgentTask", "plain_turn"]
+
+logger = logging.getLogger(__name__)
+
+PLAN_MODES = ("auto", "always", "never")
+PLAN_ARTIFACT = "plan"
+ANSWER_ARTIFACT = "answer"
+S = pb.TaskState
+
+
+def plain_turn(prompt: str) -> str:
+    """How a coordinator turn's prompt is written into its session (plain text for now;
+    the model's chat format replaces this once it is available)."""
+    return prompt
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How the coordinator plans. ``history_tokens`` bounds what a follow-up's plan sees
+    of the earlier conversation; ``text_max`` bounds each string of a plan (characters)."""
+
+    plan: str = "auto"
+    max_subtasks: int = 4
+    text_max: int = 240
+    history_tokens: int = 512
+    temperature: float = 0.0
+    synthesis_max_tokens: int = 256
+    actions: tuple[str, ...] = ACTIONS
+    tools: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.plan not in PLAN_MODES:
+            raise ValueError(f"plan must be one of {PLAN_MODES}, got {self.plan!r}")
+        if self.max_subtasks < 1:
+            raise ValueError(f"max_subtasks must be >= 1, got {self.max_subtasks}")
+        if self.history_tokens < 0:
+            raise ValueError(f"history_tokens must be >= 0, got {self.history_tokens}")
+        if self.synthesis_max_tokens < 1:
+            raise ValueError("synthesis_max_tokens must be >= 1")
+        plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max)  # checks
+
+
+class TextSink(Protocol):
+    async def add(self, text: str) -> None: ...
+
+    async def flush(self, now: float | None = None, *, last: bool = False) -> None: ...
+
+
+class TaskEvents(Protocol):
+    """The executor's event writer, as the agent uses it."""
+
+    async def status(
+        self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None
+    ) -> None: ...
+
+    async def progress(self, text: str, metadata: dict[str, Any]) -> None: ...
+
+    async def artifact(self, parts: list[pb.Part], **kwargs: Any) -> None: ...
+
+    async def finish(self, state: pb.TaskState, text: str) -> None: ...
+
+
+class Agent:
+    """The coordinator's own turns on the pool, and the conversations it remembers."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: AgentConfig,
+        *,
+        render: Callable[[str], str] = plain_turn,
+    ) -> None:
+        config.validate()
+        self.engine = engine
+        self.config = config
+        self.render = render
+        self.conversations = Conversations(engine.count_tokens)
+        self.schema = plan_schema(config.max_subtasks, config.tools, config.actions,
+                                  config.text_max)
+        self.grammar = schema_to_gbnf(self.schema)
+        self.plan_max_tokens = max_plan_chars(self.schema)
+
+    def plan_params(self) -> SamplingParams:
+        return SamplingParams(max_tokens=self.plan_max_tokens,
+                              temperature=self.config.temperature, grammar=self.grammar)
+
+    def synthesis_params(self) -> SamplingParams:
+        return SamplingParams(max_tokens=self.config.synthesis_max_tokens,
+                              temperature=self.config.temperature)
+
+    async def turn(self, prompt: str, params: SamplingParams, sink: TextSink) -> TurnResult:
+        """One turn on a fresh session: attach, write ``prompt``, generate, detach."""
+        session = await self.engine.attach()
+        try:
+            session.append(self.render(prompt))
+            result = await stream_turn(session, params, _sink_emit(sink), 1)
+            await sink.flush(last=True)
+            return result
+        except WorkerFailed as e:
+            raise EngineError(str(e)) from e
+        finally:
+            await release(session)
+
+
+def _sink_emit(sink: TextSink) -> Callable[[WorkerEvent], Awaitable[None]]:
+    async def emit(event: WorkerEvent) -> None:
+        if event.kind is EventKind.TEXT:
+            await sink.add(event.text)
+
+    return emit
+
+
+RunOne = Callable[[Subtask], Awaitable[WorkerResult]]
+MakeSink = Callable[[str, str], TextSink]
+
+
+@dataclass
+class AgentTask:
+    """One planned task run (see the module docstring). ``run_one`` is the executor's
+    gate-and-worker path for one subtask; ``make_sink(artifact_id, name)`` streams text."""
+
+    agent: Agent
+    events: TaskEvents
+    admission: Admission
+    task_id: str
+    conversation: str  # the owner-scoped context key
+    message: str
+    run_one: RunOne
+    make_sink: MakeSink
+
+    async def run(self) -> None:
+        cfg = self.agent.config
+        window = self.agent.conversations.window(self.conversation, cfg.history_tokens)
+        history = window.render()
+        if window.entries or window.dropped:
+            dropped = f"; {window.dropped} older dropped to fit" if window.dropped else ""
+            await self.events.status(
+                S.TASK_STATE_WORKING,
+                f"conversation: {len(window.entries)} earlier message(s), {window.tokens} "
+                f"tokens (budget {cfg.history_tokens}){dropped}",
+                {"event": "context", "entries": len(window.entries), "dropped": window.dropped},
+            )
+        self.agent.conversations.add(self.conversation, "user", self.message)
+        plan = await self._plan(history)
+        if plan is None:
+            return
+        await self._publish(plan)
+        if plan.action == "answer":
+            await self._complete(plan, plan.answer, [])
+        elif plan.action == "ask":
+            self.agent.conversations.add(self.conversation, "question", plan.question)
+            await self.events.finish(S.TASK_STATE_INPUT_REQUIRED, plan.question)
+        else:
+            await self._delegate(plan, history)
+
+    async def _admitted_turn(self, key: str, prompt: str, params: SamplingParams) -> TurnResult:
+        async def on_position(position: int) -> None:
+            if position > 0:
+                await self.events.progress(f"[{key}] queued for the gate at position {position}",
+                                           {"subtask": key, "event": "queued",
+                                            "queue_position": position})
+
+        ticket = await self.admission.admit(f"{self.task_id}/{key}", on_position, accepted=True)
+        try:
+            await self.events.status(S.TASK_STATE_WORKING, f"[{key}] admitted; {key} turn",
+                                     {"subtask": key, "event": "admitted"})
+            sink = self.make_sink(f"stream-{key}", f"{key} output")
+            return await self.agent.turn(prompt, params, sink)
+        finally:
+            await ticket.release()
+
+    async def _plan(self, history: str) -> Plan | None:
+        cfg = self.agent.config
+        prompt = plan_prompt(self.message, history, cfg.tools, cfg.max_subtasks)
+        try:
+            turn = await self._admitted_turn("plan", prompt, self.agent.plan_params())
+            return parse_plan(turn.text, cfg.max_subtasks)
+        except (PlanError, EngineError) as e:
+            if cfg.plan == "always":
+                await self.events.finish(S.TASK_STATE_FAILED, f"planning failed: {e}")
+                return None
+            await self.events.status(S.TASK_STATE_WORKING,
+                                     f"planning failed ({e}); running the message as one subtask",
+                                     {"event": "plan_fallback"})
+            return fallback_plan(self.message)
+
+    async def _publish(self, plan: Plan) -> None:
+        data = plan.to_dict()
+        if plan.action == "delegate":
+            text = f"plan: {len(plan.subtasks)} subtask(s): " + "; ".join(
+                f"[p{i + 1}] {s.instructions[:80]}" for i, s in enumerate(plan.subtasks))
+        else:
+            text = f"plan: {plan.action}"
+        await self.events.status(S.TASK_STATE_WORKING, text, {"event": "plan", "plan": data})
+        part = pb.Part()
+        part.data.struct_value.update(data)
+        await self.events.artifact([part], artifact_id=PLAN_ARTIFACT, name=PLAN_ARTIFACT,
+                                   last_chunk=True)
+
+    async def _delegate(self, plan: Plan, history: str) -> None:
+        subtasks = [
+            Subtask(id=f"{self.task_id}/p{i + 1}", instructions=s.worker_instructions())
+            for i, s in enumerate(plan.subtasks)
+        ]
+        outcomes = list(await asyncio.gather(*(self._settle(s) for s in subtasks)))
+        outcomes = [
+            Outcome(o.id, p.instructions, o.result, o.error)
+            for o, p in zip(outcomes, plan.subtasks, strict=True)
+        ]
+        if not any(o.ok for o in outcomes):
+            reasons = "; ".join(f"[{o.id}] {o.error}" for o in outcomes)
+            await self.events.finish(S.TASK_STATE_FAILED,
+                                     f"all {len(outcomes)} subtask(s) failed: {reasons}")
+            return
+        answer = await self._synthesize(plan, outcomes, history)
+        note = missing_note(outcomes)
+        if note:
+            answer = f"{answer}\n\n{note}" if answer else note
+        await self._complete(plan, answer, outcomes)
+
+    async def _settle(self, subtask: Subtask) -> Outcome:
+        sid = subtask.id.rsplit("/", 1)[-1]
+        try:
+            return Outcome(sid, subtask.instructions, result=await self.run_one(subtask))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a failed worker is an outcome; its siblings go on
+            return Outcome(sid, subtask.instructions, error=str(e) or type(e).__name__)
+
+    async def _synthesize(self, plan: Plan, outcomes: list[Outcome], history: str) -> str:
+        if plan.source == "fallback":
+            return joined_answers(outcomes)
+        prompt = synthesis_prompt(self.message, plan, outcomes, history)
+        try:
+            turn = await self._admitted_turn("synthesis", prompt, self.agent.synthesis_params())
+        except EngineError as e:
+            logger.info("synthesis of %s failed: %s", self.task_id, e)
+            await self.events.status(S.TASK_STATE_WORKING,
+                                     f"synthesis failed ({e}); answering with the reports",
+                                     {"event": "synthesis_fallback"})
+            return joined_answers(outcomes)
+        return turn.text.strip() or joined_answers(outcomes)
+
+    async def _complete(self, plan: Plan, answer: str, outcomes: list[Outcome]) -> None:
+        self.agent.conversations.add(self.conversation, "answer", answer)
+        data = pb.Part()
+        data.data.struct_value.update({"plan": plan.to_dict(), "subtasks": summary(outcomes)})
+        await self.events.artifact([pb.Part(text=answer), data], artifact_id=ANSWER_ARTIFACT,
+                                   name=ANSWER_ARTIFACT, last_chunk=True)
+        done = sum(1 for o in outcomes if o.ok)
+        text = (f"completed: {done} of {len(outcomes)} subtask(s) answered" if outcomes
+                else "completed: answered without workers")
+        await self.events.finish(S.TASK_STATE_COMPLETED, text)

@@ -1,0 +1,94 @@
+"""The synthesis turn's inputs and outputs: how each worker ended, the prompt, the summary.
+
+Pure functions. :class:`Outcome` is one planned subtask after its worker ended (a result,
+or the reason it failed); :func:`synthesis_prompt` is the synthesis session's suffix;
+:func:`summary` is the structured data part of the ``answer`` artifact (camelCase keys);
+:func:`missing_note` is the line the answer carries when some worker failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mesh.coordinator.planner import Plan
+from mesh.worker.types import WorkerResult
+
+__all__ = ["Outcome", "joined_answers", "missing_note", "summary", "synthesis_prompt"]
+
+_ANSWER_CHARS = 4_000  # one worker answer, as the synthesis turn reads it
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One subtask once its worker ended: ``result`` or ``error`` (exactly one is set)."""
+
+    id: str
+    instructions: str
+    result: WorkerResult | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None
+
+    def record(self) -> dict[str, Any]:
+        """This subtask in the ``answer`` artifact's data part."""
+        r = self.result
+        out: dict[str, Any] = {
+            "id": self.id,
+            "instructions": self.instructions,
+            "answer": r.answer if r else "",
+            "turns": r.num_turns if r else 0,
+            "tokens": r.num_generated if r else 0,
+            "toolCalls": r.num_tool_calls if r else 0,
+            "finishReason": r.finish_reason if r else "failed",
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def summary(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    return [o.record() for o in outcomes]
+
+
+def missing_note(outcomes: Sequence[Outcome]) -> str:
+    """What the answer lacks because workers failed ('' when none did)."""
+    failed = [o for o in outcomes if not o.ok]
+    if not failed:
+        return ""
+    lines = [f"- [{o.id}] {o.instructions[:120]}: {o.error}" for o in failed]
+    return "Missing from this answer (the worker failed):\n" + "\n".join(lines)
+
+
+def joined_answers(outcomes: Sequence[Outcome]) -> str:
+    """The workers' answers under their ids (used when the synthesis turn wrote nothing)."""
+    ok = [o for o in outcomes if o.result is not None and o.result.answer.strip()]
+    if len(ok) == 1 and ok[0].result is not None:
+        return ok[0].result.answer
+    return "\n\n".join(f"[{o.id}]\n{o.result.answer}" for o in ok if o.result is not None)
+
+
+def synthesis_prompt(
+    message: str, plan: Plan, outcomes: Sequence[Outcome], history: str
+) -> str:
+    """The synthesis session's suffix: the request, the plan and how every worker ended."""
+    parts = ["You are the coordinator. Your workers have finished; write one answer for "
+             "the user from their reports. Do not repeat the reports one by one; if a "
+             "worker failed, say what is missing."]
+    if history:
+        parts.append("Earlier in this conversation:\n" + history)
+    parts.append("User request:\n" + message)
+    reports = []
+    for o in outcomes:
+        if o.result is not None:
+            body = o.result.answer.strip()[:_ANSWER_CHARS] or "(empty answer)"
+            how = f"ended with {o.result.finish_reason} after {o.result.num_turns} turn(s)"
+        else:
+            body, how = "(no answer)", f"FAILED: {o.error}"
+        reports.append(f"[{o.id}] {o.instructions}\n{how}\n{body}")
+    parts.append(f"Plan: {len(plan.subtasks)} subtask(s).\n\n" + "\n\n".join(reports))
+    parts.append("Answer:")
+    return "\n\n".join(parts) + "\n"

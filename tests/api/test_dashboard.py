@@ -1,0 +1,268 @@
+"""GET /dashboard, its assets and the SSE feed over FakeEngine + FloorGate; TaskBoard units."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from a2a.types import a2a_pb2 as pb
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from uvicorn import Config, Server
+
+from mesh.api import api_routes
+from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes, finite, poll_nodes
+from mesh.coordinator.auth import BearerAuth
+from mesh.coordinator.taskboard import ObservedTaskStore, TaskBoard
+from mesh.engine.fake import FakeEngine
+from mesh.gate.admission import FloorGate
+from mesh.gate.config import GateConfig
+from mesh.sim.server import free_port
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "s3cret-token"
+
+
+def _app(
+    engine: FakeEngine, gate: FloorGate, board: TaskBoard, *, token: str | None = None, **kw: Any
+) -> Starlette:
+    routes = [*api_routes(engine, gate), *dashboard_routes(gate, tasks=board, **kw)]
+    tokens = [token] if token else []
+    mw = [Middleware(BearerAuth, tokens=tokens, public_paths=DASHBOARD_PUBLIC_PATHS)]
+    return Starlette(routes=routes, middleware=mw)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[str, FakeEngine, FloorGate, TaskBoard]]:
+    """A real uvicorn server (SSE needs real streaming, which ASGITransport buffers)."""
+    engine = FakeEngine(prefix_tokens=100)
+    gate = FloorGate(engine, GateConfig.create(floor_tps=3.0, policy="floor", max_queue=5))
+    board = TaskBoard()
+    app = _app(engine, gate, board, interval_s=0.2, max_stream_s=1.0, max_streams=2)
+    port = free_port()
+    server = Server(Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:
+                await anyio.sleep(0.02)
+        yield f"http://127.0.0.1:{port}", engine, gate, board
+        server.should_exit = True
+
+
+async def _frames(client: httpx.AsyncClient, url: str, n: int) -> list[dict[str, Any]]:
+    frames: list[dict[str, Any]] = []
+    async with client.stream("GET", url + "/dashboard/events") as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and "capacity" in line:
+                frames.append(json.loads(line[6:]))
+                if len(frames) == n:
+                    break
+    return frames
+
+
+async def test_page_and_assets_are_served(served: Any) -> None:
+    url = served[0]
+    async with httpx.AsyncClient() as client:
+        page = await client.get(url + "/dashboard")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        for ident in ("chart", "verdict", "kvReduction", "tasksTable", "workersTable", "auth"):
+            assert f'id="{ident}"' in page.text
+        js = await client.get(url + "/dashboard/assets/dashboard.js")
+        assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+        assert "window.meshDashboard" in js.text and "http" not in js.text.split("fetch(")[1][:20]
+        css = await client.get(url + "/dashboard/assets/dashboard.css")
+        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+        assert (await client.get(url + "/dashboard/assets/nope.js")).status_code == 404
+
+
+async def test_frames_carry_the_capacity_document(served: Any) -> None:
+    url, _, gate, board = served
+    board.update("t-1", "working")
+    async with httpx.AsyncClient() as client:
+        for _ in range(2):
+            sid = (await client.post(url + "/v1/sessions", json={})).json()["id"]
+            r = await client.post(
+                url + f"/v1/sessions/{sid}/turns", json={"text": "a b", "max_tokens": 4}
+            )
+            assert r.status_code == 200
+        cap = (await client.get(url + "/capacity")).json()
+        frames = await _frames(client, url, 2)
+    assert frames[1]["t"] > frames[0]["t"]
+    last = frames[-1]
+    assert set(last) == {"t", "capacity", "tasks", "nodes"} and last["nodes"] is None
+    assert set(last["capacity"]) == set(cap)
+    for key in ("floor_tps", "policy", "sessions", "kv_cells", "max_queue", "headroom"):
+        assert last["capacity"][key] == cap[key], key
+    workers = last["capacity"]["workers"]
+    assert len(workers) == 2
+    assert set(workers[0]) == {"id", "state", "decodeTps", "dutyCycle", "privateCells", "ageS"}
+    assert sum(w["privateCells"] for w in workers) == cap["kv_cells"]["used"] - 100
+    assert last["tasks"]["running"] == 1 and last["tasks"]["live"][0]["id"] == "t-1"
+    assert gate.num_tickets == 2
+
+
+async def test_stream_ends_and_max_streams_then_recovers(served: Any) -> None:
+    url = served[0]
+    async with httpx.AsyncClient(timeout=10) as client:
+        async with client.stream("GET", url + "/dashboard/events") as a, client.stream(
+            "GET", url + "/dashboard/events"
+        ) as b:
+            assert a.status_code == b.status_code == 200
+            third = await client.get(url + "/dashboard/events")
+            assert third.status_code == 429
+            assert int(third.headers["Retry-After"]) >= 1
+            assert "streams are open" in third.json()["error"]["message"]
+            # max_stream_s=1: the stream closes itself with an end event.
+            with anyio.fail_after(5):
+                text = "".join([chunk async for chunk in a.aiter_text()])
+            assert text.rstrip().endswith('data: {"reason": "max_stream_s"}')
+            assert "event: end" in text
+        with anyio.fail_after(5):
+            while True:  # both slots come back once the streams are closed
+                async with client.stream("GET", url + "/dashboard/events") as c:
+                    if c.status_code == 200:
+                        break
+                await anyio.sleep(0.05)
+
+
+async def test_events_need_the_token_the_page_does_not() -> None:
+    engine = FakeEngine(prefix_tokens=10)
+    gate = FloorGate(engine, GateConfig.create(floor_tps=3.0))
+    app = _app(engine, gate, TaskBoard(), token=TOKEN)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://mesh") as client:
+        for path in DASHBOARD_PUBLIC_PATHS:
+            assert (await client.get(path)).status_code == 200, path
+        r = await client.get("/dashboard/events")
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+        assert (await client.get("/capacity")).status_code == 401
+
+
+def test_bad_settings_are_refused() -> None:
+    gate = FloorGate(FakeEngine(prefix_tokens=10), GateConfig.create(floor_tps=3.0))
+    for kw in ({"interval_s": 0.0}, {"max_stream_s": 0.0}, {"max_streams": 0}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            dashboard_routes(gate, tasks=None, **kw)
+
+
+def test_finite_turns_nan_into_null() -> None:
+    doc = {"a": math.nan, "b": [1.0, math.inf], "c": {"d": -math.inf, "e": 2}, "f": "x"}
+    assert finite(doc) == {"a": None, "b": [1.0, None], "c": {"d": None, "e": 2}, "f": "x"}
+
+
+def _task(tid: str, state: pb.TaskState) -> pb.Task:
+    return pb.Task(id=tid, context_id="c", status=pb.TaskStatus(state=state))
+
+
+def test_taskboard_tracks_live_and_recent() -> None:
+    now = [100.0]
+    board = TaskBoard(max_live=3, max_recent=2, clock=lambda: now[0])
+    board.observe(_task("a", pb.TASK_STATE_SUBMITTED))
+    board.observe(_task("b", pb.TASK_STATE_WORKING))
+    now[0] = 102.0
+    board.observe(_task("a", pb.TASK_STATE_WORKING))
+    snap = board.snapshot()
+    assert (snap["running"], snap["queued"], snap["finishedTotal"]) == (2, 0, 0)
+    assert snap["live"][0] == {"id": "a", "state": "working", "ageS": 2.0}
+    now[0] = 105.0
+    board.observe(_task("a", pb.TASK_STATE_COMPLETED))
+    board.observe(_task("a", pb.TASK_STATE_COMPLETED))  # saved again: counted once
+    board.observe(_task("c", pb.TASK_STATE_SUBMITTED))
+    snap = board.snapshot()
+    assert (snap["running"], snap["queued"], snap["finishedTotal"]) == (1, 1, 1)
+    assert snap["recent"] == [{"id": "a", "state": "completed", "ageS": 5.0}]
+    for tid in ("d", "e", "f"):
+        board.observe(_task(tid, pb.TASK_STATE_WORKING))
+    assert [r["id"] for r in board.snapshot()["live"]] == ["d", "e", "f"]  # bounded
+    for tid in ("x", "y", "z"):
+        board.observe(_task(tid, pb.TASK_STATE_FAILED))
+    snap = board.snapshot()
+    assert [r["id"] for r in snap["recent"]] == ["z", "y"] and snap["finishedTotal"] == 4
+    with pytest.raises(ValueError, match="max_live"):
+        TaskBoard(max_live=0)
+
+
+class _Memory:
+    def __init__(self) -> None:
+        self.saved: list[str] = []
+
+    async def save(self, task: pb.Task, context: Any) -> None:
+        if task.id == "boom":
+            raise RuntimeError("store down")
+        self.saved.append(task.id)
+
+
+async def test_observed_store_reports_only_accepted_saves() -> None:
+    board = TaskBoard()
+    inner = _Memory()
+    store = ObservedTaskStore(inner, board)  # type: ignore[arg-type]
+    await store.save(_task("ok", pb.TASK_STATE_WORKING), None)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        await store.save(_task("boom", pb.TASK_STATE_WORKING), None)  # type: ignore[arg-type]
+    assert inner.saved == ["ok"]
+    assert [r["id"] for r in board.snapshot()["live"]] == ["ok"]
+
+
+async def test_nodes_source_goes_into_each_frame() -> None:
+    engine = FakeEngine(prefix_tokens=10)
+    gate = FloorGate(engine, GateConfig.create(floor_tps=3.0))
+
+    async def nodes() -> list[dict[str, Any]]:
+        return [{"name": "n1", "url": "http://n1", "capacity": {"headroom": math.nan}}]
+
+    app = Starlette(routes=dashboard_routes(gate, tasks=None, nodes=nodes, max_stream_s=0.5))
+    port = free_port()
+    server = Server(Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:
+                await anyio.sleep(0.02)
+        async with httpx.AsyncClient(timeout=10) as client:
+            frame = (await _frames(client, f"http://127.0.0.1:{port}", 1))[0]
+        server.should_exit = True
+    assert frame["tasks"] is None
+    assert frame["nodes"] == [{"name": "n1", "url": "http://n1", "capacity": {"headroom": None}}]
+
+
+def test_simulate_prints_the_dashboard_of_the_server_it_starts(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mesh.cli.simulate import _watched
+    from mesh.sim.server import serve_command
+    from mesh.sim.types import SimConfig
+
+    config = SimConfig()
+    assert _watched(config)(8123, tmp_path) == serve_command(config, 8123, tmp_path)
+    assert "dashboard: http://127.0.0.1:8123/dashboard" in capsys.readouterr().err
+
+
+async def test_poll_nodes_reads_each_capacity_once_per_interval() -> None:
+    calls: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.host)
+        if request.url.host == "down":
+            raise httpx.ConnectError("refused", request=request)
+        assert request.headers["authorization"] == "Bearer tok"
+        return httpx.Response(200, json={"headroom": 2, "verdict": "admit"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        nodes = poll_nodes(["http://up:1", "http://down:2"], client, token="tok",
+                           min_interval_s=60)
+        first = await nodes()
+        again = await nodes()
+    assert first == again
+    assert sorted(calls) == ["down", "up"]  # the second read came from the cache
+    assert first[0] == {"url": "http://up:1", "capacity": {"headroom": 2, "verdict": "admit"},
+                        "error": None}
+    assert first[1]["capacity"] is None and "ConnectError" in first[1]["error"]

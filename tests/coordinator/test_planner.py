@@ -1,0 +1,118 @@
+"""The plan schema, its grammar, the parser, the conversation window, the synthesis record."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mesh.coordinator.agent import AgentConfig
+from mesh.coordinator.conversation import Conversations
+from mesh.coordinator.planner import (
+    Plan,
+    PlanError,
+    PlannedSubtask,
+    max_plan_chars,
+    parse_plan,
+    plan_schema,
+    schema_to_gbnf,
+)
+from mesh.coordinator.synthesis import Outcome, missing_note, summary
+from mesh.worker.types import WorkerResult
+
+
+def _longest(node: dict[str, Any], fill: str = "x") -> object:
+    """The longest JSON value ``node`` admits (every string and list at its maximum)."""
+    if "oneOf" in node:
+        return max((_longest(n) for n in node["oneOf"]), key=lambda v: len(json.dumps(v)))
+    if "const" in node:
+        return node["const"]
+    if "enum" in node:
+        return max(node["enum"], key=len)
+    if node["type"] == "string":
+        return fill * node["maxLength"]
+    if node["type"] == "array":
+        return [_longest(node["items"]) for _ in range(node["maxItems"])]
+    return {k: _longest(v) for k, v in node["properties"].items()}
+
+
+@pytest.mark.parametrize("tools", [(), ("read_file", "grep")])
+def test_the_length_bound_covers_the_longest_plan(tools: tuple[str, ...]) -> None:
+    schema = plan_schema(3, tools)
+    longest = json.dumps(_longest(schema), separators=(",", ":"))
+    assert len(longest) <= max_plan_chars(schema)
+    assert max_plan_chars(schema) - len(longest) < 16
+
+
+def test_the_grammar_fixes_key_order_bounds_strings_and_lists() -> None:
+    gbnf = schema_to_gbnf(plan_schema(2, ("read_file",), actions=("delegate", "ask")))
+    lines = dict(line.split(" ::= ", 1) for line in gbnf.strip().splitlines())
+    assert lines["root"] == "plan"
+    assert lines["plan"] == "plan-0 | plan-1"
+    assert lines["plan-0"].startswith('"{\\"action\\":" plan-0-action ",\\"subtasks\\":"')
+    assert lines["plan-0-subtasks"].endswith('("," plan-0-subtasks-item){0,1} "]"')
+    assert lines["plan-0-subtasks-item-tools-item"] == '"\\"read_file\\""'
+    assert "char{0,239}" in lines["plan-0-subtasks-item-instructions"]
+    assert "answer" not in gbnf  # the actions left out are not in the grammar
+
+
+def test_schema_rejects_unknown_actions_and_empty_plans() -> None:
+    with pytest.raises(ValueError, match="subset"):
+        plan_schema(2, actions=("explode",))
+    with pytest.raises(ValueError, match="max_subtasks"):
+        plan_schema(0)
+    with pytest.raises(ValueError, match="plan must be one of"):
+        AgentConfig(plan="sometimes").validate()
+
+
+def test_parse_plan_reads_each_shape() -> None:
+    plan = parse_plan('{"action":"delegate","subtasks":[{"instructions":" find it ",'
+                      '"files":["a.py",""],"tools":["read_file"]}]}', 3)
+    assert plan == Plan("delegate", (PlannedSubtask("find it", ("a.py",), ("read_file",)),))
+    assert plan.to_dict()["subtasks"][0] == {"id": "p1", "instructions": "find it",
+                                             "files": ["a.py"], "tools": ["read_file"]}
+    assert "Files to look at: a.py" in plan.subtasks[0].worker_instructions()
+    assert parse_plan('{"action":"answer","answer":"42"}', 3).answer == "42"
+    assert parse_plan('{"action":"ask","question":"which?"}', 3).question == "which?"
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("{", "not JSON"),
+    ("[]", "JSON object"),
+    ('{"action":"dance"}', "action must be one of"),
+    ('{"action":"delegate","subtasks":[]}', "non-empty subtasks"),
+    ('{"action":"delegate","subtasks":[{"instructions":" "}]}', "instructions must be"),
+    ('{"action":"delegate","subtasks":[{"instructions":"a"},{"instructions":"b"},'
+     '{"instructions":"c"}]}', "at most 2"),
+    ('{"action":"delegate","subtasks":[{"instructions":"a","files":"x"}]}', "list of strings"),
+    ('{"action":"answer","answer":""}', "non-empty answer"),
+    ('{"action":"ask"}', "non-empty question"),
+])
+def test_parse_plan_says_what_is_wrong(text: str, error: str) -> None:
+    with pytest.raises(PlanError, match=error):
+        parse_plan(text, 2)
+
+
+def test_conversation_window_keeps_the_newest_within_budget() -> None:
+    conv = Conversations(lambda t: len(t.split()), max_contexts=2)
+    for i in range(4):
+        conv.add("c1", "user", f"message {i} " + "word " * 5)
+    window = conv.window("c1", 22)
+    assert [e.text.split()[1] for e in window.entries] == ["2", "3"]
+    assert window.dropped == 2 and window.tokens == 2 * (7 + 4)
+    assert conv.window("c1", 0).entries == () and conv.window("nobody", 99).dropped == 0
+    conv.add("c2", "user", "x")
+    conv.add("c3", "user", "y")  # over max_contexts: the least recently used goes
+    assert conv.window("c1", 99).entries == () and len(conv) == 2
+
+
+def test_synthesis_record_is_camel_case_and_failures_are_named() -> None:
+    ok = Outcome("p1", "find it", result=WorkerResult("found", 2, 30, 1, "answer"))
+    bad = Outcome("p2", "read it", error="tool exploded")
+    rows = summary([ok, bad])
+    assert rows[0] == {"id": "p1", "instructions": "find it", "answer": "found", "turns": 2,
+                       "tokens": 30, "toolCalls": 1, "finishReason": "answer"}
+    assert rows[1]["finishReason"] == "failed" and rows[1]["error"] == "tool exploded"
+    assert missing_note([ok]) == ""
+    assert "[p2] read it: tool exploded" in missing_note([ok, bad])

@@ -1,0 +1,39 @@
+"""``mesh send --task`` answers a question, ``--context`` continues a conversation."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.coordinator.agent_helpers import Scripted, ScriptedEngine, plan_json, serve_agent
+from tests.coordinator.test_coordinator_cli import run
+
+
+def test_send_answers_a_question_with_task_and_follows_up_with_context(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ask = json.dumps({"action": "ask", "question": "Which parcel service?"})
+    engine = ScriptedEngine(Scripted([ask, plan_json("check express"), plan_json("check 25")],
+                                     synthesis="Express takes 30 kg."))
+    with serve_agent(tmp_path, engine) as served:
+        assert run("send", served.url, "How heavy may a parcel be?") == 3  # input required
+        err = capsys.readouterr().err
+        assert "Which parcel service?" in err
+        found = re.search(r"--task (\S+)", err)
+        assert found, err
+        assert run("send", served.url, "--task", found.group(1), "express") == 0
+        out, err = capsys.readouterr()
+        assert out.strip() == "Express takes 30 kg."
+        context = re.search(r"--context (\S+)", err)
+        assert context, err
+        assert run("send", served.url, "--context", context.group(1), "And 25 kg?",
+                   "--stream") == 0
+        out, err = capsys.readouterr()
+        assert '"action": "delegate"' in err  # the plan forming goes to stderr
+        assert out.strip().endswith("Express takes 30 kg.")
+    last_plan = [p for p, params in engine.turns if params.grammar][-1]
+    assert "Coordinator answered: Express takes 30 kg." in last_plan
+    assert "User: express" in last_plan
