@@ -16,7 +16,8 @@ import pytest
 
 from tests.reliability.serve_proc import ServeProc, message, running, small_project, text_of
 
-SERIAL = ("--policy", "static:1")
+# --plan never: these tests are about signals, not what a random tiny model plans.
+SERIAL = ("--policy", "static:1", "--plan", "never")
 NUM_BATCH = 6
 SUBTASKS_PER_TASK = 8
 
