@@ -199,6 +199,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     # Seed the gate's throughput model with a few timed steps (cached per model+machine),
     # so the first admissions are projected from this hardware, not from a prior.
     source = await seed_model(gate.model, pool, data_dir / "gate-cache")
+    pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor
     print(f"gate: policy {gate_cfg.policy}, floor {gate_cfg.floor_tps:g} tok/s, "
           f"throughput model seeded from {source}", file=sys.stderr)
     tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
