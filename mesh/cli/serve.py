@@ -158,6 +158,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
     agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
+                                    text_max=160,
                                     tools=tuple(sorted(tools))))
     app = build_app(
         coord,
