@@ -208,6 +208,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     board = TaskBoard()
     sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
     agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
+                                    text_max=160,
                                     tools=tuple(sorted(tools))))
     app = build_app(
         coord,
