@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run the official A2A conformance suite (a2aproject/a2a-tck, 1.0-dev) at MUST level against
+# a `mesh serve` started here on the tiny model, from a pinned commit of the suite.
+#
+#   scripts/tck.sh /path/to/a2a-tck-checkout [extra run_tck.py args...]
+#
+# The checkout must contain commit $TCK_COMMIT (git fetch it first); its Python deps
+# (pytest, pytest-asyncio, httpx, grpcio, protobuf, googleapis-common-protos, jsonschema,
+# pytest-html, gherkin-official, Jinja2) must be importable by $TCK_PYTHON (default: python3).
+# The server runs with --allow-private-push: the suite's push webhook listens on loopback.
+set -euo pipefail
+
+TCK_COMMIT="${TCK_COMMIT:-357c4a87afa2818731590647cccbea31c31733a2}"  # 1.0-dev, 2026-05-05
+TCK_DIR="${1:?usage: scripts/tck.sh /path/to/a2a-tck [run_tck.py args...]}"
+shift
+TCK_PYTHON="${TCK_PYTHON:-python3}"
+MESH="${MESH:-mesh}"
+PORT="${TCK_PORT:-8791}"
+WORK="$(mktemp -d)"
+trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+git -C "$TCK_DIR" worktree add --detach "$WORK/tck" "$TCK_COMMIT" >/dev/null
+
+"$MESH" serve --model tiny --port "$PORT" --data-dir "$WORK/data" --allow-private-push \
+    --threads 2 >"$WORK/serve.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 1 240); do
+    curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
+    kill -0 "$SERVER" 2>/dev/null || { cat "$WORK/serve.log"; exit 1; }
+    sleep 0.5
+done
+
+cd "$WORK/tck"
+set +e
+"$TCK_PYTHON" run_tck.py --sut-host "http://127.0.0.1:$PORT" --level must "$@"
+rc=$?
+set -e
+git -C "$TCK_DIR" worktree remove --force "$WORK/tck" >/dev/null 2>&1 || true
+exit "$rc"
