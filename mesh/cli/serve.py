@@ -161,12 +161,15 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
+    from mesh.api.openai import OpenAIAPI
+
+    openai_api = OpenAIAPI(pool, gate, chat, system_text, tokenize=pool.tokenize)
     app = build_app(
         coord,
         worker_factory=lambda: DispatchWorker(pool, template, tools, chat),
         admission=gate,
         pool_info=info,
-        extra_routes=api_routes(pool, gate),
+        extra_routes=[*api_routes(pool, gate), *openai_api.routes],
         skills=[s.model_dump() for s in template.manifest.skills],
     )
     base = args.public_url or f"http://{args.host}:{args.port}"
