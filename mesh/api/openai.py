@@ -14,9 +14,13 @@ prefills only its new messages; ``usage.prompt_tokens_details.cached_tokens`` sa
 prompt tokens were already in the pool (prefix included). Without a match a new session
 is attached (the prefix is shared, never prefilled again).
 
-Every request passes the gate (``admit``; 429 + Retry-After when the queue is full or the
-wait passes ``max_wait_s``) and holds its ticket only for its turn. When the pool has no
-session slot or cells left, idle conversations are evicted least-recently-used.
+Every request passes the gate's queue check (429 + Retry-After when it refuses). A request
+that starts a new conversation is a new worker: it waits for the gate's ``admit`` (429 past
+``max_wait_s``) and holds the ticket for its turn. A request that continues a cached
+conversation resumes a worker the gate already counts (its session is in the pool's load,
+like a worker back from a tool call), so it is not admitted again. While a new conversation
+waits, and whenever the pool has no session slot or cells left, idle conversations are
+evicted least-recently-used.
 
 Not yet: ``tools`` / ``tool_calls`` (a request with ``tools`` is a 400 saying so); ``tool``
 messages are rendered as user messages that carry the result.
@@ -63,6 +67,7 @@ from mesh.template.chat import ChatFormat, ChatFormatError
 __all__ = ["OpenAIAPI"]
 
 Tokenize = Callable[[str], list[int]]
+_EVICT_AFTER_S = 0.5  # how long a new conversation waits before an idle one gives way
 
 
 class _Bad(Exception):
@@ -81,7 +86,7 @@ class _Bad(Exception):
 class _Turn:
     """One request's hold on a conversation: its ticket, session and generation."""
 
-    def __init__(self, conv: Conversation, ticket: Ticket, cached: int,
+    def __init__(self, conv: Conversation, ticket: Ticket | None, cached: int,
                  generation: Generation) -> None:
         self.conv, self.ticket, self.generation = conv, ticket, generation
         self.cached_tokens = cached  # prefix + the conversation's decoded cells
@@ -231,23 +236,12 @@ class OpenAIAPI:
             return too_busy(check.reason or "the queue is full", "queue_full",
                             check.retry_after_s)
         conv = self.cache.take(rest)
-        # Idle conversations give way (LRU) when the pool has no room for another session.
-        while not self.engine.check_attach().ok and await self.cache.evict_lru():
-            pass
-        try:
-            with anyio.fail_after(self.max_wait_s):
-                ticket = await self.admission.admit("openai")
-        except (QueueFull, TimeoutError) as exc:
-            if conv is not None:
-                await self.cache.put(conv)
-            if isinstance(exc, QueueFull):
-                return too_busy(str(exc), "queue_full", exc.retry_after_s)
-            return too_busy(f"not admitted within {self.max_wait_s:g} s", "not_admitted",
-                            self.admission.check_queue().retry_after_s)
-        except BaseException:
-            if conv is not None:
-                await discard(conv)
-            raise
+        ticket: Ticket | None = None
+        if conv is None:  # a new conversation is a new worker: the gate admits it
+            try:
+                ticket = await self._admit()
+            except _Bad as exc:
+                return exc.response()
         try:
             turn = await self._start(conv, rest, params, ticket)
         except _Bad as exc:
@@ -273,8 +267,28 @@ class OpenAIAPI:
             return oa_error(503, "the turn ended without a result", "engine_error")
         return JSONResponse(self._body(turn, result, rid, chat))
 
+    async def _admit(self) -> Ticket:
+        """A ticket for a new conversation. While it waits, idle conversations give way
+        (least recently used first, one per ``_EVICT_AFTER_S``); 429 past ``max_wait_s``."""
+        deadline = anyio.current_time() + self.max_wait_s
+        while True:
+            while not self.engine.check_attach().ok and await self.cache.evict_lru():
+                pass
+            left = deadline - anyio.current_time()
+            slice_s = min(left, _EVICT_AFTER_S) if len(self.cache) else left
+            try:
+                with anyio.fail_after(max(0.0, slice_s)):
+                    return await self.admission.admit("openai")
+            except QueueFull as exc:
+                raise _Bad(429, str(exc), "queue_full", retry_after_s=exc.retry_after_s) from None
+            except TimeoutError:
+                if await self.cache.evict_lru() or anyio.current_time() < deadline:
+                    continue
+                raise _Bad(429, f"not admitted within {self.max_wait_s:g} s", "not_admitted",
+                           retry_after_s=self.admission.check_queue().retry_after_s) from None
+
     async def _start(self, conv: Conversation | None, rest: str, params: SamplingParams,
-                     ticket: Ticket) -> _Turn:
+                     ticket: Ticket | None) -> _Turn:
         """Attach a conversation if none matched, append the new text, start generating."""
         if conv is None:
             conv = Conversation(await self._attach())
@@ -408,7 +422,9 @@ def _usage(turn: _Turn, result: TurnResult) -> dict[str, Any]:
     return usage_json(prompt, result.num_generated, turn.cached_tokens)
 
 
-async def _release(ticket: Ticket) -> None:
+async def _release(ticket: Ticket | None) -> None:
+    if ticket is None:
+        return
     with anyio.CancelScope(shield=True):
         await ticket.release()
 

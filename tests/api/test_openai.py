@@ -191,3 +191,25 @@ async def test_gate_refusal_is_429_with_retry_after(mesh: Mesh) -> None:
         r = await client.post("/v1/chat/completions", json={
             "messages": [system(), {"role": "user", "content": "hi"}]})
     assert r.status_code == 429 and r.headers["retry-after"] == "3"
+
+
+async def test_floor_gate_new_conversation_evicts_an_idle_one(tiny_model_path: Path) -> None:
+    """Under the floor gate's slow start an idle cached session counts as an unmeasured
+    worker; a new conversation must not wait behind it forever: the idle one gives way."""
+    pool, _ = await open_mesh(tiny_model_path)
+    gate = FloorGate(pool, GateConfig.create(policy="floor", max_queue=8))
+    m = Mesh(pool, gate, max_wait_s=10)
+    try:
+        async with m.client:
+            a = [system(), {"role": "user", "content": "agent a"}]
+            r = await m.chat(a)
+            assert r.status_code == 200, r.text
+            a += [r.json()["choices"][0]["message"], {"role": "user", "content": "again"}]
+            r = await m.chat(a)  # continues a's session: no new admission needed
+            assert r.status_code == 200 and m.api.cache.hits == 1
+            r = await m.chat([system(), {"role": "user", "content": "agent b"}])
+            assert r.status_code == 200, r.text
+            assert m.api.cache.evictions == 1 and len(pool.load().sessions) == 1
+    finally:
+        await m.api.aclose()
+        await pool.aclose()
