@@ -71,6 +71,16 @@ class ConversationCache:
         await discard(conv)
         return True
 
+    async def evict_idle(self, older_than_s: float) -> int:
+        """Detach every conversation idle longer than ``older_than_s``; how many."""
+        cutoff = time.monotonic() - older_than_s
+        old = [sid for sid, c in self._idle.items() if c.last_used < cutoff]
+        for sid in old:
+            conv = self._idle.pop(sid)
+            self.evictions += 1
+            await discard(conv)
+        return len(old)
+
     async def aclose(self) -> None:
         while await self.evict_lru():
             pass

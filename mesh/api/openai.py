@@ -20,7 +20,7 @@ that starts a new conversation is a new worker: it waits for the gate's ``admit`
 conversation resumes a worker the gate already counts (its session is in the pool's load,
 like a worker back from a tool call), so it is not admitted again. While a new conversation
 waits, and whenever the pool has no session slot or cells left, idle conversations are
-evicted least-recently-used.
+evicted least-recently-used, and any idle past ``idle_ttl_s`` (120 s) is detached.
 
 Not yet: ``tools`` / ``tool_calls`` (a request with ``tools`` is a 400 saying so); ``tool``
 messages are rendered as user messages that carry the result.
@@ -28,6 +28,8 @@ messages are rendered as user messages that carry the result.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -107,6 +109,7 @@ class OpenAIAPI:
         tokenize: Tokenize,
         max_wait_s: float = 30.0,
         max_idle: int | None = None,
+        idle_ttl_s: float = 120.0,
     ) -> None:
         self.engine, self.admission, self.chat = engine, admission, chat
         self.system_text = system_text
@@ -114,6 +117,8 @@ class OpenAIAPI:
         self.tokenize = tokenize
         self.max_wait_s = max_wait_s
         self.cache = ConversationCache(max_idle or engine.info.max_sessions)
+        self.idle_ttl_s = idle_ttl_s
+        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def routes(self) -> list[BaseRoute]:
@@ -125,8 +130,25 @@ class OpenAIAPI:
         ]
 
     async def aclose(self) -> None:
-        """Detach every idle conversation (app shutdown)."""
+        """Stop the idle sweeper and detach every idle conversation (app shutdown)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         await self.cache.aclose()
+
+    def _ensure_sweeper(self) -> None:
+        """Start (once, in the serving loop) the task that detaches conversations idle past
+        ``idle_ttl_s``: an idle session holds a pool slot that A2A workers may need too."""
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        period = max(0.05, min(5.0, self.idle_ttl_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            await self.cache.evict_idle(self.idle_ttl_s)
 
     # ------------------------------------------------------------------ handlers
 
@@ -227,6 +249,7 @@ class OpenAIAPI:
                               top_p=req.top_p, seed=req.seed, stop=stop)
 
     async def _run(self, req: SamplingFields, rest: str, *, chat: bool) -> Response:
+        self._ensure_sweeper()
         try:
             params = self._params(req)
         except _Bad as exc:

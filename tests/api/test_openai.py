@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -210,6 +211,23 @@ async def test_floor_gate_new_conversation_evicts_an_idle_one(tiny_model_path: P
             r = await m.chat([system(), {"role": "user", "content": "agent b"}])
             assert r.status_code == 200, r.text
             assert m.api.cache.evictions == 1 and len(pool.load().sessions) == 1
+    finally:
+        await m.api.aclose()
+        await pool.aclose()
+
+
+async def test_idle_conversations_expire(tiny_model_path: Path) -> None:
+    pool, gate = await open_mesh(tiny_model_path)
+    m = Mesh(pool, gate, idle_ttl_s=0.3)
+    try:
+        async with m.client:
+            r = await m.chat([system(), {"role": "user", "content": "agent a"}])
+            assert r.status_code == 200 and len(pool.load().sessions) == 1
+            for _ in range(100):
+                if not len(m.api.cache):
+                    break
+                await anyio.sleep(0.05)
+            assert len(m.api.cache) == 0 and m.api.cache.evictions == 1
     finally:
         await m.api.aclose()
         await pool.aclose()
