@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", default="bench/results/openai.json")
+    # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so a spawned server is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return asyncio.run(amain(p.parse_args(argv)))
 
 
