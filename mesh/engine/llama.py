@@ -98,6 +98,11 @@ class LlamaModel:
             raise RuntimeError("model is closed")
         return self._handle
 
+    @property
+    def vocab(self) -> Any:
+        """The native vocabulary handle (for samplers that need it, e.g. grammars)."""
+        return self._vocab
+
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
         """Token ids of ``text``; special tokens (``<start_of_turn>``...) are parsed."""
         data = text.encode("utf-8")
@@ -310,17 +315,47 @@ class GreedySampler:
 
 
 class Sampler:
-    """llama.cpp sampler chain: top-k -> top-p -> temperature -> seeded draw."""
+    """llama.cpp sampler chain: [grammar ->] top-k -> top-p -> temperature -> seeded draw.
 
-    def __init__(self, *, temperature: float, top_k: int, top_p: float, seed: int) -> None:
+    ``temperature == 0`` with a grammar draws greedily from the grammar's allowed tokens.
+    ``grammar`` is GBNF text with root rule ``root``; an invalid one raises ValueError.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel | None = None,
+        *,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int,
+        grammar: str | None = None,
+    ) -> None:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        self._chain: Any = chain
+        if grammar is not None:
+            if model is None:
+                self.close()
+                raise ValueError("a grammar sampler needs the model's vocabulary")
+            gram = ll.llama_sampler_init_grammar(
+                model.vocab, grammar.encode("utf-8"), b"root"
+            )
+            if not gram:
+                self.close()
+                raise ValueError(
+                    "the GBNF grammar does not parse (llama.cpp rejected it; it needs a "
+                    "rule named 'root'; set MESH_LLAMA_VERBOSE=1 to see where it failed)"
+                )
+            ll.llama_sampler_chain_add(chain, gram)
+        if temperature == 0.0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+            return
         if top_k > 0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(top_k))
         if top_p < 1.0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        self._chain: Any = chain
 
     def sample(self, ctx: LlamaContext, index: int) -> int:
         return int(ll.llama_sampler_sample(self._chain, ctx.handle, index))
@@ -331,10 +366,21 @@ class Sampler:
             self._chain = None
 
 
-def make_sampler(*, temperature: float, top_k: int, top_p: float, seed: int) -> TokenSampler:
-    if temperature == 0.0:
+def make_sampler(
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    grammar: str | None = None,
+    model: LlamaModel | None = None,
+) -> TokenSampler:
+    """The sampler of one turn. A grammar needs ``model`` (its vocabulary); raises
+    ValueError when the grammar does not parse."""
+    if temperature == 0.0 and grammar is None:
         return GreedySampler()
-    return Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    return Sampler(model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   grammar=grammar)
 
 
 def library_version() -> str:

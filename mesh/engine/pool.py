@@ -355,8 +355,10 @@ class SharedKVPool:
             if seed is None:
                 key = f"{self.config.seed}:{st.id}:{st.turns_started}".encode()
                 seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+            # An invalid grammar raises ValueError here, on the caller's await.
             sampler = make_sampler(temperature=params.temperature, top_k=params.top_k,
-                                   top_p=params.top_p, seed=seed)
+                                   top_p=params.top_p, seed=seed, grammar=params.grammar,
+                                   model=self._model)
             turn = Turn(params=params, sampler=sampler, loop=loop, queue=asyncio.Queue(),
                         num_prompt=num_prompt)
             st.turn = turn
@@ -535,9 +537,13 @@ class SharedKVPool:
         params = turn.params
         if turn.first_token_at is None:
             turn.first_token_at = time.monotonic()
-        if params.stop_at_eos and self._model.is_eog(tok):
-            self._finish(st, "eos")
-            return
+        if self._model.is_eog(tok):
+            if params.grammar is not None:  # the grammar is complete: only EOG was allowed
+                self._finish(st, "stop")
+                return
+            if params.stop_at_eos:
+                self._finish(st, "eos")
+                return
         with self._lock:
             room = st.reserved + 1 <= st.budget and self._free_cells() >= 1
             if room:

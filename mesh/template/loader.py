@@ -67,12 +67,12 @@ class Template:
         return self.renderer.render(file, self.context(**extra))
 
     def instructions(self, subtask_id: str, instructions: str) -> str:
-        """A worker session's first suffix."""
+        """The content of a worker session's first user message (no chat markup)."""
         subtask = {"id": subtask_id, "instructions": instructions}
         return self.render(self.manifest.turns.instructions, subtask=subtask)
 
     def tool_result(self, *, call: str, output: str, is_error: bool, turn: int) -> str:
-        """A tool's result, closing the tool turn and opening the next generation."""
+        """The content of the user message that reports a tool's result (no chat markup)."""
         return self.render(
             self.manifest.turns.tool_result,
             call=call,

@@ -149,8 +149,8 @@ class ToolCallSyntax(_Model):
 
 
 class TurnSpec(_Model):
-    instructions: NonEmpty  # Jinja file: the session's first suffix
-    tool_result: NonEmpty  # Jinja file: a tool result and the next turn's opening
+    instructions: NonEmpty  # Jinja file: the first user message's content
+    tool_result: NonEmpty  # Jinja file: a tool result message's content
     max_turns: int = Field(8, ge=1)
     max_tokens_per_turn: int = Field(256, ge=1)
     max_total_tokens: int = Field(2048, ge=1)

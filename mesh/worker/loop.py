@@ -175,8 +175,7 @@ class AgentWorker:
                 state.generated += result.num_generated
                 state.last_text = result.text
                 state.finishes.append(result.finish_reason)
-                # The session's context holds the matched stop string's tokens too.
-                reply = result.text + (result.stop or "")
+                reply = _closed(result, params.stop)
                 if result.finish_reason == "context_full":
                     return state.result(result.text.strip(), "context_full")
                 cut = result.finish_reason not in ("stop", "eos")
@@ -260,6 +259,22 @@ class AgentWorker:
         output, _ = truncate(output, self.limits.max_tool_output_tokens, self._engine.count_tokens)
         await emit(WorkerEvent(EventKind.TOOL_RESULT, output, turn, {"error": is_error}))
         return output, is_error
+
+
+def _closed(result: EngineTurn, stops: tuple[str, ...]) -> str:
+    """The turn's text with its matched stop string, as the session's context holds it.
+
+    The engine names the stop and leaves all of it out of ``text``; an engine that reports
+    no name may have left the stop's first pieces in: those are completed instead.
+    """
+    if result.stop is not None:
+        return result.text + result.stop
+    if result.finish_reason == "stop":
+        for stop in stops:
+            for k in range(len(stop), 0, -1):
+                if result.text.endswith(stop[:k]):
+                    return result.text[: len(result.text) - k] + stop
+    return result.text
 
 
 @dataclass
