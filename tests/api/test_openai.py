@@ -231,3 +231,16 @@ async def test_idle_conversations_expire(tiny_model_path: Path) -> None:
     finally:
         await m.api.aclose()
         await pool.aclose()
+
+
+async def test_completions_stream(mesh: Mesh) -> None:
+    prompt = CHAT.prefix_text(SYSTEM) + "### User\nStream a completion.\n\n### Assistant\n"
+    async with mesh.client.stream("POST", "/v1/completions", json={
+        "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [ln async for ln in r.aiter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert len(mesh.api.cache) == 1  # the finished turn stays cached for the next one
