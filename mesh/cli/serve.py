@@ -119,6 +119,7 @@ async def _close(pool: Any, peers: Any) -> None:
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.api import SessionAPI, api_routes
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes
+    from mesh.api.openai import OpenAIAPI
     from mesh.coordinator.agent import Agent, AgentConfig
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
@@ -209,14 +210,19 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
     agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
                                     text_max=160,
-                                    tools=tuple(sorted(tools))))
+                                    tools=tuple(sorted(tools))),
+                  # planner and synthesis turns in the model's own chat format
+                  render=lambda prompt: chat.continuation(
+                      system_text, [{"role": "user", "content": prompt}]))
+    openai_api = OpenAIAPI(pool, gate, chat, system_text, tokenize=pool.tokenize)
     app = build_app(
         coord,
         worker_factory=lambda: DispatchWorker(pool, template, tools, chat,
                                               simulation=args.simulation),
         admission=gate,
         pool_info=info,
-        extra_routes=[*api_routes(pool, gate, sessions), *dashboard_routes(gate, tasks=board)],
+        extra_routes=[*api_routes(pool, gate, sessions), *dashboard_routes(gate, tasks=board),
+                      *openai_api.routes],
         skills=[s.model_dump() for s in template.manifest.skills],
         task_board=board,
         public_paths=DASHBOARD_PUBLIC_PATHS,
