@@ -5,7 +5,7 @@ waits for the task to finish (the coordinator plans, runs pooled sub-agents, syn
 the ``report`` node formats its answer artifact. Any A2A agent could stand in for mesh.
 
     mesh serve &
-    python examples/langgraph_a2a.py --url http://127.0.0.1:8000 "Which file defines Parcel?"
+    python examples/langgraph_a2a.py --url http://127.0.0.1:8700 "Which file defines Parcel?"
 
 Needs ``pip install mesh[langchain]``.
 """
@@ -80,7 +80,7 @@ def build_graph(url: str, token: str | None = None) -> Any:
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("question")
-    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--url", default="http://127.0.0.1:8700")
     p.add_argument("--token", default=None)
     args = p.parse_args()
     out = await build_graph(args.url, args.token).ainvoke({"question": args.question})

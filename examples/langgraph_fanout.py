@@ -7,7 +7,7 @@ answers. This is the coordinator-with-sub-agents pattern, written as a LangGraph
 would write it: nothing here knows about KV caches.
 
     mesh serve --model tiny &            # or the default model
-    python examples/langgraph_fanout.py --url http://127.0.0.1:8000 --workers 4 \\
+    python examples/langgraph_fanout.py --url http://127.0.0.1:8700 --workers 4 \\
         "How does a parcel get from the depot to the customer?"
 
 Needs ``pip install mesh[langchain]``.
@@ -82,7 +82,7 @@ def build_graph(model: BaseChatModel, workers: int) -> Any:
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("question")
-    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--url", default="http://127.0.0.1:8700")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--token", default=None, help="bearer token (mesh serve --auth-token)")

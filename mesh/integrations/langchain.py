@@ -8,7 +8,7 @@ conversation as a live pooled session and continues it when the next request's m
 extend it, so one LangGraph thread (a growing message list) is one pooled session and each
 turn prefills only its new messages. ``usage_metadata`` carries the cached-token count.
 
-    model = MeshChat(base_url="http://127.0.0.1:8000", max_tokens=64)
+    model = MeshChat(base_url="http://127.0.0.1:8700", max_tokens=64)
     reply = await model.ainvoke([HumanMessage("Which file defines Parcel?")])
 """
 
@@ -40,7 +40,7 @@ class MeshChat(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    base_url: str = "http://127.0.0.1:8000"
+    base_url: str = "http://127.0.0.1:8700"
     api_key: str | None = None  # sent as a bearer token (mesh serve --auth-token)
     max_tokens: int = 128
     temperature: float = 0.0
