@@ -46,6 +46,11 @@ def prefill_budget(
     ``cells_used`` cells so that the projected step time ``scale·cost.step_s(...)`` stays
     within ``1/floor_tps``; never fewer than ``min_chunk`` (prefill must progress).
 
+    When the decode rows alone are already projected past ``1/floor_tps``, no chunk size
+    can keep the floor this step, and tiny chunks only stretch the prefill over many slow
+    steps (each paying every row's cost again). The step may then at most double: the
+    budget is as many tokens as the decode rows cost (``fixed / per_token``).
+
     With ``num_decode == 0`` nobody can be stalled: the budget is unbounded (the pool
     takes its full ``n_batch``). Raises ``ValueError`` on negative counts, a floor that is
     not a finite positive number, a non-positive scale or ``min_chunk < 1``.
@@ -69,9 +74,9 @@ def prefill_budget(
     per_token = cost.d + cost.e * cells_used
     room = target - fixed
     if per_token <= 0:
-        return _MAX_TOKENS if room > 0 else min_chunk
-    if room <= 0:
-        return min_chunk
+        return _MAX_TOKENS
+    if room <= 0:  # over the floor already: let the step at most double (see above)
+        return max(min_chunk, min(_MAX_TOKENS, int(fixed / per_token)))
     return max(min_chunk, min(_MAX_TOKENS, int(room / per_token)))
 
 

@@ -30,9 +30,15 @@ def test_cells_in_use_shrink_the_budget() -> None:
     assert cost.step_s(4, 0, n, 5_000) <= 0.1 + 1e-9 < cost.step_s(4, 0, n + 1, 5_000)
 
 
-def test_over_the_floor_already_still_progresses() -> None:
-    assert prefill_budget(COST, 100.0, 8, 0) == MIN_CHUNK
-    assert prefill_budget(COST, 100.0, 8, 0, min_chunk=1) == 1
+def test_over_the_floor_already_the_step_at_most_doubles() -> None:
+    # floor 100 tok/s: 10 ms a step; 8 rows alone cost 90 ms, so no chunk keeps the floor.
+    # The budget lets the step double (90 tokens at 1 ms) rather than crawl at MIN_CHUNK.
+    n = prefill_budget(COST, 100.0, 8, 0)
+    assert n == 90
+    assert COST.step_s(8, 0, n) <= 2 * COST.step_s(8, 0, 0) + 1e-12
+    # A decode step too cheap to pay for min_chunk tokens still progresses by min_chunk.
+    cheap = StepCost(a=0.001, b=0.0, c=0.0, d=0.001, e=0.0)
+    assert prefill_budget(cheap, 2000.0, 1, 0) == MIN_CHUNK
 
 
 def test_nothing_decoding_is_unbounded() -> None:
@@ -61,13 +67,25 @@ def test_bad_input_is_a_value_error(floor: float, n: int, cells: int, kw: dict[s
 
 
 @given(n=st.integers(1, 64), cells=st.integers(0, 100_000), floor=st.floats(0.5, 50.0))
-def test_budget_is_monotone_in_load(n: int, cells: int, floor: float) -> None:
+def test_budget_is_monotone_in_load_while_the_floor_can_hold(
+    n: int, cells: int, floor: float
+) -> None:
     cost = StepCost(a=0.005, b=0.004, c=1e-6, d=0.0005, e=5e-8)
+
+    def holds(n: int, cells: int, floor: float) -> bool:  # decode rows alone within 1/floor
+        return cost.step_s(n, cells * n, 0, cells) < 1.0 / floor
+
     b = prefill_budget(cost, floor, n, cells)
     assert b >= MIN_CHUNK
-    assert prefill_budget(cost, floor, n + 1, cells) <= b
-    assert prefill_budget(cost, floor, n, cells + 1000) <= b
-    assert prefill_budget(cost, floor * 2, n, cells) <= b
+    if holds(n + 1, cells, floor):
+        assert prefill_budget(cost, floor, n + 1, cells) <= b
+    if holds(n, cells + 1000, floor):
+        assert prefill_budget(cost, floor, n, cells + 1000) <= b
+    if holds(n, cells, floor * 2):
+        assert prefill_budget(cost, floor * 2, n, cells) <= b
+    if not holds(n, cells, floor):  # past the floor: the step at most doubles
+        fixed = cost.step_s(n, cells * n, 0, cells)
+        assert cost.step_s(n, cells * n, b, cells) <= 2 * fixed + cost.d * MIN_CHUNK
 
 
 def test_pool_budget_is_none_under_policy_none_and_follows_the_model() -> None:
