@@ -22,8 +22,10 @@ like a worker back from a tool call), so it is not admitted again. While a new c
 waits, and whenever the pool has no session slot or cells left, idle conversations are
 evicted least-recently-used, and any idle past ``idle_ttl_s`` (120 s) is detached.
 
-Not yet: ``tools`` / ``tool_calls`` (a request with ``tools`` is a 400 saying so); ``tool``
-messages are rendered as user messages that carry the result.
+``tools`` / ``tool_choice``: see :mod:`mesh.api.openai_tools` (the tools are described
+before the first user message, the reply is sampled under a grammar of their calls and
+parsed into ``tool_calls``); ``tool`` messages are rendered as user messages that carry the
+result. Not supported: ``n > 1``, ``logprobs``, non-text parts.
 """
 
 from __future__ import annotations
@@ -41,6 +43,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from mesh.api.conversations import Conversation, ConversationCache, discard
+from mesh.api.openai_tools import (
+    ToolChoice,
+    ToolsError,
+    ToolSpec,
+    parse_tool_choice,
+    parse_tools,
+    render_calls,
+    split_calls,
+    tools_grammar,
+    tools_prompt,
+)
 from mesh.api.openai_wire import (
     ChatRequest,
     CompletionRequest,
@@ -94,6 +107,7 @@ class _Turn:
         self.cached_tokens = cached  # prefix + the conversation's decoded cells
         self.iterator = generation.__aiter__()
         self.failed = False
+        self.tools: tuple[ToolSpec, ...] = ()  # a chat turn with tools: parse its calls
 
 
 class OpenAIAPI:
@@ -171,16 +185,19 @@ class OpenAIAPI:
     async def _chat(self, request: Request) -> Response:
         try:
             req = await _parse(request, ChatRequest)
-            if req.tools:
-                raise _Bad(400, "tools are not supported by this server yet; describe the "
-                           "tools in a user message instead", "unsupported", "tools")
-            rendered = self._strip_bos(self.chat.render(self._messages(req)))
+            specs = parse_tools(req.tools or [])
+            choice = parse_tool_choice(req.tool_choice, specs)
+            rendered = self._strip_bos(self.chat.render(self._messages(req, specs, choice)))
             rest = self._rest(rendered, "messages")
+            grammar = tools_grammar(specs, choice, parallel=req.parallel_tool_calls)
         except _Bad as exc:
             return exc.response()
+        except ToolsError as exc:
+            return oa_error(400, str(exc), "invalid_tools", param=exc.param)
         except ChatFormatError as exc:
             return oa_error(400, str(exc), "invalid_messages", param="messages")
-        return await self._run(req, rest, chat=True)
+        return await self._run(req, rest, chat=True, grammar=grammar,
+                               tools=specs if grammar else ())
 
     async def _completion(self, request: Request) -> Response:
         try:
@@ -194,8 +211,10 @@ class OpenAIAPI:
 
     # ------------------------------------------------------------------ rendering
 
-    def _messages(self, req: ChatRequest) -> list[dict[str, str]]:
+    def _messages(self, req: ChatRequest, specs: tuple[ToolSpec, ...] = (),
+                  choice: ToolChoice | None = None) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
+        described = not specs or choice is None or choice.mode == "none"
         for i, m in enumerate(req.messages):
             if m.has_non_text():
                 raise _Bad(400, f"messages[{i}] has a non-text part; only text is supported",
@@ -205,6 +224,10 @@ class OpenAIAPI:
                 role = "system"
             elif role == "tool":
                 role, text = "user", f"Tool result ({m.name or m.tool_call_id or 'tool'}):\n{text}"
+            elif role == "assistant" and m.tool_calls:
+                text = "\n".join(t for t in (text, render_calls(m.tool_calls)) if t)
+            if role == "user" and not described and choice is not None:
+                text, described = f"{tools_prompt(specs, choice)}\n\n{text}", True
             out.append({"role": role, "content": text})
         return out
 
@@ -232,7 +255,7 @@ class OpenAIAPI:
 
     # ------------------------------------------------------------------ turns
 
-    def _params(self, req: SamplingFields) -> SamplingParams:
+    def _params(self, req: SamplingFields, grammar: str | None = None) -> SamplingParams:
         if req.logprobs:
             raise _Bad(400, "logprobs are not supported", "unsupported", "logprobs")
         budget = self.engine.info.session_budget
@@ -246,12 +269,13 @@ class OpenAIAPI:
             raise _Bad(400, f"stop: at most 16 strings of 1..{MAX_STOP_LEN} characters",
                        "invalid_value", "stop")
         return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
-                              top_p=req.top_p, seed=req.seed, stop=stop)
+                              top_p=req.top_p, seed=req.seed, stop=stop, grammar=grammar)
 
-    async def _run(self, req: SamplingFields, rest: str, *, chat: bool) -> Response:
+    async def _run(self, req: SamplingFields, rest: str, *, chat: bool,
+                   grammar: str | None = None, tools: tuple[ToolSpec, ...] = ()) -> Response:
         self._ensure_sweeper()
         try:
-            params = self._params(req)
+            params = self._params(req, grammar)
         except _Bad as exc:
             return exc.response()
         check = self.admission.check_queue()
@@ -273,6 +297,7 @@ class OpenAIAPI:
         except BaseException:
             await _release(ticket)
             raise
+        turn.tools = tools
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
             events = self._stream(turn, rid, chat, req.include_usage())
@@ -378,8 +403,14 @@ class OpenAIAPI:
     def _body(self, turn: _Turn, result: TurnResult, rid: str, chat: bool) -> dict[str, Any]:
         reason = finish_reason(result.finish_reason)
         if chat:
+            message: dict[str, Any] = {"role": "assistant", "content": result.text}
+            if turn.tools:
+                content, calls = split_calls(result.text, turn.tools)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    reason = "tool_calls"
             choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,
-                                      "message": {"role": "assistant", "content": result.text}}
+                                      "message": message}
         else:
             choice = {"index": 0, "finish_reason": reason, "logprobs": None,
                       "text": result.text}
@@ -410,7 +441,7 @@ class OpenAIAPI:
                               "delta": {"role": "assistant", "content": ""}}]})
         try:
             async for piece in turn.iterator:
-                if piece.text:
+                if piece.text and not turn.tools:  # with tools: one piece at the end
                     yield chunk_line(choice(piece.text, None))
         except EngineError as exc:
             turn.failed = True
@@ -420,7 +451,16 @@ class OpenAIAPI:
             return
         result = turn.generation.result
         if result is not None:
-            yield chunk_line(choice(None, finish_reason(result.finish_reason)))
+            reason = finish_reason(result.finish_reason)
+            if turn.tools:
+                content, calls = split_calls(result.text, turn.tools)
+                delta: dict[str, Any] = {"content": content}
+                if calls:
+                    delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+                    reason = "tool_calls"
+                yield chunk_line({**head, "choices": [{"index": 0, "delta": delta,
+                                  "finish_reason": None, "logprobs": None}]})
+            yield chunk_line(choice(None, reason))
             if usage:
                 yield chunk_line({**head, "choices": [], "usage": _usage(turn, result)})
         yield chunk_line("[DONE]")

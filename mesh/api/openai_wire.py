@@ -77,8 +77,9 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(SamplingFields):

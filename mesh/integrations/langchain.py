@@ -10,11 +10,16 @@ turn prefills only its new messages. ``usage_metadata`` carries the cached-token
 
     model = MeshChat(base_url="http://127.0.0.1:8700", max_tokens=64)
     reply = await model.ainvoke([HumanMessage("Which file defines Parcel?")])
+
+``model.bind_tools([...])`` sends OpenAI ``tools``; the server samples the reply under a
+grammar of their calls, and the reply's ``tool_calls`` come back parsed (LangGraph's
+``ToolNode`` runs them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -22,6 +27,9 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
 __all__ = ["MeshChat", "MeshError"]
@@ -61,6 +69,25 @@ class MeshChat(BaseChatModel):
         return {"base_url": self.base_url, "max_tokens": self.max_tokens,
                 "temperature": self.temperature}
 
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[Any, AIMessage]:
+        """This model with OpenAI ``tools`` (and ``tool_choice``: ``auto``, ``none``,
+        ``required``/``any``, or a tool's name) sent on every request."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        if tool_choice is not None:
+            if tool_choice == "any":
+                tool_choice = "required"
+            if tool_choice not in ("auto", "none", "required"):
+                kwargs["tool_choice"] = {"type": "function", "function": {"name": tool_choice}}
+            else:
+                kwargs["tool_choice"] = tool_choice
+        return super().bind(tools=formatted, **kwargs)
+
     # ------------------------------------------------------------------ requests
 
     def _headers(self) -> dict[str, str]:
@@ -78,6 +105,9 @@ class MeshChat(BaseChatModel):
             body["seed"] = self.seed
         if stop:
             body["stop"] = stop
+        for key in ("tools", "tool_choice", "parallel_tool_calls"):
+            if key in kwargs:
+                body[key] = kwargs[key]
         return body
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -111,17 +141,24 @@ class MeshChat(BaseChatModel):
         return _result(r)
 
 
-def _wire(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+def _wire(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     """LangChain messages as OpenAI chat messages; a caller's own system text leads the
     next user message (the pool's system text is fixed)."""
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     preamble = ""
     for m in messages:
         text = m.content if isinstance(m.content, str) else str(m.text)
         if isinstance(m, SystemMessage):
             preamble += text + "\n\n"
         elif isinstance(m, AIMessage):
-            out.append({"role": "assistant", "content": text})
+            msg: dict[str, Any] = {"role": "assistant", "content": text}
+            if m.tool_calls:
+                msg["tool_calls"] = [
+                    {"id": c.get("id") or f"call_{i}", "type": "function",
+                     "function": {"name": c["name"],
+                                  "arguments": json.dumps(c["args"], separators=(",", ":"))}}
+                    for i, c in enumerate(m.tool_calls)]
+            out.append(msg)
         elif isinstance(m, ToolMessage):
             out.append({"role": "tool", "content": text, "tool_call_id": m.tool_call_id})
         else:
@@ -152,8 +189,12 @@ def _result(r: httpx.Response) -> ChatResult:
     choice = body["choices"][0]
     usage = body.get("usage") or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    calls = [{"name": c["function"]["name"], "args": json.loads(c["function"]["arguments"]),
+              "id": c["id"], "type": "tool_call"}
+             for c in choice["message"].get("tool_calls") or ()]
     message = AIMessage(
         content=choice["message"]["content"] or "",
+        tool_calls=calls,
         response_metadata={"finish_reason": choice.get("finish_reason"),
                            "model_name": body.get("model"), "id": body.get("id")},
         usage_metadata={

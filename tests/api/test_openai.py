@@ -116,8 +116,9 @@ async def test_bad_requests_are_4xx(mesh: Mesh) -> None:
     r = await mesh.chat([system(), {"role": "user", "content": "x"}], n=2)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     r = await mesh.chat([system(), {"role": "user", "content": "x"}],
-                        tools=[{"type": "function", "function": {"name": "f"}}])
-    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported"
+                        tools=[{"type": "function", "function": {"name": "no spaces"}}])
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_tools"
+    assert r.json()["error"]["param"] == "tools[0].function.name"
     r = await mesh.chat([system(), {"role": "user", "content": "y " * 400}])
     assert r.status_code == 400, r.text
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

@@ -134,3 +134,38 @@ async def test_errors_surface_as_mesh_error(served: Served) -> None:
     with pytest.raises(MeshError) as err:
         await model.ainvoke([HumanMessage("hi")])
     assert err.value.status == 400 and err.value.code == "context_length_exceeded"
+
+
+async def test_bound_tools_come_back_as_tool_calls_a_tool_node_runs(served: Served) -> None:
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import ToolNode
+
+    seen: list[str] = []
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file of the project."""
+        seen.append(path)
+        return f"contents of {path}"
+
+    bound = served.model.bind_tools([read_file], tool_choice="read_file", max_tokens=240,
+                                    temperature=1.0)
+    async def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        return {"messages": [await bound.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([read_file]))
+    graph.add_edge(START, "agent")
+    graph.add_edge("agent", "tools")
+    state = await graph.compile().ainvoke({"messages": [HumanMessage("Read the parcels.")]})
+    human, reply, result = state["messages"]
+    assert isinstance(reply, AIMessage)
+    assert [c["name"] for c in reply.tool_calls] == ["read_file"], reply
+    assert isinstance(reply.tool_calls[0]["args"]["path"], str)
+    assert isinstance(result, ToolMessage) and seen == [reply.tool_calls[0]["args"]["path"]]
+    # The tool's answer goes back; the model may now answer in prose.
+    after = await served.model.bind_tools([read_file], tool_choice="none").ainvoke(
+        [human, reply, result])
+    assert isinstance(after, AIMessage) and after.tool_calls == []
