@@ -13,6 +13,7 @@ preconditions itself and raises :class:`ValueError` instead of handing such a ba
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 from pathlib import Path
@@ -315,10 +316,20 @@ class GreedySampler:
 
 
 class Sampler:
-    """llama.cpp sampler chain: [grammar ->] top-k -> top-p -> temperature -> seeded draw.
+    """llama.cpp sampler chain: top-k -> top-p -> temperature -> seeded draw (or greedy),
+    with an optional grammar checked *after* the draw.
 
-    ``temperature == 0`` with a grammar draws greedily from the grammar's allowed tokens.
+    Applying a grammar to every candidate costs a pass over the whole vocabulary each token
+    (262K entries for Gemma 3). Instead the chain draws first and the grammar checks only
+    that token; only when it rejects it is the token drawn again among the allowed ones
+    (the best 256 logits first, the whole vocabulary only if none of those is allowed), as
+    llama.cpp's own common sampler does. A kept draw has probability p/A of the allowed
+    mass A, so the result follows the grammar-masked distribution (up to the 256-logit
+    shortcut's tail). ``temperature == 0`` with a grammar draws the best allowed token.
     ``grammar`` is GBNF text with root rule ``root``; an invalid one raises ValueError.
+    ``grammar_first=True`` puts the grammar at the head of the chain instead (every
+    candidate masked every token): the reference ``bench/grammar_bench.py``
+    compares against.
     """
 
     def __init__(
@@ -330,9 +341,14 @@ class Sampler:
         top_p: float,
         seed: int,
         grammar: str | None = None,
+        grammar_first: bool = False,
     ) -> None:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         self._chain: Any = chain
+        self._grammar: Any = None
+        self._n_vocab = 0
+        self.num_redraws = 0  # draws the grammar rejected
+        self.num_full_redraws = 0  # of those, redraws that had to mask the whole vocabulary
         if grammar is not None:
             if model is None:
                 self.close()
@@ -346,7 +362,11 @@ class Sampler:
                     "the GBNF grammar does not parse (llama.cpp rejected it; it needs a "
                     "rule named 'root'; set MESH_LLAMA_VERBOSE=1 to see where it failed)"
                 )
-            ll.llama_sampler_chain_add(chain, gram)
+            if grammar_first:
+                ll.llama_sampler_chain_add(chain, gram)  # the chain owns and frees it
+            else:
+                self._grammar = gram
+                self._n_vocab = model.n_vocab
         if temperature == 0.0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
             return
@@ -358,12 +378,68 @@ class Sampler:
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def sample(self, ctx: LlamaContext, index: int) -> int:
-        return int(ll.llama_sampler_sample(self._chain, ctx.handle, index))
+        tok = int(ll.llama_sampler_sample(self._chain, ctx.handle, index))
+        gram = self._grammar
+        if gram is None:
+            return tok
+        one = ll.llama_token_data(id=tok, logit=1.0, p=0.0)
+        arr = ll.llama_token_data_array(data=ctypes.pointer(one), size=1, selected=-1,
+                                        sorted=False)
+        ll.llama_sampler_apply(gram, ctypes.byref(arr))
+        if not math.isinf(one.logit):  # the grammar allows the draw
+            ll.llama_sampler_accept(gram, tok)
+            return tok
+        self.num_redraws += 1
+        tok = self._redraw(ctx, index)
+        ll.llama_sampler_accept(gram, tok)
+        return tok
+
+    def _redraw(self, ctx: LlamaContext, index: int) -> int:
+        """Draw again among the tokens the grammar allows: first among the
+        ``_REDRAW_TOP`` best logits (exact for greedy, and the chain keeps only its top-k
+        anyway), and only if none of them is allowed, among the whole vocabulary."""
+        logits = ctx.logits_row(index)
+        top = min(_REDRAW_TOP, self._n_vocab)
+        ids = np.argpartition(logits, -top)[-top:].astype(np.int32)
+        tok = self._draw_among(ids, logits[ids])
+        if tok is None:
+            self.num_full_redraws += 1
+            tok = self._draw_among(np.arange(self._n_vocab, dtype=np.int32), logits)
+        if tok is None:
+            raise RuntimeError("the grammar allows no token here (is it complete?)")
+        ll.llama_sampler_accept(self._chain, tok)
+        return tok
+
+    def _draw_among(self, ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32]
+                    ) -> int | None:
+        cand = np.empty(len(ids), dtype=_TOKEN_DATA)
+        cand["id"] = ids
+        cand["logit"] = logits
+        cand["p"] = 0.0
+        arr = ll.llama_token_data_array(
+            data=cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
+            size=len(ids), selected=-1, sorted=False,
+        )
+        ll.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        if not np.isfinite(cand["logit"]).any():
+            return None
+        ll.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            return None
+        return int(cand["id"][arr.selected])
 
     def close(self) -> None:
+        if self._grammar is not None:
+            ll.llama_sampler_free(self._grammar)
+            self._grammar = None
         if self._chain is not None:
             ll.llama_sampler_free(self._chain)
             self._chain = None
+
+
+_REDRAW_TOP = 256  # best logits a redraw tries before masking the whole vocabulary
+# llama_token_data as numpy sees it: {int32 id; float logit; float p}, 12 bytes, no padding.
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
 def make_sampler(
@@ -374,13 +450,14 @@ def make_sampler(
     seed: int,
     grammar: str | None = None,
     model: LlamaModel | None = None,
+    grammar_first: bool = False,
 ) -> TokenSampler:
     """The sampler of one turn. A grammar needs ``model`` (its vocabulary); raises
     ValueError when the grammar does not parse."""
     if temperature == 0.0 and grammar is None:
         return GreedySampler()
     return Sampler(model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   grammar=grammar)
+                   grammar=grammar, grammar_first=grammar_first)
 
 
 def library_version() -> str:

@@ -92,3 +92,55 @@ def test_a_grammar_longer_than_max_tokens_ends_by_length(tiny_model_path: Path) 
     text, reason = run(body())
     assert reason == "length"
     assert re.fullmatch(r"ab+", text), text  # a token may hold several b's
+
+
+def _generate(model_path: Path, grammar: str, first: bool, temperature: float, seed: int,
+              n: int = 24) -> tuple[list[int], int]:
+    """Tokens a lone sampler writes after a short prompt; and its redraw count."""
+    from mesh.engine.llama import Batch, LlamaContext, LlamaModel, Sampler
+
+    model = LlamaModel(model_path)
+    ctx = LlamaContext(model, n_ctx=256, n_seq_max=1, n_batch=64, n_outputs_max=1,
+                       n_threads=1, swa_full=True)
+    batch = Batch(64)
+    sampler = Sampler(model, temperature=temperature, top_k=40, top_p=1.0, seed=seed,
+                      grammar=grammar, grammar_first=first)
+    try:
+        ids = model.tokenize("Noise under a grammar:", add_bos=True)
+        for i, t in enumerate(ids):
+            batch.add(t, i, 0, i == len(ids) - 1)
+        assert ctx.decode(batch) == 0
+        out: list[int] = []
+        for pos in range(len(ids), len(ids) + n):
+            tok = sampler.sample(ctx, batch.n_tokens - 1)
+            if model.is_eog(tok):
+                break
+            out.append(tok)
+            batch.clear()
+            batch.add(tok, pos, 0, True)
+            assert ctx.decode(batch) == 0
+        return out, sampler.num_redraws
+    finally:
+        sampler.close()
+        batch.close()
+        ctx.close()
+
+
+DIGITS = 'root ::= [0-9]{3} "-" [a-z]{2,5} ("." [0-9]{1,4})?'
+
+
+def test_draw_then_check_is_greedy_exact_and_stays_in_the_language(
+    tiny_model_path: Path,
+) -> None:
+    # Greedy: the best allowed token either way, so the same tokens as the grammar-first
+    # chain; the noise is rejected often, so the redraw path is exercised.
+    fast, redraws = _generate(tiny_model_path, DIGITS, False, 0.0, 0)
+    slow, _ = _generate(tiny_model_path, DIGITS, True, 0.0, 0)
+    assert fast == slow and redraws > 0
+    from mesh.engine.llama import LlamaModel
+
+    model = LlamaModel(tiny_model_path)
+    for seed in range(6):  # seeded draws: always a sentence of the grammar
+        toks, _ = _generate(tiny_model_path, DIGITS, False, 1.0, seed)
+        text = b"".join(model.token_bytes(t) for t in toks).decode()
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2,5}(\.[0-9]{1,4})?", text), text

@@ -1,0 +1,138 @@
+"""Sampling under a grammar: draw-then-check vs the grammar at the head of the chain.
+
+One llama.cpp context, one sequence; the same prompt is decoded once per variant, then
+``--tokens`` tokens are generated one step at a time with each sampler:
+
+- ``none``           the chain without a grammar (the floor);
+- ``grammar-first``  the grammar masks every candidate, every token (llama.cpp's plain chain);
+- ``draw-check``     mesh's sampler: draw, let the grammar check that one token, redraw under
+                     the full mask only when it is rejected.
+
+Times are per token, sampling only (the decode of each step is timed apart): the median
+token, and the mean (which carries the redraws); the ratio is of means, within one run.
+The grammar is the worker's tool-call grammar for the light template's tools
+(``mesh.worker.grammar``), so the text is what a worker writes.
+
+    .venv/bin/python bench/grammar_bench.py                 # the default model (Gemma 3 270M)
+    .venv/bin/python bench/grammar_bench.py --model tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mesh.engine.llama import Batch, LlamaContext, LlamaModel, Sampler
+from mesh.engine.models import resolve_model
+
+PROMPT = ("You answer questions about a Python project with its tools.\n"
+          "Question: which file defines the class Parcel?\n")
+
+
+def tool_grammar() -> str:
+    from mesh.template import load_template
+    from mesh.worker.grammar import turn_grammar
+
+    template = load_template("light")
+    return turn_grammar(template.manifest.tool_calls, ("list_files", "read_file", "grep"),
+                        max_tokens=64)
+
+
+def run(model: LlamaModel, grammar: str | None, first: bool, tokens: int, seed: int,
+        temperature: float, threads: int) -> dict[str, Any]:
+    ctx = LlamaContext(model, n_ctx=1024, n_seq_max=1, n_batch=512, n_outputs_max=1,
+                       n_threads=threads, swa_full=True)
+    batch = Batch(512)
+    sampler = Sampler(model, temperature=temperature, top_k=40, top_p=0.95, seed=seed,
+                      grammar=grammar, grammar_first=first)
+    try:
+        ids = model.tokenize(PROMPT, add_bos=True)
+        for i, t in enumerate(ids):
+            batch.add(t, i, 0, i == len(ids) - 1)
+        if ctx.decode(batch) != 0:
+            raise RuntimeError("prompt decode failed")
+        pos, out, sample_s, decode_s = len(ids), [], [], []
+        for _ in range(tokens):
+            t0 = time.perf_counter()
+            tok = sampler.sample(ctx, batch.n_tokens - 1)
+            sample_s.append(time.perf_counter() - t0)
+            if model.is_eog(tok):
+                break
+            out.append(tok)
+            batch.clear()
+            batch.add(tok, pos, 0, True)
+            pos += 1
+            t0 = time.perf_counter()
+            if ctx.decode(batch) != 0:
+                raise RuntimeError("decode failed")
+            decode_s.append(time.perf_counter() - t0)
+        text = b"".join(model.token_bytes(t) for t in out).decode("utf-8", "replace")
+        return {"tokens": len(out), "sample_ms": 1e3 * statistics.median(sample_s),
+                "sample_ms_mean": 1e3 * statistics.fmean(sample_s),
+                "decode_ms": 1e3 * statistics.median(decode_s) if decode_s else 0.0,
+                "redraws": sampler.num_redraws, "full_redraws": sampler.num_full_redraws,
+                "text": text}
+    finally:
+        sampler.close()
+        batch.close()
+        ctx.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="GGUF path, 'tiny' or 'smollm2' "
+                   "(default: the embedded Gemma 3 270M)")
+    p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("bench/results/grammar.json"))
+    args = p.parse_args(argv)
+    resolved = resolve_model(args.model)
+    model = LlamaModel(resolved.path)
+    grammar = tool_grammar()
+    variants = {"none": (None, False), "grammar-first": (grammar, True),
+                "draw-check": (grammar, False)}
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in variants}
+    for rep in range(args.repeats):
+        for name, (g, first) in variants.items():
+            rows[name].append(run(model, g, first, args.tokens, rep, args.temperature,
+                                  args.threads))
+            print(f"  repeat {rep + 1}/{args.repeats} {name}: "
+                  f"{rows[name][-1]['sample_ms']:.2f} ms/token", file=sys.stderr)
+    summary = {}
+    for name, rs in rows.items():
+        summary[name] = {
+            "sample_ms": statistics.median(r["sample_ms"] for r in rs),
+            "sample_ms_mean": statistics.fmean(r["sample_ms_mean"] for r in rs),
+            "decode_ms": statistics.median(r["decode_ms"] for r in rs),
+            "tokens": sum(r["tokens"] for r in rs),
+            "redraws": sum(r["redraws"] for r in rs),
+            "full_redraws": sum(r["full_redraws"] for r in rs),
+        }
+    base = summary["grammar-first"]["sample_ms_mean"]
+    print(f"\nmodel {resolved.name} (vocabulary {model.n_vocab:,}), {args.tokens} tokens x "
+          f"{args.repeats}, temperature {args.temperature}")
+    print(f"{'sampler':<15}{'sample ms p50':>15}{'sample ms mean':>16}{'decode ms p50':>15}"
+          f"{'redraws (full)':>17}{'mean vs grammar-first':>23}")
+    for name, s in summary.items():
+        redraws = f"{s['redraws']}/{s['tokens']} ({s['full_redraws']})"
+        print(f"{name:<15}{s['sample_ms']:>15.2f}{s['sample_ms_mean']:>16.2f}"
+              f"{s['decode_ms']:>15.2f}{redraws:>17}{base / s['sample_ms_mean']:>22.1f}x")
+    doc = {"command": "python bench/grammar_bench.py " + " ".join(argv or sys.argv[1:]),
+           "model": resolved.name, "n_vocab": model.n_vocab, "tokens": args.tokens,
+           "repeats": args.repeats, "temperature": args.temperature, "summary": summary,
+           "runs": rows, "grammar": grammar}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
