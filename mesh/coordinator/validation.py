@@ -431,7 +431,8 @@ class RequestGuard:
 
         try:
             if surface == "jsonrpc":
-                await self._check_jsonrpc(body, send, headers.get("a2a-version", ""))
+                await self._check_jsonrpc(body, send, headers.get("a2a-version", ""),
+                                          headers.get("content-type", ""))
             elif rest_match is not None:
                 await self._check_rest(method, rest_match.group("rest"), headers, body, scope)
         except _Answered:
@@ -447,9 +448,14 @@ class RequestGuard:
 
     # ---- JSON-RPC
 
-    async def _check_jsonrpc(self, body: bytes, send: Send, version: str) -> None:
+    async def _check_jsonrpc(self, body: bytes, send: Send, version: str,
+                             content_type: str = "") -> None:
         request_id: Any = None
         try:
+            ctype = content_type.split(";")[0].strip().lower()
+            if ctype and ctype not in _JSON_TYPES:  # checked before the body is read as JSON
+                raise Invalid("content_type", f"Content-Type must be application/json, got "
+                              f"{ctype}; send the request with Content-Type: application/json")
             try:
                 doc = _parse_json(body, self.config.max_json_depth)
             except Invalid as e:

@@ -4,6 +4,7 @@ keys, ContentTypeNotSupportedError for parts of a media type the agent does not 
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -80,5 +81,25 @@ async def test_an_unsupported_media_type_is_content_type_not_supported(tmp_path:
         assert r.status_code == 415
         ok = await stack.client.post(
             "/", json=send([{"text": "notes", "mediaType": "text/markdown"}])
+        )
+        assert "result" in ok.json()
+
+
+async def test_a_jsonrpc_body_sent_as_text_plain_is_content_type_not_supported(
+    tmp_path: Path,
+) -> None:
+    # Checked before the body is read: even a body that is not JSON gets -32005, not -32700.
+    async with fake_stack(tmp_path) as stack:
+        for content in (b"{'jsonrpc': '2.0'}", json.dumps(send([{"text": "hi"}])).encode()):
+            r = await stack.client.post(
+                "/", content=content,
+                headers={"content-type": "text/plain", "A2A-Version": "1.0"},
+            )
+            assert r.status_code == 200
+            err = r.json()["error"]
+            assert err["code"] == -32005 and "application/json" in err["message"], err
+        ok = await stack.client.post(
+            "/", content=json.dumps(send([{"text": "hi"}])).encode(),
+            headers={"content-type": "application/json; charset=utf-8", "A2A-Version": "1.0"},
         )
         assert "result" in ok.json()
