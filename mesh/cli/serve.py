@@ -56,6 +56,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="planning turn for messages without explicit subtasks: auto (an "
                         "unparseable plan runs the message as one subtask), always (it fails "
                         "the task), never (one subtask, as a dispatcher)")
+    p.add_argument("--plan-actions", default=("delegate", "answer", "ask"), type=plan_actions,
+                   help="what a plan may do, comma-separated from delegate, answer, ask "
+                        "(default all three; 'delegate' alone makes every planned task use "
+                        "workers, which suits small models that answer too eagerly)")
     p.add_argument("--allow-private-push", action="store_true",
                    help="allow push-notification URLs on loopback/private networks")
     p.add_argument("--session-idle-s", type=float, default=300.0,
@@ -93,6 +97,19 @@ def _peer_tokens(specs: list[str]) -> dict[str, str]:
         if token:
             tokens[name] = token
     return tokens
+
+
+def plan_actions(text: str) -> tuple[str, ...]:
+    """``--plan-actions``: known names, at least one, in the planner's order."""
+    from mesh.coordinator.planner import ACTIONS
+
+    asked = {a.strip() for a in text.split(",") if a.strip()}
+    unknown = sorted(asked - set(ACTIONS))
+    if unknown or not asked:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or 'nothing'} is not one of {', '.join(ACTIONS)}; "
+            "e.g. --plan-actions delegate,answer")
+    return tuple(a for a in ACTIONS if a in asked)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,7 +226,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     board = TaskBoard()
     sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
     agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
-                                    text_max=160,
+                                    text_max=160, actions=args.plan_actions,
                                     tools=tuple(sorted(tools))),
                   # planner and synthesis turns in the model's own chat format
                   render=lambda prompt: chat.continuation(

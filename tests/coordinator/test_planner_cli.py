@@ -37,3 +37,25 @@ def test_send_answers_a_question_with_task_and_follows_up_with_context(
     last_plan = [p for p, params in engine.turns if params.grammar][-1]
     assert "Coordinator answered: Express takes 30 kg." in last_plan
     assert "User: express" in last_plan
+
+
+def test_serve_plan_actions_flag() -> None:
+    import argparse
+
+    from mesh.cli import serve as serve_cli
+    from mesh.coordinator.agent import AgentConfig
+    from mesh.coordinator.planner import plan_schema, schema_to_gbnf
+
+    parser = argparse.ArgumentParser(prog="mesh")
+    serve_cli.register(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["serve"]).plan_actions == ("delegate", "answer", "ask")
+    args = parser.parse_args(["serve", "--plan-actions", "ask, delegate"])
+    assert args.plan_actions == ("delegate", "ask")  # the planner's order
+    for bad in ("delegate,shout", ""):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--plan-actions", bad])
+    # delegate alone: the plan grammar admits no other action.
+    only = AgentConfig(actions=("delegate",))
+    grammar = schema_to_gbnf(plan_schema(only.max_subtasks, (), only.actions, only.text_max))
+    for action in ("delegate", "answer", "ask"):
+        assert (f'\\"{action}\\"' in grammar) == (action == "delegate"), action
