@@ -14,7 +14,7 @@ answer for the expected text (case-insensitive). Per pair it reports:
 
 Usage (what the committed bench/results/agent.json was made with is in its ``command``)::
 
-    python -m bench.agent_bench --models default,smollm2 --templates light,heavy
+    python -m bench.agent_bench --models gemma,smollm2 --templates light,heavy
     python -m bench.agent_bench --limit 5 --max-turns 2   # quicker
 
 ``--max-turns``/``--max-tokens-per-turn`` run a copy of each template with those limits
@@ -308,7 +308,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="default,smollm2")
+    p.add_argument("--models", default="gemma,smollm2")
     p.add_argument("--templates", default="light,heavy")
     p.add_argument("--limit", type=int, default=0, help="first N questions only (0: all)")
     p.add_argument("--max-turns", type=int, default=None)

@@ -13,7 +13,7 @@ token, and the mean (which carries the redraws); the ratio is of means, within o
 The grammar is the worker's tool-call grammar for the light template's tools
 (``mesh.worker.grammar``), so the text is what a worker writes.
 
-    .venv/bin/python bench/grammar_bench.py                 # the default model (Gemma 3 270M)
+    .venv/bin/python bench/grammar_bench.py                 # Gemma 3 270M (262K vocabulary)
     .venv/bin/python bench/grammar_bench.py --model tiny
 """
 
@@ -85,8 +85,8 @@ def run(model: LlamaModel, grammar: str | None, first: bool, tokens: int, seed: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="GGUF path, 'tiny' or 'smollm2' "
-                   "(default: the embedded Gemma 3 270M)")
+    p.add_argument("--model", default="gemma", help="GGUF path, or smollm2, gemma, tiny "
+                   "(default: gemma, the largest vocabulary)")
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.7)

@@ -620,7 +620,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Benchmark of the shared KV pool.")
-    ap.add_argument("--model", default=None, help="GGUF path or 'tiny' (default: Gemma 3 270M)")
+    ap.add_argument("--model", default="gemma",
+                    help="GGUF path, or smollm2, gemma, tiny (default: gemma, the model of "
+                         "the README's figures)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and sizes")
     ap.add_argument("--threads", type=int, default=None, help="default: every core")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")

@@ -27,7 +27,8 @@ _TASKS = [
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="run N pooled sessions on the default model and report")
-    p.add_argument("--model", default=None, help="GGUF path, or 'tiny' (default: Gemma 3 270M)")
+    p.add_argument("--model", default=None,
+                   help="GGUF path, or smollm2, gemma, tiny (default: smollm2)")
     p.add_argument("--sessions", type=int, default=8, help="sessions decoding together")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per session")
     p.add_argument("--prefix-repeat", type=int, default=12, help="prefix size knob")

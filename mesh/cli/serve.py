@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prefix-tokens", type=int, default=None,
                    help="target prefix size (default: the template's; heavy scales to 128K)")
     p.add_argument("--model", default=None,
-                   help="GGUF path or 'tiny' (default: $MESH_MODEL, else Gemma 3 270M)")
+                   help="GGUF path, or smollm2, gemma, tiny (default: $MESH_MODEL, else smollm2)")
     p.add_argument("--floor-tps", type=float, default=5.0,
                    help="tokens/s every running worker must keep (default 5)")
     p.add_argument("--policy", default="floor", help="floor | legacy | static:N | none")

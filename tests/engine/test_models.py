@@ -63,8 +63,16 @@ def test_env_used_without_flag(tiny_model_path: Path, tmp_path: Path) -> None:
     assert (got.path, got.source) == (tiny_model_path, "env")
 
 
-def test_default_without_flag_or_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_is_smollm2_when_installed(tmp_path: Path) -> None:
+    got = resolve_model(None, env={"MESH_MODEL": "  "}, cache_dir=tmp_path)  # blank = unset
+    assert got.source == "default"
+    assert got == ResolvedModel(path=models.smollm2_path(), name=got.path.stem, source="default")
+    assert got.name == "SmolLM2-135M-Instruct.Q4_1"
+
+
+def test_default_without_smollm2_is_gemma(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeDefaultPackage(monkeypatch)
+    monkeypatch.setattr(models, "_smollm2_installed", lambda: False)
     got = resolve_model(None, env={"MESH_MODEL": "  "}, cache_dir=tmp_path)  # blank = unset
     assert got.source == "default"
     assert got.path == tmp_path / default_pkg.MODEL_NAME
@@ -75,7 +83,7 @@ def test_default_without_flag_or_env(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_default_cache_follows_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     FakeDefaultPackage(monkeypatch)
-    got = resolve_model(None, env={"XDG_CACHE_HOME": str(tmp_path)})
+    got = resolve_model("gemma", env={"XDG_CACHE_HOME": str(tmp_path)})
     assert got.path == tmp_path / "mesh" / "models" / default_pkg.MODEL_NAME
 
 
@@ -176,8 +184,8 @@ def test_default_is_assembled_and_hashed_once(
 ) -> None:
     fake = FakeDefaultPackage(monkeypatch)
     hashes = HashCounter(monkeypatch)
-    first = resolve_model(None, env={}, cache_dir=tmp_path)
-    again = resolve_model(None, env={}, cache_dir=tmp_path)
+    first = resolve_model("gemma", env={}, cache_dir=tmp_path)
+    again = resolve_model("gemma", env={}, cache_dir=tmp_path)
     assert again == first
     assert fake.calls == 1
     assert hashes.calls == 0  # assemble() verified it; the memo records that
@@ -187,7 +195,7 @@ def test_default_is_assembled_and_hashed_once(
 def test_corrupt_default_is_reassembled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeDefaultPackage(monkeypatch)
     (tmp_path / default_pkg.MODEL_NAME).write_bytes(b"GGUF truncated")
-    got = resolve_model(None, env={}, cache_dir=tmp_path)
+    got = resolve_model("gemma", env={}, cache_dir=tmp_path)
     assert got.path.read_bytes() == FAKE_CONTENT
     assert fake.calls == 1
 
@@ -196,8 +204,8 @@ def test_failed_assembly_leaves_no_partial_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     FakeDefaultPackage(monkeypatch, content=b"GGUF wrong")
-    with pytest.raises(ModelError, match=f"cannot assemble the default model.*{FIX}"):
-        resolve_model(None, env={}, cache_dir=tmp_path)
+    with pytest.raises(ModelError, match=f"cannot assemble the Gemma model.*{FIX}"):
+        resolve_model("gemma", env={}, cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -238,10 +246,10 @@ def test_file_sha256_without_a_writable_memo(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_default_model_assembles_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    got = resolve_model(None, env={}, cache_dir=tmp_path)
-    assert got.source == "default"
+def test_real_gemma_model_assembles_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    got = resolve_model("gemma", env={}, cache_dir=tmp_path)
+    assert got.source == "flag"
     assert models._hash_file(got.path) == default_pkg.EXPECTED_SHA256
     hashes = HashCounter(monkeypatch)
-    assert resolve_model(None, env={}, cache_dir=tmp_path) == got
+    assert resolve_model("gemma", env={}, cache_dir=tmp_path) == got
     assert hashes.calls == 0

@@ -155,10 +155,10 @@ CALLS = (
 
 
 @pytest.mark.slow
-def test_a_tool_call_on_the_default_model_ends_without_its_stop() -> None:
+def test_a_tool_call_on_gemma_ends_without_its_stop() -> None:
     from mesh.engine.models import resolve_model
 
-    model = resolve_model(None, env={}).path
+    model = resolve_model("gemma", env={}).path
 
     async def body() -> tuple[int, TurnResult]:
         pool = await make_pool(model, max_sessions=2, session_budget=512, n_threads=None)
