@@ -97,12 +97,14 @@ class TaskOutcome:
     malformed_calls: int = 0
     finish_reason: str = ""
     seconds: float = 0.0
+    subtasks: int = 0
 
 
 @dataclass
 class PairResult:
     model: str
     template: str
+    plan: str = "never"
     chat_format: str = ""
     tasks: list[TaskOutcome] = field(default_factory=list)
 
@@ -114,6 +116,7 @@ class PairResult:
         return {
             "model": self.model,
             "template": self.template,
+            "plan": self.plan,
             "chat_format": self.chat_format,
             "tasks": len(t),
             "parse_rate": round(calls / (calls + bad), 4) if calls + bad else 1.0,
@@ -122,8 +125,15 @@ class PairResult:
             "mean_turns": round(statistics.fmean(x.turns for x in t), 2) if t else 0.0,
             "mean_tokens": round(statistics.fmean(x.tokens for x in t), 1) if t else 0.0,
             "p50_task_s": round(statistics.median(x.seconds for x in t), 2) if t else 0.0,
+            "p95_task_s": round(_p95([x.seconds for x in t]), 2) if t else 0.0,
+            "subtasks_per_task": round(statistics.fmean(x.subtasks for x in t), 2) if t else 0.0,
             "finish_reasons": _count(x.finish_reason or x.state for x in t),
         }
+
+
+def _p95(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]
 
 
 def _count(items: Any) -> dict[str, int]:
@@ -159,11 +169,13 @@ def _template_copy(name: str, dest: Path, args: argparse.Namespace) -> str:
 class Server:
     """A ``mesh serve`` child process; stopped (and waited for) on exit."""
 
-    def __init__(self, model: str, template: str, data_dir: Path, prefix_tokens: int | None):
+    def __init__(self, model: str, template: str, data_dir: Path, prefix_tokens: int | None,
+                 plan: str = "never"):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "mesh", "serve", "--port", str(self.port),
-               "--template", template, "--data-dir", str(data_dir), "--max-sessions", "4"]
+               "--template", template, "--data-dir", str(data_dir), "--max-sessions", "4",
+               "--plan", plan]
         if model != "default":
             cmd += ["--model", model]
         if prefix_tokens is not None:
@@ -238,15 +250,24 @@ async def _ask(url: str, question: str, expected: str, timeout_s: float) -> Task
             if part.HasField("text"):
                 out.answer = part.text
             elif part.HasField("data"):
-                subs = json.loads(json.dumps(_to_py(part.data)))["subtasks"]
-                out.turns = int(sum(s["num_turns"] for s in subs))
-                out.tokens = int(sum(s["num_generated"] for s in subs))
-                out.tool_calls = int(sum(s["num_tool_calls"] for s in subs))
-                out.finish_reason = ",".join(str(s["finish_reason"]) for s in subs)
+                subs = json.loads(json.dumps(_to_py(part.data))).get("subtasks", [])
+                out.subtasks = len(subs)
+                # camelCase keys since the A2A conformance pass (snake_case before)
+                out.turns = int(sum(_key(s, "numTurns", "turns") for s in subs))
+                out.tokens = int(sum(_key(s, "numGenerated", "tokens") for s in subs))
+                out.tool_calls = int(sum(_key(s, "numToolCalls", "toolCalls") for s in subs))
+                out.finish_reason = ",".join(str(_key(s, "finishReason", default="")) for s in subs)
     # The worker runs a malformed call too (to answer it with the error): not a tool call.
     out.tool_calls = max(out.tool_calls - out.malformed_calls, 0)
     out.ok = expected.lower() in out.answer.lower()
     return out
+
+
+def _key(sub: dict[str, Any], *names: str, default: Any = 0) -> Any:
+    for name in names:
+        if name in sub:
+            return sub[name]
+    return default
 
 
 def _to_py(value: Any) -> Any:
@@ -255,10 +276,12 @@ def _to_py(value: Any) -> Any:
     return MessageToDict(value)
 
 
-async def run_pair(model: str, template: str, args: argparse.Namespace, tmp: Path) -> PairResult:
-    result = PairResult(model, template)
-    spec = _template_copy(template, tmp / f"{model}-{template}", args)
-    server = Server(model, spec, tmp / f"{model}-{template}-data", args.prefix_tokens)
+async def run_pair(model: str, template: str, args: argparse.Namespace, tmp: Path,
+                   plan: str = "never") -> PairResult:
+    result = PairResult(model, template, plan)
+    spec = _template_copy(template, tmp / f"{model}-{template}-{plan}", args)
+    server = Server(model, spec, tmp / f"{model}-{template}-{plan}-data", args.prefix_tokens,
+                    plan)
     try:
         await server.wait_ready()
         result.chat_format = server.chat_format()
@@ -276,10 +299,11 @@ async def run_pair(model: str, template: str, args: argparse.Namespace, tmp: Pat
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    cols = ["model", "template", "tasks", "parse_rate", "tool_call_share", "success_rate",
-            "mean_turns", "mean_tokens", "p50_task_s"]
-    lines = ["  ".join(f"{c:>15}" for c in cols)]
-    lines += ["  ".join(f"{r[c]!s:>15}" for c in cols) for r in rows]
+    cols = ["model", "template", "plan", "tasks", "parse_rate", "tool_call_share",
+            "success_rate", "subtasks_per_task", "mean_turns", "mean_tokens", "p50_task_s",
+            "p95_task_s"]
+    lines = ["  ".join(f"{c:>12}" for c in cols)]
+    lines += ["  ".join(f"{r[c]!s:>12}" for c in cols) for r in rows]
     return "\n".join(lines)
 
 
@@ -288,7 +312,8 @@ def _report(pairs: list[PairResult]) -> dict[str, Any]:
         "command": "python -m bench.agent_bench " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "results": [p.summary() for p in pairs],
-        "tasks": {f"{p.model}/{p.template}": [asdict(t) for t in p.tasks] for p in pairs},
+        "tasks": {f"{p.model}/{p.template}/{p.plan}": [asdict(t) for t in p.tasks]
+                  for p in pairs},
     }
 
 
@@ -299,9 +324,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="agent-bench-") as tmp:
         for model in args.models.split(","):
             for template in args.templates.split(","):
-                print(f"{model} / {template} ...", file=sys.stderr, flush=True)
-                pairs.append(await run_pair(model, template, args, Path(tmp)))
-                out.write_text(json.dumps(_report(pairs), indent=2) + "\n")  # each pair
+                for plan in args.plans.split(","):
+                    print(f"{model} / {template} / plan {plan} ...", file=sys.stderr,
+                          flush=True)
+                    pairs.append(await run_pair(model, template, args, Path(tmp), plan))
+                    out.write_text(json.dumps(_report(pairs), indent=2) + "\n")  # each run
     print(_table([p.summary() for p in pairs]))
     return _report(pairs)
 
@@ -310,6 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="gemma,smollm2")
     p.add_argument("--templates", default="light,heavy")
+    p.add_argument("--plans", default="never",
+                   help="mesh serve --plan modes to run, comma-separated: never (the worker "
+                        "alone), auto (the coordinator plans and synthesizes)")
     p.add_argument("--limit", type=int, default=0, help="first N questions only (0: all)")
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-tokens-per-turn", type=int, default=None)
