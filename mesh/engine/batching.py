@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from mesh.engine.ledger import CellLedger
-from mesh.engine.llama import Batch
 from mesh.engine.planner import Candidate, StepPlan
 from mesh.engine.session import SeqState
 
-__all__ = ["candidates", "fill_batch"]
+__all__ = ["BatchWriter", "candidates", "fill_batch"]
+
+
+class BatchWriter(Protocol):
+    """Where a step's tokens go: :class:`mesh.engine.llama.Batch` (the Python step) or
+    :class:`mesh.engine.native.NativeBatch` (the native step)."""
+
+    def clear(self) -> None: ...
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int: ...
 
 
 def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candidate]:
@@ -24,7 +33,7 @@ def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candida
 
 
 def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLedger,
-               batch: Batch) -> tuple[list[tuple[SeqState, int]], dict[int, int]]:
+               batch: BatchWriter) -> tuple[list[tuple[SeqState, int]], dict[int, int]]:
     """Write the plan into ``batch`` (decode rows first, then prefill chunks, taking the
     queued tokens from the ledger). Returns the sessions to sample with their logits row,
     and the tokens each sequence gets in this step."""

@@ -220,23 +220,34 @@ class LlamaContext:
             raise RuntimeError("context is closed")
         return self._handle
 
+    @property
+    def address(self) -> int:
+        """The context's native address (for the native step)."""
+        value = ctypes.cast(self.handle, ctypes.c_void_p).value
+        assert value is not None
+        return value
+
     def decode(self, batch: Batch) -> int:
         """Run one ``llama_decode``; returns llama.cpp's status (0 = ok).
 
         Raises ValueError for a batch that llama.cpp would abort the process on.
         """
-        if batch.n_tokens == 0:
+        self.check_batch(batch.n_tokens, batch.n_outputs, batch.max_seq)
+        return int(ll.llama_decode(self.handle, batch.raw))
+
+    def check_batch(self, n_tokens: int, n_outputs: int, max_seq: int) -> None:
+        """Raise ValueError for a batch shape llama.cpp would abort the process on."""
+        if n_tokens == 0:
             raise ValueError("empty batch")
-        if batch.n_tokens > self.n_batch:
-            raise ValueError(f"batch of {batch.n_tokens} tokens exceeds n_batch {self.n_batch}")
-        if batch.n_outputs > self.n_outputs_max:
+        if n_tokens > self.n_batch:
+            raise ValueError(f"batch of {n_tokens} tokens exceeds n_batch {self.n_batch}")
+        if n_outputs > self.n_outputs_max:
             raise ValueError(
-                f"batch asks for {batch.n_outputs} output rows; n_outputs_max is "
+                f"batch asks for {n_outputs} output rows; n_outputs_max is "
                 f"{self.n_outputs_max}"
             )
-        if batch.max_seq >= self.n_seq_max:
-            raise ValueError(f"sequence id {batch.max_seq} >= n_seq_max {self.n_seq_max}")
-        return int(ll.llama_decode(self.handle, batch.raw))
+        if max_seq >= self.n_seq_max:
+            raise ValueError(f"sequence id {max_seq} >= n_seq_max {self.n_seq_max}")
 
     def logits_row(self, index: int) -> npt.NDArray[np.float32]:
         """The logits of batch row ``index`` (a view: valid until the next decode)."""
@@ -297,7 +308,13 @@ class LlamaContext:
 
 
 class TokenSampler(Protocol):
-    """A per-turn sampler: pick the next token from batch row ``index``; ``close`` frees it."""
+    """A per-turn sampler: pick the next token from batch row ``index``; ``close`` frees it.
+
+    ``handle`` is the native llama.cpp sampler chain the native step samples with (None:
+    argmax over the logits row)."""
+
+    @property
+    def handle(self) -> int | None: ...
 
     def sample(self, ctx: LlamaContext, index: int) -> int: ...
 
@@ -306,6 +323,8 @@ class TokenSampler(Protocol):
 
 class GreedySampler:
     """argmax over the logits row: 5x cheaper than llama.cpp's sampler chain here."""
+
+    handle = None
 
     def sample(self, ctx: LlamaContext, index: int) -> int:
         return int(np.argmax(ctx.logits_row(index)))
@@ -333,6 +352,7 @@ class Sampler:
     ) -> None:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         self._chain: Any = chain
+        self._address: int | None = None
         if grammar is not None:
             if model is None:
                 self.close()
@@ -357,6 +377,14 @@ class Sampler:
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
+    @property
+    def handle(self) -> int | None:
+        if self._chain is None:
+            return None
+        if self._address is None:
+            self._address = ctypes.cast(self._chain, ctypes.c_void_p).value
+        return self._address
+
     def sample(self, ctx: LlamaContext, index: int) -> int:
         return int(ll.llama_sampler_sample(self._chain, ctx.handle, index))
 
@@ -364,6 +392,7 @@ class Sampler:
         if self._chain is not None:
             ll.llama_sampler_free(self._chain)
             self._chain = None
+            self._address = None
 
 
 def make_sampler(

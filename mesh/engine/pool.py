@@ -29,8 +29,9 @@ from mesh.engine.census import CellCensus, header_bytes, parse_cell_census
 from mesh.engine.commands import Commands
 from mesh.engine.ledger import CellLedger
 from mesh.engine.llama import LlamaContext
+from mesh.engine.native import NativeBatch, NativeStepper, resolve
 from mesh.engine.planner import StepPlan, plan_step, step_budget
-from mesh.engine.session import PooledSession, SeqState, Turn
+from mesh.engine.session import PooledSession, SeqState, Turn, deliver
 from mesh.engine.stats import StepStats
 from mesh.engine.turns import Outbox, Turns
 from mesh.engine.types import (
@@ -50,6 +51,9 @@ __all__ = ["MAX_SEQUENCES", "SharedKVPool", "Tokenizer", "open_tokenizer"]
 
 T = TypeVar("T")
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the prefix sequence counts toward it
+# Between turn starts and ends, the load snapshot is rebuilt at most this often (building
+# it touches every session; a step at N = 255 can take a few milliseconds).
+SNAPSHOT_INTERVAL_S = 0.02
 
 
 class SharedKVPool:
@@ -81,6 +85,10 @@ class SharedKVPool:
         self._sessions: dict[int, SeqState] = {}
         self._next_id = 0
         self._snapshot: PoolLoad | None = None
+        self._published_at = 0.0
+        self._published_changes = -1
+        self._stepper: NativeStepper | None = None
+        self._native_batch: NativeBatch | None = None
         self._prefill_budget: PrefillBudget | None = None
         self.stats = StepStats()
 
@@ -96,6 +104,10 @@ class SharedKVPool:
             attach_need=1 if self.config.share_prefix else len(built.prefix) + 1,
         )
         self._turns = Turns(built.model, self._ledger, self._outbox, self.config.seed)
+        lib = resolve(self.config.native)
+        if lib is not None:
+            self._stepper = NativeStepper(lib, self.config.n_batch)
+            self._native_batch = NativeBatch(self.config.n_batch)
         self._publish()
         self._thread = threading.Thread(target=self._run, name="mesh-engine", daemon=True)
         self._thread.start()
@@ -114,6 +126,9 @@ class SharedKVPool:
                 st.turn.sampler.close()
             st.detached, st.failed = True, "the pool was closed"
         self._sessions.clear()
+        if self._stepper is not None:
+            self._stepper.close()
+            self._stepper = None
         if self._built is not None:
             for handle in (self._built.batch, self._built.ctx, self._built.model):
                 handle.close()  # context before model
@@ -128,6 +143,11 @@ class SharedKVPool:
     @property
     def is_started(self) -> bool:
         return self._info is not None
+
+    @property
+    def uses_native(self) -> bool:
+        """Whether steps run through the native step (native/) rather than Python."""
+        return self._stepper is not None
 
     @property
     def _ctx(self) -> LlamaContext | None:  # tests and benches reach for it
@@ -266,10 +286,16 @@ class SharedKVPool:
     def _flush(self) -> None:
         """Post queued items after the snapshot is published, so a consumer that sees a
         turn end also sees the pool after it."""
+        if not self._outbox:
+            return
         out = self._outbox[:]
         self._outbox.clear()  # the same list: Turns appends to it
+        by_loop: dict[asyncio.AbstractEventLoop, Outbox] = {}
         for turn, item in out:
-            turn.post(item)
+            by_loop.setdefault(turn.loop, []).append((turn, item))
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop drops its items
+                loop.call_soon_threadsafe(deliver, items)
 
     def _has_work(self) -> bool:
         return not self._held and any(st.turn is not None for st in self._sessions.values())
@@ -298,12 +324,22 @@ class SharedKVPool:
             self._publish()  # cancellations above changed states
             return
         ctx = self._built.ctx
-        rows, counts = fill_batch(plan, self._sessions, self._ledger, self._built.batch)
+        stepper, nbatch = self._stepper, self._native_batch
+        batch = nbatch if nbatch is not None else self._built.batch
+        rows, counts = fill_batch(plan, self._sessions, self._ledger, batch)
         sum_ctx = sum(self._sessions[s].pos + 1 for s in plan.decode)
         cells_used = self._cells_used()
-        t1 = time.monotonic()
-        rc = ctx.decode(self._built.batch)
-        t2 = time.monotonic()
+        sampled: list[int] | None = None
+        if stepper is not None and nbatch is not None:
+            samplers = [st.turn.sampler.handle if st.turn is not None else None
+                        for st, _ in rows]
+            t1 = time.monotonic()
+            rc, sampled, decode_s = stepper.step(ctx, nbatch, [i for _, i in rows], samplers)
+            t2 = t1 + decode_s
+        else:
+            t1 = time.monotonic()
+            rc = ctx.decode(self._built.batch)
+            t2 = time.monotonic()
         if rc != 0:
             reason = (f"llama_decode returned {rc} (no KV slot for the batch)" if rc == 1
                       else f"llama_decode failed with status {rc}")
@@ -319,7 +355,10 @@ class SharedKVPool:
         for i, (st, idx) in enumerate(rows):
             if i < len(plan.decode):
                 st.observe_decode(t2 - t0)
-            self._turns.sample(st, ctx, idx)
+            if sampled is not None:
+                self._turns.accept(st, sampled[i])
+            else:
+                self._turns.sample(st, ctx, idx)
         now = time.monotonic()
         for st in self._sessions.values():
             st.mark_busy(now)
@@ -327,12 +366,19 @@ class SharedKVPool:
                                      num_prefill_tokens=plan.num_prefill, sum_context=sum_ctx,
                                      step_s=now - t0, cells_used=cells_used),
                           decode_s=t2 - t1, now=now)
-        self._publish()
+        if (self._turns.changes != self._published_changes
+                or now - self._published_at >= SNAPSHOT_INTERVAL_S):
+            self._publish()
 
     # ------------------------------------------------------------------ snapshots
 
     def _publish(self) -> None:
+        """Rebuild the load snapshot (every command that changes the pool does; a step
+        does when a turn started or ended, else at most every SNAPSHOT_INTERVAL_S)."""
         assert self._built is not None and self._ledger is not None
+        self._published_at = time.monotonic()
+        if self._turns is not None:
+            self._published_changes = self._turns.changes
         self._snapshot = self.stats.snapshot(
             self._sessions.values(), prefix_cells=self._built.shared_cells,
             prefix_len=len(self._built.prefix), n_ctx=self._built.info.n_ctx,

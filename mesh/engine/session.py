@@ -39,7 +39,7 @@ from mesh.engine.types import (
 if TYPE_CHECKING:
     from mesh.engine.llama import TokenSampler
 
-__all__ = ["PooledSession", "SeqState", "Turn"]
+__all__ = ["PooledSession", "SeqState", "Turn", "deliver"]
 
 _EWMA_ALPHA = 0.2
 
@@ -63,6 +63,14 @@ class Turn:
         """Hand an item to the awaiting consumer (thread-safe; a closed loop drops it)."""
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def deliver(items: list[tuple[Turn, Piece | TurnResult | BaseException]]) -> None:
+    """On the consumers' loop: queue each item for its turn. The engine thread hands a
+    step's items to each loop in one ``call_soon_threadsafe`` (one wake-up per loop per
+    step, not one per token)."""
+    for turn, item in items:
+        turn.queue.put_nowait(item)
 
 
 @dataclass(eq=False)

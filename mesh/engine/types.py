@@ -100,6 +100,9 @@ class EngineConfig:
     # False is the baseline without a pool: every session prefills its own private copy
     # of the prefix (for comparisons; sizes n_ctx for max_sessions * (prefix + budget)).
     share_prefix: bool = True
+    # The native step (native/: fill, llama_decode and sampling in one C call, GIL
+    # released). None: use it when it is built, else say so once and run the Python step.
+    native: bool | None = None
 
     def validate(self) -> None:
         if not self.model_path:
