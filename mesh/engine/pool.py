@@ -31,7 +31,8 @@ from mesh.engine.ledger import CellLedger
 from mesh.engine.llama import LlamaContext
 from mesh.engine.native import NativeBatch, NativeStepper, resolve
 from mesh.engine.planner import StepPlan, plan_step, step_budget
-from mesh.engine.session import PooledSession, SeqState, Turn, deliver
+from mesh.engine.poster import Poster
+from mesh.engine.session import PooledSession, SeqState, Turn
 from mesh.engine.stats import StepStats
 from mesh.engine.turns import Outbox, Turns
 from mesh.engine.types import (
@@ -53,7 +54,7 @@ T = TypeVar("T")
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the prefix sequence counts toward it
 # Between turn starts and ends, the load snapshot is rebuilt at most this often (building
 # it touches every session; a step at N = 255 can take a few milliseconds).
-SNAPSHOT_INTERVAL_S = 0.02
+SNAPSHOT_INTERVAL_S = 0.05
 
 
 class SharedKVPool:
@@ -77,6 +78,7 @@ class SharedKVPool:
         self._info: PoolInfo | None = None  # kept after aclose()
         self._ledger: CellLedger | None = None
         self._commands = Commands()
+        self._poster = Poster()
         self._turns: Turns | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -120,6 +122,7 @@ class SharedKVPool:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        await asyncio.to_thread(self._poster.close)  # every posted item is delivered
         for st in list(self._sessions.values()):
             if st.turn is not None:
                 st.turn.post(SessionFailed("the pool was closed"))  # thread has stopped
@@ -293,9 +296,7 @@ class SharedKVPool:
         by_loop: dict[asyncio.AbstractEventLoop, Outbox] = {}
         for turn, item in out:
             by_loop.setdefault(turn.loop, []).append((turn, item))
-        for loop, items in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # a closed loop drops its items
-                loop.call_soon_threadsafe(deliver, items)
+        self._poster.post(by_loop)
 
     def _has_work(self) -> bool:
         return not self._held and any(st.turn is not None for st in self._sessions.values())
@@ -347,10 +348,11 @@ class SharedKVPool:
                 self._release(self._sessions[seq], reason=reason)
             self._publish()
             return
+        decoded = set(plan.decode)
         for seq, n in counts.items():
             st = self._sessions[seq]
             st.private += n
-            if seq in plan.decode:
+            if seq in decoded:
                 st.carry = None  # the carried token is now in the cache
         for i, (st, idx) in enumerate(rows):
             if i < len(plan.decode):

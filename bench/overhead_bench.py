@@ -1,0 +1,213 @@
+"""Host overhead of the engine step: the native step (native/) vs the Python step.
+
+    .venv/bin/python bench/overhead_bench.py --model tiny --tokens 32
+    .venv/bin/python bench/overhead_bench.py --model default --ns 1,16,32 --tokens 8
+
+N sessions share a P-token prefix (P = 512), each with a 16-token private suffix prefilled
+before timing; then all N start a greedy turn of T tokens in the same step (inside
+``pool.held()``) and are consumed by N asyncio tasks, as the HTTP layers consume them.
+Per step, from the pool's own counters:
+
+* ``decode_ms``: inside ``llama_decode``;
+* ``host_ms``: the rest of the step (planning, batch filling, sampling, bookkeeping);
+* ``other_ms``: wall / steps - host - decode (the engine loop between steps: commands,
+  posting pieces to asyncio, waiting for the GIL while consumers run);
+* ``share``: (host + other) / wall; ``agg_tps``: N * T / wall.
+
+With the tiny model decode is as fast as a GPU's would be, so what is left is the host's
+share. Targets (issue 13): host + other <= 0.5 ms per step at N = 128 with the tiny model,
+<= 1.5 ms with the default model's vocabulary; aggregate tok/s at N = 128 (tiny) >= 1.3x
+the 6,820 measured before the native step. The table goes to stdout, everything to
+``bench/results/overhead.json`` (or ``--out``); nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mesh.engine.llama import LlamaModel
+from mesh.engine.models import resolve_model
+from mesh.engine.pool import SharedKVPool
+from mesh.engine.session import PooledSession
+from mesh.engine.types import EngineConfig, SamplingParams
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
+BEFORE_TPS_128 = 6820.0  # tiny, N = 128, before the native step (issue 13)
+SUFFIX = 16
+_WORDS = ("agent", "tool", "file", "module", "test", "build", "cache", "index", "route",
+          "queue", "task", "worker", "token", "prefix", "session", "decode", "batch")
+
+
+def prefix_tokens(model: LlamaModel, n: int) -> list[int]:
+    """Exactly ``n`` token ids of project-like text (BOS first when the model adds one)."""
+    rng = random.Random(0)
+    toks: list[int] = [model.bos] if model.add_bos else []
+    while len(toks) < n:
+        line = " ".join(rng.choice(_WORDS) for _ in range(12)) + ".\n"
+        toks += model.tokenize(line, add_bos=False)
+    return toks[:n]
+
+
+def suffix_tokens(model: LlamaModel, i: int) -> list[int]:
+    toks = model.tokenize(f"\nTask {i}: check the {_WORDS[i % len(_WORDS)]} module.\n",
+                          add_bos=False)
+    while len(toks) < SUFFIX:
+        toks += toks
+    return toks[:SUFFIX]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, stop_at_eos=False)
+
+
+async def start_all(pool: SharedKVPool, sessions: list[PooledSession],
+                    params: SamplingParams) -> list[Any]:
+    gens = [s.generate(params) for s in sessions]
+    async with pool.held():  # every turn begins in the same step
+        for g in gens:
+            await g.start()
+    return gens
+
+
+async def consume(g: Any) -> int:
+    n = 0
+    async for _ in g:
+        n += 1
+    return n
+
+
+async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> dict[str, Any]:
+    sessions = [await pool.attach() for _ in range(n)]
+    for i, s in enumerate(sessions):
+        s.append_tokens(suffix_tokens(tok, i))
+    await asyncio.gather(*(consume(g) for g in await start_all(pool, sessions, greedy(1))))
+    gens = await start_all(pool, sessions, greedy(tokens))
+    s0, h0, d0 = pool.num_steps, pool.host_s, pool.decode_s
+    t0 = time.perf_counter()
+    got = sum(await asyncio.gather(*(consume(g) for g in gens)))
+    wall = time.perf_counter() - t0
+    steps, host, dec = pool.num_steps - s0, pool.host_s - h0, pool.decode_s - d0
+    for s in sessions:
+        await s.detach()
+    wall_ms, host_ms, dec_ms = wall / steps * 1e3, host / steps * 1e3, dec / steps * 1e3
+    other_ms = wall_ms - host_ms - dec_ms
+    return {"N": n, "T": tokens, "steps": steps, "tokens": got,
+            "decode_ms": round(dec_ms, 3), "host_ms": round(host_ms, 3),
+            "other_ms": round(other_ms, 3), "overhead_ms": round(host_ms + other_ms, 3),
+            "share": round((host_ms + other_ms) / wall_ms, 4), "wall_ms": round(wall_ms, 3),
+            "agg_tps": round(got / wall, 1)}
+
+
+async def run_mode(args: argparse.Namespace, model_path: str, tok: LlamaModel,
+                   use_native: bool) -> tuple[list[dict[str, Any]], bool]:
+    ns = [int(x) for x in args.ns.split(",")]
+    cfg = EngineConfig(model_path=model_path, max_sessions=max(ns),
+                       session_budget=SUFFIX + args.tokens + 8, n_threads=args.threads,
+                       n_batch=max(512, max(ns) + 1), native=use_native)
+    pool = SharedKVPool(cfg, prefix_tokens(tok, args.prefix))
+    await pool.start()
+    rows = []
+    try:
+        await measure(pool, tok, min(ns), 4)  # warm-up: first-step allocations
+        for n in ns:
+            row = await measure(pool, tok, n, args.tokens)
+            row["mode"] = "native" if use_native else "python"
+            rows.append(row)
+            print(f"  {row['mode']:6} N={n:3}: decode {row['decode_ms']:.2f} host "
+                  f"{row['host_ms']:.2f} other {row['other_ms']:.2f} ms/step, "
+                  f"{row['agg_tps']:.0f} tok/s", file=sys.stderr, flush=True)
+    finally:
+        native_used = pool.uses_native
+        await pool.aclose()
+    return rows, native_used
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| mode | sessions | decode ms/step | host ms/step | other ms/step | "
+            "host+other ms | overhead share | agg tok/s |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['N']} | {r['decode_ms']:.2f} | {r['host_ms']:.2f} "
+                     f"| {r['other_ms']:.2f} | {r['overhead_ms']:.2f} | "
+                     f"{r['share'] * 100:.0f} % | {r['agg_tps']:,.0f} |")
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
+    out = []
+    at = {(r["mode"], r["N"]): r for r in rows}
+    nat = at.get(("native", 128))
+    if nat is not None:
+        limit = 0.5 if model == "tiny" else 1.5
+        out.append({"target": f"native host+other at N=128 <= {limit} ms",
+                    "value": nat["overhead_ms"], "ok": nat["overhead_ms"] <= limit})
+        if model == "tiny":
+            out.append({"target": f"native agg tok/s at N=128 >= 1.3 x {BEFORE_TPS_128:.0f}",
+                        "value": nat["agg_tps"],
+                        "ok": nat["agg_tps"] >= 1.3 * BEFORE_TPS_128})
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    resolved = resolve_model(args.model)
+    model_path = str(resolved.path)
+    tok = LlamaModel(model_path, vocab_only=True)
+    rows: list[dict[str, Any]] = []
+    used: dict[str, bool] = {}
+    try:
+        for mode in args.modes.split(","):
+            print(f"{mode} step, model {resolved.name}", file=sys.stderr, flush=True)
+            got, native_used = await run_mode(args, model_path, tok, mode == "native")
+            used[mode] = native_used
+            rows += got
+    finally:
+        tok.close()
+    return {
+        "meta": {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": " ".join(["bench/overhead_bench.py", *sys.argv[1:]]),
+            "model": args.model, "model_name": resolved.name, "prefix": args.prefix,
+            "suffix": SUFFIX, "tokens": args.tokens, "threads": args.threads,
+            "cpus": os.cpu_count(), "machine": platform.machine(),
+            "python": platform.python_version(),
+            "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
+            "native_used": used,
+        },
+        "rows": rows,
+        "targets": targets(rows, args.model),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--model", default="tiny", help="tiny | default | a GGUF path")
+    p.add_argument("--ns", default="1,16,64,128,255", help="session counts")
+    p.add_argument("--tokens", type=int, default=64, help="greedy tokens per session")
+    p.add_argument("--prefix", type=int, default=512, help="prefix tokens")
+    p.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
+    p.add_argument("--modes", default="python,native", help="python,native")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    result = asyncio.run(main_async(args))
+    print(table(result["rows"]))
+    for t in result["targets"]:
+        print(f"{'PASS' if t['ok'] else 'MISS'} {t['target']}: {t['value']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
