@@ -27,6 +27,9 @@ from mesh.engine.types import ModelError
 
 __all__ = ["Batch", "LlamaContext", "LlamaModel", "Sampler", "TokenSampler", "backend_init"]
 
+_FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+_KV_GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # ggml.h's enum ggml_type
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -102,6 +105,31 @@ class LlamaModel:
     def vocab(self) -> Any:
         """The native vocabulary handle (for samplers that need it, e.g. grammars)."""
         return self._vocab
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None when the model has no such key)."""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_model_meta_val_str(self._handle, key.encode(), buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def kv_shape(self) -> tuple[int, int, int, int, int]:
+        """(layers, KV heads, K and V elements per head, training context) from the GGUF
+        metadata (readable from a vocabulary-only load too)."""
+        arch = self.meta("general.architecture") or ""
+
+        def num(key: str, default: int = 0) -> int:
+            value = self.meta(f"{arch}.{key}")
+            try:
+                return int(value) if value is not None else default
+            except ValueError:  # a per-layer array: not handled, use the default
+                return default
+
+        layers, embd = num("block_count"), num("embedding_length")
+        heads = num("attention.head_count")
+        kv_heads = num("attention.head_count_kv", heads)
+        head = embd // heads if heads else 0
+        k, v = num("attention.key_length", head), num("attention.value_length", head)
+        return layers, kv_heads, k, v, num("context_length")
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
         """Token ids of ``text``; special tokens (``<start_of_turn>``...) are parsed."""
@@ -188,8 +216,12 @@ class LlamaContext:
         n_outputs_max: int,
         n_threads: int,
         swa_full: bool,
+        flash_attn: str = "auto",
+        kv_type: str = "f16",
     ) -> None:
         params = ll.llama_context_default_params()
+        params.flash_attn_type = _FLASH_ATTN[flash_attn]
+        params.type_k = params.type_v = _KV_GGML_TYPE[kv_type]
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
@@ -204,7 +236,9 @@ class LlamaContext:
         if not handle:
             raise ModelError(
                 f"llama.cpp could not create a context of {n_ctx} cells for {n_seq_max} "
-                "sequences (out of memory?); lower --max-sessions or --session-budget"
+                f"sequences with a {kv_type} KV cache (out of memory? a quantized cache "
+                "without flash attention?); lower --max-sessions or --session-budget, or "
+                "use --kv-type f16"
             )
         self._handle: Any = handle
         self.model = model
