@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -112,9 +113,12 @@ async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> d
 async def run_mode(args: argparse.Namespace, model_path: str, tok: LlamaModel,
                    use_native: bool) -> tuple[list[dict[str, Any]], bool]:
     ns = [int(x) for x in args.ns.split(",")]
+    extra: dict[str, Any] = {}
+    if "native" in {f.name for f in dataclasses.fields(EngineConfig)}:
+        extra["native"] = use_native  # absent before the native step (--label main)
     cfg = EngineConfig(model_path=model_path, max_sessions=max(ns),
                        session_budget=SUFFIX + args.tokens + 8, n_threads=args.threads,
-                       n_batch=max(512, max(ns) + 1), native=use_native)
+                       n_batch=max(512, max(ns) + 1), **extra)
     pool = SharedKVPool(cfg, prefix_tokens(tok, args.prefix))
     await pool.start()
     rows = []
@@ -122,13 +126,13 @@ async def run_mode(args: argparse.Namespace, model_path: str, tok: LlamaModel,
         await measure(pool, tok, min(ns), 4)  # warm-up: first-step allocations
         for n in ns:
             row = await measure(pool, tok, n, args.tokens)
-            row["mode"] = "native" if use_native else "python"
+            row["mode"] = args.label or ("native" if use_native else "python")
             rows.append(row)
             print(f"  {row['mode']:6} N={n:3}: decode {row['decode_ms']:.2f} host "
                   f"{row['host_ms']:.2f} other {row['other_ms']:.2f} ms/step, "
                   f"{row['agg_tps']:.0f} tok/s", file=sys.stderr, flush=True)
     finally:
-        native_used = pool.uses_native
+        native_used = bool(getattr(pool, "uses_native", False))
         await pool.aclose()
     return rows, native_used
 
@@ -160,7 +164,7 @@ def targets(rows: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    resolved = resolve_model(args.model)
+    resolved = resolve_model(None if args.model == "default" else args.model)
     model_path = str(resolved.path)
     tok = LlamaModel(model_path, vocab_only=True)
     rows: list[dict[str, Any]] = []
@@ -197,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", type=int, default=512, help="prefix tokens")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
     p.add_argument("--modes", default="python,native", help="python,native")
+    p.add_argument("--label", default=None,
+                   help="name the rows (e.g. main, to time another checkout's engine)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     result = asyncio.run(main_async(args))

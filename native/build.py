@@ -55,7 +55,7 @@ def build(out_dir: Path = OUT_DIR, cc: str | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / LIB_NAME
     tmp = out_dir / (LIB_NAME + ".tmp")
-    cmd = [compiler, "-O3", "-std=c11", "-fPIC", "-shared", "-Wall", "-Wextra",
+    cmd = [compiler, "-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra",
            f"-I{inc}", str(SOURCE), "-o", str(tmp), f"-L{lib}", "-lllama",
            f"-Wl,-rpath,{lib}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -8,6 +8,7 @@
  * Python keeps every piece of bookkeeping; this file only moves arrays.
  */
 #define _POSIX_C_SOURCE 199309L
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,19 @@
 
 #include "llama.h"
 
-#define MESH_NATIVE_ABI 1
+#define MESH_NATIVE_ABI 2
+#define MESH_MAX_THREADS 64
+/* Below this many logits (rows x vocabulary) a step samples on the calling thread. */
+#define MESH_PARALLEL_MIN (1 << 20)
 
-/* A reusable batch of up to `capacity` tokens, one sequence id each. */
+/* A reusable batch of up to `capacity` tokens, one sequence id each, and per-thread
+ * candidate buffers for sampler chains. */
 typedef struct mesh_stepper {
     struct llama_batch batch;
     int32_t capacity;
+    int32_t n_vocab;
+    llama_token_data *cand[MESH_MAX_THREADS];
+    int32_t cand_cap[MESH_MAX_THREADS];
 } mesh_stepper;
 
 int32_t mesh_native_abi(void) { return MESH_NATIVE_ABI; }
@@ -37,6 +45,7 @@ mesh_stepper *mesh_stepper_new(int32_t capacity) {
 void mesh_stepper_free(mesh_stepper *s) {
     if (s == NULL) return;
     llama_batch_free(s->batch);
+    for (int i = 0; i < MESH_MAX_THREADS; i++) free(s->cand[i]);
     free(s);
 }
 
@@ -46,17 +55,59 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* First index of the largest logit (numpy.argmax's tie rule). */
+/* First index of the largest logit (numpy.argmax's tie rule): the maximum over eight
+ * lanes, then the first index holding it. */
 static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    float v = x[0];
-    for (int32_t i = 1; i < n; i++) {
-        if (x[i] > v) {
-            v = x[i];
-            best = i;
+    float m[8];
+    int32_t i = 0;
+    for (int k = 0; k < 8; k++) m[k] = x[0];
+    for (; i + 8 <= n; i += 8) {
+        for (int k = 0; k < 8; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+    }
+    float best = m[0];
+    for (int k = 1; k < 8; k++) best = m[k] > best ? m[k] : best;
+    for (; i < n; i++) best = x[i] > best ? x[i] : best;
+    for (i = 0; i < n; i++) {
+        if (x[i] == best) return i;
+    }
+    return 0; /* NaN everywhere */
+}
+
+/* What llama_sampler_sample does, on a logits row we already hold (so rows can be
+ * sampled on several threads: each row has its own sampler and candidate buffer). */
+static llama_token sample_chain(struct llama_sampler *smpl, const float *row, int32_t n,
+                                llama_token_data *cand) {
+    for (int32_t i = 0; i < n; i++) {
+        cand[i].id = i;
+        cand[i].logit = row[i];
+        cand[i].p = 0.0f;
+    }
+    llama_token_data_array cur = {cand, (size_t)n, -1, false};
+    llama_sampler_apply(smpl, &cur);
+    llama_token tok = cur.data[cur.selected].id;
+    llama_sampler_accept(smpl, tok);
+    return tok;
+}
+
+typedef struct work {
+    mesh_stepper *s;
+    const float **rows;
+    struct llama_sampler **samplers;
+    int32_t *out;
+    int32_t n_rows, first, step, tid;
+} work;
+
+static void *sample_rows(void *arg) {
+    work *w = (work *)arg;
+    for (int32_t r = w->first; r < w->n_rows; r += w->step) {
+        if (w->samplers[r] == NULL) {
+            w->out[r] = argmax(w->rows[r], w->s->n_vocab);
+        } else {
+            w->out[r] = sample_chain(w->samplers[r], w->rows[r], w->s->n_vocab,
+                                     w->s->cand[w->tid]);
         }
     }
-    return best;
+    return NULL;
 }
 
 /*
@@ -66,16 +117,20 @@ static int32_t argmax(const float *x, int32_t n) {
  * rows: n_rows batch indices to sample (each must have logits[row] != 0);
  * samplers: n_rows llama_sampler chains, NULL for greedy argmax.
  * out: n_rows sampled tokens. timing[0] = seconds in llama_decode, timing[1] = sampling.
+ * n_threads: threads that may sample rows (1: the calling thread only); they are used
+ * only when rows x vocabulary >= MESH_PARALLEL_MIN; negative: always -n_threads.
  *
  * Returns llama_decode's status (0 = ok; then `out` holds every row's token), or
- * -1000 when the arrays do not fit the stepper (Python checks this first), or
- * -1001 when llama.cpp gave no logits for a row.
+ * -1000 when the arrays do not fit the stepper (Python checks this first),
+ * -1001 when llama.cpp gave no logits for a row, -1002 when out of memory.
  */
 int32_t mesh_step(mesh_stepper *s, struct llama_context *ctx, int32_t n_tokens,
                   const int32_t *tokens, const int32_t *pos, const int32_t *seq,
                   const int8_t *logits, int32_t n_rows, const int32_t *rows,
-                  struct llama_sampler **samplers, int32_t *out, double *timing) {
-    if (s == NULL || n_tokens <= 0 || n_tokens > s->capacity) return -1000;
+                  struct llama_sampler **samplers, int32_t *out, double *timing,
+                  int32_t n_threads) {
+    if (s == NULL || n_tokens <= 0 || n_tokens > s->capacity || n_rows > s->capacity)
+        return -1000;
     struct llama_batch *b = &s->batch;
     for (int32_t i = 0; i < n_tokens; i++) {
         b->token[i] = tokens[i];
@@ -90,18 +145,55 @@ int32_t mesh_step(mesh_stepper *s, struct llama_context *ctx, int32_t n_tokens,
     double t1 = now_s();
     timing[0] = t1 - t0;
     timing[1] = 0.0;
-    if (rc != 0) return rc;
-    const struct llama_model *model = llama_get_model(ctx);
-    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    for (int32_t r = 0; r < n_rows; r++) {
-        if (samplers[r] != NULL) {
-            out[r] = llama_sampler_sample(samplers[r], ctx, rows[r]);
-        } else {
-            const float *row = llama_get_logits_ith(ctx, rows[r]);
-            if (row == NULL) return -1001;
-            out[r] = argmax(row, n_vocab);
+    if (rc != 0 || n_rows == 0) return rc;
+    s->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+    const float **row_ptr = (const float **)malloc(sizeof(float *) * (size_t)n_rows);
+    if (row_ptr == NULL) return -1002;
+    for (int32_t r = 0; r < n_rows; r++) { /* llama.cpp's own lookup: on this thread */
+        row_ptr[r] = llama_get_logits_ith(ctx, rows[r]);
+        if (row_ptr[r] == NULL) {
+            free(row_ptr);
+            return -1001;
         }
     }
+    /* n_threads < 0: always -n_threads threads (tests exercise the threaded path) */
+    int32_t nt = n_threads < 0 ? -n_threads : n_threads;
+    if (n_threads > 0 && (int64_t)n_rows * s->n_vocab < MESH_PARALLEL_MIN) nt = 1;
+    if (nt < 1) nt = 1;
+    if (nt > MESH_MAX_THREADS) nt = MESH_MAX_THREADS;
+    if (nt > n_rows) nt = n_rows;
+    int any_chain = 0;
+    for (int32_t r = 0; r < n_rows; r++) any_chain |= samplers[r] != NULL;
+    for (int32_t t = 0; any_chain && t < nt; t++) {
+        if (s->cand_cap[t] < s->n_vocab) {
+            free(s->cand[t]);
+            s->cand[t] = (llama_token_data *)malloc(sizeof(llama_token_data) *
+                                                    (size_t)s->n_vocab);
+            s->cand_cap[t] = s->cand[t] != NULL ? s->n_vocab : 0;
+            if (s->cand[t] == NULL) {
+                free(row_ptr);
+                return -1002;
+            }
+        }
+    }
+    work w[MESH_MAX_THREADS];
+    pthread_t th[MESH_MAX_THREADS];
+    int started[MESH_MAX_THREADS] = {0};
+    for (int32_t t = 0; t < nt; t++) {
+        w[t] = (work){s, row_ptr, samplers, out, n_rows, t, nt, t};
+    }
+    for (int32_t t = 1; t < nt; t++) {
+        started[t] = pthread_create(&th[t], NULL, sample_rows, &w[t]) == 0;
+    }
+    sample_rows(&w[0]);
+    for (int32_t t = 1; t < nt; t++) {
+        if (started[t]) {
+            pthread_join(th[t], NULL);
+        } else {
+            sample_rows(&w[t]); /* no thread: this one does its rows */
+        }
+    }
+    free(row_ptr);
     timing[1] = now_s() - t1;
     return 0;
 }

@@ -23,13 +23,8 @@ class BatchWriter(Protocol):
 
 def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candidate]:
     """The planner's view of every session in a turn."""
-    out = []
-    for st in sessions:
-        if st.turn is not None:
-            ready = ledger.pending(st)
-            out.append(Candidate(seq=st.seq, created=st.created,
-                                 decoding=st.carry is not None and not ready, ready=ready))
-    return out
+    return [Candidate(st.seq, st.created, st.carry is not None and not ready, ready)
+            for st, ready in ledger.pending_in_turns(sessions)]
 
 
 def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLedger,

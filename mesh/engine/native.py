@@ -29,7 +29,7 @@ from mesh.engine.types import EngineError
 
 __all__ = ["NativeBatch", "NativeStepper", "library_path", "load", "resolve"]
 
-ABI = 1
+ABI = 2
 _BUILD_HINT = "build it with: .venv/bin/python -m native.build"
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _lock = threading.Lock()
@@ -66,7 +66,7 @@ def _open(path: Path) -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
         _I32P, _I32P, _I32P, ctypes.POINTER(ctypes.c_int8),
         ctypes.c_int32, _I32P, ctypes.POINTER(ctypes.c_void_p), _I32P,
-        ctypes.POINTER(ctypes.c_double),
+        ctypes.POINTER(ctypes.c_double), ctypes.c_int32,
     ]
     lib.mesh_step.restype = ctypes.c_int32
     return lib
@@ -149,9 +149,11 @@ class NativeBatch:
 class NativeStepper:
     """One native batch of ``capacity`` tokens and its step call (engine thread only)."""
 
-    def __init__(self, lib: ctypes.CDLL, capacity: int) -> None:
+    def __init__(self, lib: ctypes.CDLL, capacity: int, threads: int = 1) -> None:
         self._lib = lib
         self.capacity = capacity
+        self.threads = threads  # threads that sample rows (large vocabularies only)
+        self.force_threads = False  # tests: sample on `threads` threads whatever the size
         handle = lib.mesh_stepper_new(capacity)
         if not handle:
             raise MemoryError(f"mesh_stepper_new({capacity}) failed")
@@ -186,12 +188,15 @@ class NativeStepper:
             self._samplers[:k] = samplers
         rc = int(self._lib.mesh_step(self._handle, ctx.address, n, self._tokens, self._pos,
                                      self._seq, self._logits, k, self._rows, self._samplers,
-                                     self._out, self._timing))
+                                     self._out, self._timing,
+                                     -self.threads if self.force_threads else self.threads))
         self.last_sample_s = self._timing[1]
         if rc == -1000:
             raise ValueError(f"the native step refused a batch of {n} tokens")
         if rc == -1001:
             raise RuntimeError("llama.cpp gave no logits for a sampled row")
+        if rc == -1002:
+            raise MemoryError("the native step could not allocate its sampling buffers")
         return rc, (self._out[:k] if rc == 0 else []), self._timing[0]
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,7 +34,7 @@ from mesh.engine.native import NativeBatch, NativeStepper, resolve
 from mesh.engine.planner import StepPlan, plan_step, step_budget
 from mesh.engine.poster import Poster
 from mesh.engine.session import PooledSession, SeqState, Turn
-from mesh.engine.stats import StepStats
+from mesh.engine.stats import Capture, StepStats
 from mesh.engine.turns import Outbox, Turns
 from mesh.engine.types import (
     AttachCheck,
@@ -86,7 +87,8 @@ class SharedKVPool:
         self._outbox: Outbox = []
         self._sessions: dict[int, SeqState] = {}
         self._next_id = 0
-        self._snapshot: PoolLoad | None = None
+        self._snapshot: Capture | None = None
+        self._busy_changes = -1
         self._published_at = 0.0
         self._published_changes = -1
         self._stepper: NativeStepper | None = None
@@ -108,7 +110,8 @@ class SharedKVPool:
         self._turns = Turns(built.model, self._ledger, self._outbox, self.config.seed)
         lib = resolve(self.config.native)
         if lib is not None:
-            self._stepper = NativeStepper(lib, self.config.n_batch)
+            self._stepper = NativeStepper(lib, self.config.n_batch,
+                                          threads=self.config.n_threads or os.cpu_count() or 1)
             self._native_batch = NativeBatch(self.config.n_batch)
         self._publish()
         self._thread = threading.Thread(target=self._run, name="mesh-engine", daemon=True)
@@ -362,8 +365,10 @@ class SharedKVPool:
             else:
                 self._turns.sample(st, ctx, idx)
         now = time.monotonic()
-        for st in self._sessions.values():
-            st.mark_busy(now)
+        if self._turns.changes != self._busy_changes:  # busy <-> idle only at turn edges
+            self._busy_changes = self._turns.changes
+            for st in self._sessions.values():
+                st.mark_busy(now)
         self.stats.record(StepSample(num_decode=len(plan.decode),
                                      num_prefill_tokens=plan.num_prefill, sum_context=sum_ctx,
                                      step_s=now - t0, cells_used=cells_used),
@@ -390,7 +395,7 @@ class SharedKVPool:
     def load(self) -> PoolLoad:
         if self._snapshot is None:
             raise RuntimeError("the pool is not started")
-        return self._snapshot
+        return self._snapshot.load()
 
     async def seq_pos_ranges(self) -> dict[int, tuple[int, int]]:
         """llama.cpp's own (min, max) position per live sequence, for cross-checks."""

@@ -34,11 +34,14 @@ async def make_pool(model: Path, use_native: bool, **kw: Any) -> SharedKVPool:
     return pool
 
 
-async def schedule(model: Path, use_native: bool,
-                   params: list[SamplingParams]) -> list[tuple[list[int], str, str]]:
+async def schedule(model: Path, use_native: bool, params: list[SamplingParams],
+                   threads: int = 0) -> list[tuple[list[int], str, str]]:
     """Every turn starts in the same step (one per entry of ``params``), then a second
-    wave of turns joins while the first still decodes (prefill and decode rows mixed)."""
+    wave of turns joins while the first still decodes (prefill and decode rows mixed).
+    ``threads``: the native step samples on that many threads (0: as it chooses)."""
     pool = await make_pool(model, use_native)
+    if threads and pool._stepper is not None:
+        pool._stepper.threads, pool._stepper.force_threads = threads, True
     try:
         sessions = [await pool.attach() for _ in params]
         half = len(params) // 2
@@ -73,6 +76,8 @@ def both(model: Path, params: list[SamplingParams]) -> list[tuple[list[int], str
     py: list[tuple[list[int], str, str]] = run(schedule(model, False, params))
     nat: list[tuple[list[int], str, str]] = run(schedule(model, True, params))
     assert nat == py
+    threaded: list[tuple[list[int], str, str]] = run(schedule(model, True, params, threads=3))
+    assert threaded == py
     assert all(len(toks) > 0 for toks, _, _ in py)
     return py
 
