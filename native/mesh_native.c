@@ -19,7 +19,7 @@
 #define MESH_NATIVE_ABI 2
 #define MESH_MAX_THREADS 64
 /* Below this many logits (rows x vocabulary) a step samples on the calling thread. */
-#define MESH_PARALLEL_MIN (1 << 20)
+#define MESH_PARALLEL_MIN (1 << 22)
 
 /* A reusable batch of up to `capacity` tokens, one sequence id each, and per-thread
  * candidate buffers for sampler chains. */
@@ -55,23 +55,59 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* First index of the largest logit (numpy.argmax's tie rule): the maximum over eight
- * lanes, then the first index holding it. */
-static int32_t argmax(const float *x, int32_t n) {
-    float m[8];
-    int32_t i = 0;
-    for (int k = 0; k < 8; k++) m[k] = x[0];
-    for (; i + 8 <= n; i += 8) {
-        for (int k = 0; k < 8; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
-    }
-    float best = m[0];
-    for (int k = 1; k < 8; k++) best = m[k] > best ? m[k] : best;
-    for (; i < n; i++) best = x[i] > best ? x[i] : best;
-    for (i = 0; i < n; i++) {
-        if (x[i] == best) return i;
-    }
-    return 0; /* NaN everywhere */
+/* First index of the largest logit (numpy.argmax's tie rule): the maximum, then the
+ * first index holding it. AVX2 where the CPU has it (checked at run time). */
+static float row_max_scalar(const float *x, int32_t n) {
+    float m = x[0];
+    for (int32_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
 }
+
+static int32_t first_equal_scalar(const float *x, int32_t n, int32_t from, float v) {
+    for (int32_t i = from; i < n; i++) {
+        if (x[i] == v) return i;
+    }
+    return -1;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+__attribute__((target("avx2"))) static int32_t argmax_avx2(const float *x, int32_t n) {
+    int32_t i = 0;
+    __m256 m0 = _mm256_set1_ps(x[0]), m1 = m0, m2 = m0, m3 = m0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+        m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + i + 16));
+        m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + i + 24));
+    }
+    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m0);
+    float best = lanes[0];
+    for (int k = 1; k < 8; k++) best = lanes[k] > best ? lanes[k] : best;
+    for (int32_t j = i; j < n; j++) best = x[j] > best ? x[j] : best;
+    const __m256 bv = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), bv, _CMP_EQ_OQ));
+        if (mask) return i + __builtin_ctz((unsigned)mask);
+    }
+    int32_t at = first_equal_scalar(x, n, i, best);
+    return at < 0 ? 0 : at;
+}
+#endif
+
+static int32_t argmax(const float *x, int32_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) return argmax_avx2(x, n);
+#endif
+    int32_t at = first_equal_scalar(x, n, 0, row_max_scalar(x, n));
+    return at < 0 ? 0 : at; /* NaN everywhere */
+}
+
+/* The greedy pick, exported for tests (numpy.argmax must agree). */
+int32_t mesh_argmax(const float *x, int32_t n) { return n > 0 ? argmax(x, n) : -1; }
 
 /* What llama_sampler_sample does, on a logits row we already hold (so rows can be
  * sampled on several threads: each row has its own sampler and candidate buffer). */

@@ -69,6 +69,8 @@ def _open(path: Path) -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_double), ctypes.c_int32,
     ]
     lib.mesh_step.restype = ctypes.c_int32
+    lib.mesh_argmax.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int32]
+    lib.mesh_argmax.restype = ctypes.c_int32
     return lib
 
 

@@ -4,9 +4,11 @@ tiny model: same schedule, same tokens, greedy, seeded sampling and grammars."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mesh.engine import native
@@ -184,3 +186,18 @@ def test_a_stale_build_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(native, "_loaded", None)
     found, why = native.load()
     assert found is None and "built for llama-cpp-python 0.0.1" in why
+
+
+@needs_lib
+@pytest.mark.parametrize("n", [1, 7, 8, 33, 1000, 262_144])
+def test_native_argmax_agrees_with_numpy_ties_included(n: int) -> None:
+    assert LIB is not None
+    rng = np.random.default_rng(n)
+    for trial in range(20):
+        row = rng.integers(-5, 5, size=n).astype(np.float32)  # many ties
+        if trial % 4 == 0:
+            row = rng.standard_normal(n).astype(np.float32)
+        if trial == 1:
+            row[-1] = 100.0  # the maximum in the scalar tail
+        ptr = row.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        assert LIB.mesh_argmax(ptr, n) == int(np.argmax(row))
