@@ -73,33 +73,108 @@ static int32_t first_equal_scalar(const float *x, int32_t n, int32_t from, float
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+/* One pass: per lane the largest value and the first index holding it (strict >), four
+ * independent accumulators; then the largest over lanes, the smallest index among
+ * equals (numpy.argmax's rule). */
 __attribute__((target("avx2"))) static int32_t argmax_avx2(const float *x, int32_t n) {
-    int32_t i = 0;
-    __m256 m0 = _mm256_set1_ps(x[0]), m1 = m0, m2 = m0, m3 = m0;
+    if (n < 64) {
+        int32_t at = first_equal_scalar(x, n, 0, row_max_scalar(x, n));
+        return at < 0 ? 0 : at;
+    }
+    __m256 m[4];
+    __m256i id[4], cur[4];
+    for (int a = 0; a < 4; a++) {
+        m[a] = _mm256_loadu_ps(x + 8 * a);
+        id[a] = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                 _mm256_set1_epi32(8 * a));
+        cur[a] = id[a];
+    }
+    const __m256i step = _mm256_set1_epi32(32);
+    int32_t i = 32;
     for (; i + 32 <= n; i += 32) {
-        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
-        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
-        m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + i + 16));
-        m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + i + 24));
+        for (int a = 0; a < 4; a++) {
+            cur[a] = _mm256_add_epi32(cur[a], step);
+            __m256 v = _mm256_loadu_ps(x + i + 8 * a);
+            __m256 gt = _mm256_cmp_ps(v, m[a], _CMP_GT_OQ);
+            m[a] = _mm256_blendv_ps(m[a], v, gt);
+            id[a] = _mm256_blendv_epi8(id[a], cur[a], _mm256_castps_si256(gt));
+        }
     }
-    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, m0);
-    float best = lanes[0];
-    for (int k = 1; k < 8; k++) best = lanes[k] > best ? lanes[k] : best;
-    for (int32_t j = i; j < n; j++) best = x[j] > best ? x[j] : best;
-    const __m256 bv = _mm256_set1_ps(best);
-    for (i = 0; i + 8 <= n; i += 8) {
-        int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), bv, _CMP_EQ_OQ));
-        if (mask) return i + __builtin_ctz((unsigned)mask);
+    float best = x[0];
+    int32_t at = 0;
+    for (int a = 0; a < 4; a++) {
+        float lanes[8];
+        int32_t idx[8];
+        _mm256_storeu_ps(lanes, m[a]);
+        _mm256_storeu_si256((__m256i *)idx, id[a]);
+        for (int k = 0; k < 8; k++) {
+            if (lanes[k] > best || (lanes[k] == best && idx[k] < at)) {
+                best = lanes[k];
+                at = idx[k];
+            }
+        }
     }
-    int32_t at = first_equal_scalar(x, n, i, best);
-    return at < 0 ? 0 : at;
+    for (; i < n; i++) {
+        if (x[i] > best) {
+            best = x[i];
+            at = i;
+        }
+    }
+    return at;
+}
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+/* The same with sixteen lanes. */
+__attribute__((target("avx512f"))) static int32_t argmax_avx512(const float *x, int32_t n) {
+    if (n < 128) return argmax_avx2(x, n);
+    __m512 m[4];
+    __m512i id[4], cur[4];
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                           15);
+    for (int a = 0; a < 4; a++) {
+        m[a] = _mm512_loadu_ps(x + 16 * a);
+        id[a] = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * a));
+        cur[a] = id[a];
+    }
+    const __m512i step = _mm512_set1_epi32(64);
+    int32_t i = 64;
+    for (; i + 64 <= n; i += 64) {
+        for (int a = 0; a < 4; a++) {
+            cur[a] = _mm512_add_epi32(cur[a], step);
+            __m512 v = _mm512_loadu_ps(x + i + 16 * a);
+            __mmask16 gt = _mm512_cmp_ps_mask(v, m[a], _CMP_GT_OQ);
+            m[a] = _mm512_mask_blend_ps(gt, m[a], v);
+            id[a] = _mm512_mask_blend_epi32(gt, id[a], cur[a]);
+        }
+    }
+    float best = x[0];
+    int32_t at = 0;
+    for (int a = 0; a < 4; a++) {
+        float lanes[16];
+        int32_t idx[16];
+        _mm512_storeu_ps(lanes, m[a]);
+        _mm512_storeu_si512((void *)idx, id[a]);
+        for (int k = 0; k < 16; k++) {
+            if (lanes[k] > best || (lanes[k] == best && idx[k] < at)) {
+                best = lanes[k];
+                at = idx[k];
+            }
+        }
+    }
+    for (; i < n; i++) {
+        if (x[i] > best) {
+            best = x[i];
+            at = i;
+        }
+    }
+    return at;
 }
 #endif
 
 static int32_t argmax(const float *x, int32_t n) {
 #if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx512f")) return argmax_avx512(x, n);
     if (__builtin_cpu_supports("avx2")) return argmax_avx2(x, n);
 #endif
     int32_t at = first_equal_scalar(x, n, 0, row_max_scalar(x, n));

@@ -189,7 +189,7 @@ def test_a_stale_build_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @needs_lib
-@pytest.mark.parametrize("n", [1, 7, 8, 33, 1000, 262_144])
+@pytest.mark.parametrize("n", [1, 7, 8, 33, 100, 129, 1000, 262_144])
 def test_native_argmax_agrees_with_numpy_ties_included(n: int) -> None:
     assert LIB is not None
     rng = np.random.default_rng(n)
