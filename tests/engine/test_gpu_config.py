@@ -81,15 +81,15 @@ def test_tier_caps_slots_and_refuses_memory_that_holds_nothing() -> None:
 # ------------------------------------------------------------------ config on the tiny model
 
 
-def test_training_context_is_checked_with_the_fix_named(tiny_model_path: Path) -> None:
+def test_training_context_is_checked_with_the_fix_named(tmp_path: Path) -> None:
+    short = write_tiny_model(tmp_path / "short.gguf", n_ctx_train=4096)
     check_context(32768, 30000, 2048, "m")  # fits
     check_context(0, 10**6, 10**6, "m")  # unknown: not checked
     with pytest.raises(ValueError, match="lower --prefix-tokens or --session-budget"):
         check_context(32768, 131072, 2048, "gemma")
 
     async def body() -> None:
-        # The tiny model is trained for 4,096 tokens.
-        pool = SharedKVPool(EngineConfig(model_path=str(tiny_model_path), max_sessions=2,
+        pool = SharedKVPool(EngineConfig(model_path=str(short), max_sessions=2,
                                          session_budget=4090, n_threads=1), PREFIX)
         with pytest.raises(ValueError, match="4096-token context"):
             await pool.start()
@@ -128,7 +128,7 @@ def test_kv_shape_comes_from_the_gguf(tiny_model_path: Path, tiny32_path: Path) 
     for path, head in ((tiny_model_path, 16), (tiny32_path, 32)):
         m = LlamaModel(path, vocab_only=True)
         try:
-            assert m.kv_shape() == (2, 2, head, head, 4096)  # 2 blocks, 2 KV heads
+            assert m.kv_shape() == (2, 2, head, head, 131072)  # 2 blocks, 2 KV heads
         finally:
             m.close()
 
