@@ -42,6 +42,7 @@ from mesh.engine.models import resolve_model
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PooledSession
 from mesh.engine.types import EngineConfig, SamplingParams
+from mesh.template import build_prefix, load_template, sample_project_dir
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
 BEFORE_TPS_128 = 6820.0  # tiny, N = 128, before the native step (issue 13)
@@ -50,8 +51,18 @@ _WORDS = ("agent", "tool", "file", "module", "test", "build", "cache", "index", 
           "queue", "task", "worker", "token", "prefix", "session", "decode", "batch")
 
 
-def prefix_tokens(model: LlamaModel, n: int) -> list[int]:
-    """Exactly ``n`` token ids of project-like text (BOS first when the model adds one)."""
+def prefix_tokens(model: LlamaModel, n: int, template: str | None = None) -> list[int]:
+    """Exactly ``n`` token ids (BOS first when the model adds one): the template's prefix
+    for its sample project (``heavy``: 32K tokens and more), else project-like words."""
+    if template is not None:
+        tpl = load_template(template)
+        text = build_prefix(tpl, sample_project_dir(),
+                            lambda t: len(model.tokenize(t, add_bos=False)),
+                            target_tokens=n).text
+        made = model.tokenize(text, add_bos=model.add_bos)
+        while len(made) < n:  # the template fell short: repeat its body
+            made += made[1 if model.add_bos else 0:]
+        return made[:n]
     rng = random.Random(0)
     toks: list[int] = [model.bos] if model.add_bos else []
     while len(toks) < n:
@@ -116,10 +127,13 @@ async def run_mode(args: argparse.Namespace, model_path: str, tok: LlamaModel,
     extra: dict[str, Any] = {}
     if "native" in {f.name for f in dataclasses.fields(EngineConfig)}:
         extra["native"] = use_native  # absent before the native step (--label main)
+    for flag in ("flash_attn", "kv_type"):
+        if getattr(args, flag) is not None:
+            extra[flag] = getattr(args, flag)
     cfg = EngineConfig(model_path=model_path, max_sessions=max(ns),
                        session_budget=SUFFIX + args.tokens + 8, n_threads=args.threads,
-                       n_batch=max(512, max(ns) + 1), **extra)
-    pool = SharedKVPool(cfg, prefix_tokens(tok, args.prefix))
+                       n_batch=max(512, max(ns) + 1), n_gpu_layers=args.gpu_layers, **extra)
+    pool = SharedKVPool(cfg, prefix_tokens(tok, args.prefix, args.template))
     await pool.start()
     rows = []
     try:
@@ -182,6 +196,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": " ".join(["bench/overhead_bench.py", *sys.argv[1:]]),
             "model": args.model, "model_name": resolved.name, "prefix": args.prefix,
+            "template": args.template, "gpu_layers": args.gpu_layers,
+            "flash_attn": args.flash_attn, "kv_type": args.kv_type,
             "suffix": SUFFIX, "tokens": args.tokens, "threads": args.threads,
             "cpus": os.cpu_count(), "machine": platform.machine(),
             "python": platform.python_version(),
@@ -199,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ns", default="1,16,64,128,255", help="session counts")
     p.add_argument("--tokens", type=int, default=64, help="greedy tokens per session")
     p.add_argument("--prefix", type=int, default=512, help="prefix tokens")
+    p.add_argument("--template", default=None,
+                   help="build the prefix from this template (e.g. heavy) instead of words")
+    p.add_argument("--gpu-layers", type=int, default=-1, help="layers offloaded (GPU builds)")
+    p.add_argument("--flash-attn", default=None, help="auto | on | off")
+    p.add_argument("--kv-type", default=None, help="f16 | q8_0 | q4_0")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
     p.add_argument("--modes", default="python,native", help="python,native")
     p.add_argument("--label", default=None,
