@@ -34,6 +34,7 @@ import platform
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,8 @@ async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> d
 
 
 async def run_mode(args: argparse.Namespace, model_path: str, tok: LlamaModel,
-                   use_native: bool) -> tuple[list[dict[str, Any]], bool]:
+                   use_native: bool, sink: Callable[[dict[str, Any]], None]
+                   ) -> tuple[list[dict[str, Any]], bool]:
     ns = [int(x) for x in args.ns.split(",")]
     extra: dict[str, Any] = {}
     if "native" in {f.name for f in dataclasses.fields(EngineConfig)}:
@@ -142,6 +144,7 @@ async def run_mode(args: argparse.Namespace, model_path: str, tok: LlamaModel,
             row = await measure(pool, tok, n, args.tokens)
             row["mode"] = args.label or ("native" if use_native else "python")
             rows.append(row)
+            sink(row)
             print(f"  {row['mode']:6} N={n:3}: decode {row['decode_ms']:.2f} host "
                   f"{row['host_ms']:.2f} other {row['other_ms']:.2f} ms/step, "
                   f"{row['agg_tps']:.0f} tok/s", file=sys.stderr, flush=True)
@@ -183,30 +186,40 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tok = LlamaModel(model_path, vocab_only=True)
     rows: list[dict[str, Any]] = []
     used: dict[str, bool] = {}
+
+    def result(done: bool) -> dict[str, Any]:
+        return {"meta": meta, "rows": rows, "complete": done,
+                "targets": targets(rows, args.model)}
+
+    def sink(row: dict[str, Any]) -> None:  # a run cut by a timeout keeps its rows
+        rows.append(row)
+        write(args.out, result(False))
+
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["bench/overhead_bench.py", *sys.argv[1:]]),
+        "model": args.model, "model_name": resolved.name, "prefix": args.prefix,
+        "template": args.template, "gpu_layers": args.gpu_layers,
+        "flash_attn": args.flash_attn, "kv_type": args.kv_type,
+        "suffix": SUFFIX, "tokens": args.tokens, "threads": args.threads,
+        "cpus": os.cpu_count(), "machine": platform.machine(),
+        "python": platform.python_version(),
+        "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
+        "native_used": used,
+    }
     try:
         for mode in args.modes.split(","):
             print(f"{mode} step, model {resolved.name}", file=sys.stderr, flush=True)
-            got, native_used = await run_mode(args, model_path, tok, mode == "native")
+            _, native_used = await run_mode(args, model_path, tok, mode == "native", sink)
             used[mode] = native_used
-            rows += got
     finally:
         tok.close()
-    return {
-        "meta": {
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": " ".join(["bench/overhead_bench.py", *sys.argv[1:]]),
-            "model": args.model, "model_name": resolved.name, "prefix": args.prefix,
-            "template": args.template, "gpu_layers": args.gpu_layers,
-            "flash_attn": args.flash_attn, "kv_type": args.kv_type,
-            "suffix": SUFFIX, "tokens": args.tokens, "threads": args.threads,
-            "cpus": os.cpu_count(), "machine": platform.machine(),
-            "python": platform.python_version(),
-            "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
-            "native_used": used,
-        },
-        "rows": rows,
-        "targets": targets(rows, args.model),
-    }
+    return result(True)
+
+
+def write(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result["rows"]))
     for t in result["targets"]:
         print(f"{'PASS' if t['ok'] else 'MISS'} {t['target']}: {t['value']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write(args.out, result)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
