@@ -14,6 +14,10 @@ Per step, from the pool's own counters:
   posting pieces to asyncio, waiting for the GIL while consumers run);
 * ``share``: (host + other) / wall; ``agg_tps``: N * T / wall.
 
+Every mode's pool is open at once and, for each N, the modes take turns ``--repeat`` times
+(default 3); rows are per-field medians, so load drifting on a shared machine hits the
+modes alike.
+
 With the tiny model decode is as fast as a GPU's would be, so what is left is the host's
 share. Targets (issue 13): host + other <= 0.5 ms per step at N = 128 with the tiny model,
 <= 1.5 ms with the default model's vocabulary; aggregate tok/s at N = 128 (tiny) >= 1.3x
@@ -32,6 +36,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -122,9 +127,8 @@ async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> d
             "agg_tps": round(got / wall, 1)}
 
 
-async def run_mode(args: argparse.Namespace, model_path: str, tok: LlamaModel,
-                   use_native: bool, sink: Callable[[dict[str, Any]], None]
-                   ) -> tuple[list[dict[str, Any]], bool]:
+async def open_pool(args: argparse.Namespace, model_path: str, tok: LlamaModel,
+                    use_native: bool) -> SharedKVPool:
     ns = [int(x) for x in args.ns.split(",")]
     extra: dict[str, Any] = {}
     if "native" in {f.name for f in dataclasses.fields(EngineConfig)}:
@@ -137,21 +141,47 @@ async def run_mode(args: argparse.Namespace, model_path: str, tok: LlamaModel,
                        n_batch=max(512, max(ns) + 1), n_gpu_layers=args.gpu_layers, **extra)
     pool = SharedKVPool(cfg, prefix_tokens(tok, args.prefix, args.template))
     await pool.start()
-    rows = []
+    await measure(pool, tok, min(ns), 4)  # warm-up: first-step allocations
+    return pool
+
+
+def median_row(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-field medians of repeated runs (the machine is shared: single runs are noisy)."""
+    row = dict(samples[0])
+    for key in ("decode_ms", "host_ms", "other_ms", "overhead_ms", "share", "wall_ms",
+                "agg_tps"):
+        row[key] = round(statistics.median(r[key] for r in samples), 4)
+    row["runs"] = len(samples)
+    return row
+
+
+async def run_all(args: argparse.Namespace, model_path: str, tok: LlamaModel,
+                  sink: Callable[[dict[str, Any]], None]) -> dict[str, bool]:
+    """Every mode's pool open at once; for each N the modes take turns, ``--repeat``
+    times, so drifting load hits them alike. Returns whether each mode ran natively."""
+    ns = [int(x) for x in args.ns.split(",")]
+    modes = args.modes.split(",")
+    pools: dict[str, SharedKVPool] = {}
     try:
-        await measure(pool, tok, min(ns), 4)  # warm-up: first-step allocations
+        for mode in modes:
+            pools[mode] = await open_pool(args, model_path, tok, mode == "native")
         for n in ns:
-            row = await measure(pool, tok, n, args.tokens)
-            row["mode"] = args.label or ("native" if use_native else "python")
-            rows.append(row)
-            sink(row)
-            print(f"  {row['mode']:6} N={n:3}: decode {row['decode_ms']:.2f} host "
-                  f"{row['host_ms']:.2f} other {row['other_ms']:.2f} ms/step, "
-                  f"{row['agg_tps']:.0f} tok/s", file=sys.stderr, flush=True)
+            samples: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+            for _ in range(args.repeat):
+                for mode in modes:
+                    samples[mode].append(await measure(pools[mode], tok, n, args.tokens))
+            for mode in modes:
+                row = median_row(samples[mode])
+                row["mode"] = args.label or mode
+                sink(row)
+                print(f"  {row['mode']:6} N={n:3}: decode {row['decode_ms']:.2f} host "
+                      f"{row['host_ms']:.2f} other {row['other_ms']:.2f} ms/step, "
+                      f"{row['agg_tps']:.0f} tok/s", file=sys.stderr, flush=True)
     finally:
-        native_used = bool(getattr(pool, "uses_native", False))
-        await pool.aclose()
-    return rows, native_used
+        used = {m: bool(getattr(p, "uses_native", False)) for m, p in pools.items()}
+        for p in pools.values():
+            await p.aclose()
+    return used
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -202,16 +232,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "template": args.template, "gpu_layers": args.gpu_layers,
         "flash_attn": args.flash_attn, "kv_type": args.kv_type,
         "suffix": SUFFIX, "tokens": args.tokens, "threads": args.threads,
+        "repeat": args.repeat,
         "cpus": os.cpu_count(), "machine": platform.machine(),
         "python": platform.python_version(),
         "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
         "native_used": used,
     }
+    print(f"model {resolved.name}: {args.modes}, N = {args.ns}, {args.repeat} runs each",
+          file=sys.stderr, flush=True)
     try:
-        for mode in args.modes.split(","):
-            print(f"{mode} step, model {resolved.name}", file=sys.stderr, flush=True)
-            _, native_used = await run_mode(args, model_path, tok, mode == "native", sink)
-            used[mode] = native_used
+        used.update(await run_all(args, model_path, tok, sink))
     finally:
         tok.close()
     return result(True)
@@ -235,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-type", default=None, help="f16 | q8_0 | q4_0")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
     p.add_argument("--modes", default="python,native", help="python,native")
+    p.add_argument("--repeat", type=int, default=3, help="runs per N and mode (median)")
     p.add_argument("--label", default=None,
                    help="name the rows (e.g. main, to time another checkout's engine)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
