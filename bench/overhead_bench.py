@@ -112,10 +112,16 @@ async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> d
     await asyncio.gather(*(consume(g) for g in await start_all(pool, sessions, greedy(1))))
     gens = await start_all(pool, sessions, greedy(tokens))
     s0, h0, d0 = pool.num_steps, pool.host_s, pool.decode_s
+    stepper = getattr(pool, "_stepper", None)  # the native step's own counters
+    n0 = (stepper.sample_s, stepper.gil_wait_s) if stepper is not None else None
     t0 = time.perf_counter()
     got = sum(await asyncio.gather(*(consume(g) for g in gens)))
     wall = time.perf_counter() - t0
     steps, host, dec = pool.num_steps - s0, pool.host_s - h0, pool.decode_s - d0
+    sample_ms = gil_ms = None
+    if stepper is not None and n0 is not None:
+        sample_ms = round((stepper.sample_s - n0[0]) / steps * 1e3, 3)
+        gil_ms = round((stepper.gil_wait_s - n0[1]) / steps * 1e3, 3)
     for s in sessions:
         await s.detach()
     wall_ms, host_ms, dec_ms = wall / steps * 1e3, host / steps * 1e3, dec / steps * 1e3
@@ -124,7 +130,9 @@ async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> d
             "decode_ms": round(dec_ms, 3), "host_ms": round(host_ms, 3),
             "other_ms": round(other_ms, 3), "overhead_ms": round(host_ms + other_ms, 3),
             "share": round((host_ms + other_ms) / wall_ms, 4), "wall_ms": round(wall_ms, 3),
-            "agg_tps": round(got / wall, 1)}
+            "agg_tps": round(got / wall, 1),
+            # native only, parts of host_ms: sampling in C, waiting for the GIL after it
+            "sample_ms": sample_ms, "gil_wait_ms": gil_ms}
 
 
 async def open_pool(args: argparse.Namespace, model_path: str, tok: LlamaModel,
@@ -149,8 +157,9 @@ def median_row(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-field medians of repeated runs (the machine is shared: single runs are noisy)."""
     row = dict(samples[0])
     for key in ("decode_ms", "host_ms", "other_ms", "overhead_ms", "share", "wall_ms",
-                "agg_tps"):
-        row[key] = round(statistics.median(r[key] for r in samples), 4)
+                "agg_tps", "sample_ms", "gil_wait_ms"):
+        if row.get(key) is not None:
+            row[key] = round(statistics.median(r[key] for r in samples), 4)
     row["runs"] = len(samples)
     return row
 
@@ -186,12 +195,14 @@ async def run_all(args: argparse.Namespace, model_path: str, tok: LlamaModel,
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| mode | sessions | decode ms/step | host ms/step | other ms/step | "
-            "host+other ms | overhead share | agg tok/s |")
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+            "host+other ms | overhead share | agg tok/s | of host: C sampling / GIL wait |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        parts = ("-" if r.get("sample_ms") is None
+                 else f"{r['sample_ms']:.2f} / {r['gil_wait_ms']:.2f}")
         lines.append(f"| {r['mode']} | {r['N']} | {r['decode_ms']:.2f} | {r['host_ms']:.2f} "
                      f"| {r['other_ms']:.2f} | {r['overhead_ms']:.2f} | "
-                     f"{r['share'] * 100:.0f} % | {r['agg_tps']:,.0f} |")
+                     f"{r['share'] * 100:.0f} % | {r['agg_tps']:,.0f} | {parts} |")
     return "\n".join(lines)
 
 

@@ -227,7 +227,10 @@ static void *sample_rows(void *arg) {
  * tokens/pos/seq/logits: n_tokens entries each (the batch, in order).
  * rows: n_rows batch indices to sample (each must have logits[row] != 0);
  * samplers: n_rows llama_sampler chains, NULL for greedy argmax.
- * out: n_rows sampled tokens. timing[0] = seconds in llama_decode, timing[1] = sampling.
+ * out: n_rows sampled tokens. timing[0] = seconds in llama_decode, timing[1] = sampling,
+ * timing[2] = CLOCK_MONOTONIC seconds when the call returns, timing[3] when it began
+ * (Python measures, against its own monotonic clock, how long the GIL hand-offs around the
+ * call took).
  * n_threads: threads that may sample rows (1: the calling thread only); they are used
  * only when rows x vocabulary >= MESH_PARALLEL_MIN; negative: always -n_threads.
  *
@@ -240,6 +243,7 @@ int32_t mesh_step(mesh_stepper *s, struct llama_context *ctx, int32_t n_tokens,
                   const int8_t *logits, int32_t n_rows, const int32_t *rows,
                   struct llama_sampler **samplers, int32_t *out, double *timing,
                   int32_t n_threads) {
+    timing[3] = now_s();
     if (s == NULL || n_tokens <= 0 || n_tokens > s->capacity || n_rows > s->capacity)
         return -1000;
     struct llama_batch *b = &s->batch;
@@ -256,6 +260,7 @@ int32_t mesh_step(mesh_stepper *s, struct llama_context *ctx, int32_t n_tokens,
     double t1 = now_s();
     timing[0] = t1 - t0;
     timing[1] = 0.0;
+    timing[2] = t1;
     if (rc != 0 || n_rows == 0) return rc;
     s->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
     const float **row_ptr = (const float **)malloc(sizeof(float *) * (size_t)n_rows);
@@ -305,6 +310,7 @@ int32_t mesh_step(mesh_stepper *s, struct llama_context *ctx, int32_t n_tokens,
         }
     }
     free(row_ptr);
-    timing[1] = now_s() - t1;
+    timing[2] = now_s();
+    timing[1] = timing[2] - t1;
     return 0;
 }

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -167,8 +168,10 @@ class NativeStepper:
         self._rows: Any = (ctypes.c_int32 * capacity)()
         self._samplers: Any = (ctypes.c_void_p * capacity)()
         self._out: Any = (ctypes.c_int32 * capacity)()
-        self._timing = (ctypes.c_double * 2)()
+        self._timing = (ctypes.c_double * 4)()
         self.last_sample_s = 0.0
+        self.sample_s = 0.0  # summed over steps: sampling inside the call
+        self.gil_wait_s = 0.0  # summed: GIL hand-offs around the call (see step)
 
     def step(self, ctx: LlamaContext, batch: NativeBatch, rows: Sequence[int],
              samplers: Sequence[int | None]) -> tuple[int, list[int], float]:
@@ -188,11 +191,17 @@ class NativeStepper:
         if k:
             self._rows[:k] = rows
             self._samplers[:k] = samplers
+        before = time.monotonic()
         rc = int(self._lib.mesh_step(self._handle, ctx.address, n, self._tokens, self._pos,
                                      self._seq, self._logits, k, self._rows, self._samplers,
                                      self._out, self._timing,
                                      -self.threads if self.force_threads else self.threads))
+        back = time.monotonic()
         self.last_sample_s = self._timing[1]
+        self.sample_s += self._timing[1]
+        if rc == 0:  # GIL hand-offs: releasing it before the call, taking it back after
+            self.gil_wait_s += (max(0.0, self._timing[3] - before)
+                                + max(0.0, back - self._timing[2]))
         if rc == -1000:
             raise ValueError(f"the native step refused a batch of {n} tokens")
         if rc == -1001:
