@@ -79,7 +79,7 @@ class SharedKVPool:
         self._info: PoolInfo | None = None  # kept after aclose()
         self._ledger: CellLedger | None = None
         self._commands = Commands()
-        self._poster = Poster()
+        self._poster: Poster | None = None  # started with the engine thread
         self._turns: Turns | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -100,6 +100,7 @@ class SharedKVPool:
 
     async def start(self, progress: Progress | None = None) -> PoolInfo:
         """Load the model, build or restore the prefix, start the engine thread."""
+        lib = resolve(self.config.native)  # --native on without the library: fail first
         built = await asyncio.to_thread(build, self.config, self._prefix_input, progress)
         self._built, self._info = built, built.info
         self._ledger = CellLedger(
@@ -108,12 +109,12 @@ class SharedKVPool:
             attach_need=1 if self.config.share_prefix else len(built.prefix) + 1,
         )
         self._turns = Turns(built.model, self._ledger, self._outbox, self.config.seed)
-        lib = resolve(self.config.native)
         if lib is not None:
             self._stepper = NativeStepper(lib, self.config.n_batch,
                                           threads=self.config.n_threads or os.cpu_count() or 1)
             self._native_batch = NativeBatch(self.config.n_batch)
         self._publish()
+        self._poster = Poster()
         self._thread = threading.Thread(target=self._run, name="mesh-engine", daemon=True)
         self._thread.start()
         return built.info
@@ -125,7 +126,9 @@ class SharedKVPool:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
-        await asyncio.to_thread(self._poster.close)  # every posted item is delivered
+        if self._poster is not None:
+            await asyncio.to_thread(self._poster.close)  # every posted item is delivered
+            self._poster = None
         for st in list(self._sessions.values()):
             if st.turn is not None:
                 st.turn.post(SessionFailed("the pool was closed"))  # thread has stopped
@@ -299,6 +302,7 @@ class SharedKVPool:
         by_loop: dict[asyncio.AbstractEventLoop, Outbox] = {}
         for turn, item in out:
             by_loop.setdefault(turn.loop, []).append((turn, item))
+        assert self._poster is not None, "the engine thread runs only while the poster does"
         self._poster.post(by_loop)
 
     def _has_work(self) -> bool:
