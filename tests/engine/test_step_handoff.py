@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mesh.engine import poster, stats
+from mesh.engine import poster, session, stats
 from mesh.engine.pool import SNAPSHOT_INTERVAL_S, SharedKVPool
 from mesh.engine.types import EngineConfig, SamplingParams, SessionState
 
@@ -39,7 +39,7 @@ async def run_lockstep(model: Path, n: int, tokens: int) -> tuple[SharedKVPool, 
 def test_one_hand_off_per_loop_per_step(tiny_model_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"deliver": 0, "items": 0}
-    real = poster.deliver
+    real = session.deliver
 
     def counting(items: list[Any]) -> None:
         calls["deliver"] += 1
