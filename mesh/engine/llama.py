@@ -28,6 +28,9 @@ from mesh.engine.types import ModelError
 
 __all__ = ["Batch", "LlamaContext", "LlamaModel", "Sampler", "TokenSampler", "backend_init"]
 
+_FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+_KV_GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # ggml.h's enum ggml_type
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -103,6 +106,31 @@ class LlamaModel:
     def vocab(self) -> Any:
         """The native vocabulary handle (for samplers that need it, e.g. grammars)."""
         return self._vocab
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None when the model has no such key)."""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_model_meta_val_str(self._handle, key.encode(), buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def kv_shape(self) -> tuple[int, int, int, int, int]:
+        """(layers, KV heads, K and V elements per head, training context) from the GGUF
+        metadata (readable from a vocabulary-only load too)."""
+        arch = self.meta("general.architecture") or ""
+
+        def num(key: str, default: int = 0) -> int:
+            value = self.meta(f"{arch}.{key}")
+            try:
+                return int(value) if value is not None else default
+            except ValueError:  # a per-layer array: not handled, use the default
+                return default
+
+        layers, embd = num("block_count"), num("embedding_length")
+        heads = num("attention.head_count")
+        kv_heads = num("attention.head_count_kv", heads)
+        head = embd // heads if heads else 0
+        k, v = num("attention.key_length", head), num("attention.value_length", head)
+        return layers, kv_heads, k, v, num("context_length")
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
         """Token ids of ``text``; special tokens (``<start_of_turn>``...) are parsed."""
@@ -189,8 +217,12 @@ class LlamaContext:
         n_outputs_max: int,
         n_threads: int,
         swa_full: bool,
+        flash_attn: str = "auto",
+        kv_type: str = "f16",
     ) -> None:
         params = ll.llama_context_default_params()
+        params.flash_attn_type = _FLASH_ATTN[flash_attn]
+        params.type_k = params.type_v = _KV_GGML_TYPE[kv_type]
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
@@ -205,7 +237,9 @@ class LlamaContext:
         if not handle:
             raise ModelError(
                 f"llama.cpp could not create a context of {n_ctx} cells for {n_seq_max} "
-                "sequences (out of memory?); lower --max-sessions or --session-budget"
+                f"sequences with a {kv_type} KV cache (out of memory? a quantized cache "
+                "without flash attention?); lower --max-sessions or --session-budget, or "
+                "use --kv-type f16"
             )
         self._handle: Any = handle
         self.model = model
@@ -221,23 +255,34 @@ class LlamaContext:
             raise RuntimeError("context is closed")
         return self._handle
 
+    @property
+    def address(self) -> int:
+        """The context's native address (for the native step)."""
+        value = ctypes.cast(self.handle, ctypes.c_void_p).value
+        assert value is not None
+        return value
+
     def decode(self, batch: Batch) -> int:
         """Run one ``llama_decode``; returns llama.cpp's status (0 = ok).
 
         Raises ValueError for a batch that llama.cpp would abort the process on.
         """
-        if batch.n_tokens == 0:
+        self.check_batch(batch.n_tokens, batch.n_outputs, batch.max_seq)
+        return int(ll.llama_decode(self.handle, batch.raw))
+
+    def check_batch(self, n_tokens: int, n_outputs: int, max_seq: int) -> None:
+        """Raise ValueError for a batch shape llama.cpp would abort the process on."""
+        if n_tokens == 0:
             raise ValueError("empty batch")
-        if batch.n_tokens > self.n_batch:
-            raise ValueError(f"batch of {batch.n_tokens} tokens exceeds n_batch {self.n_batch}")
-        if batch.n_outputs > self.n_outputs_max:
+        if n_tokens > self.n_batch:
+            raise ValueError(f"batch of {n_tokens} tokens exceeds n_batch {self.n_batch}")
+        if n_outputs > self.n_outputs_max:
             raise ValueError(
-                f"batch asks for {batch.n_outputs} output rows; n_outputs_max is "
+                f"batch asks for {n_outputs} output rows; n_outputs_max is "
                 f"{self.n_outputs_max}"
             )
-        if batch.max_seq >= self.n_seq_max:
-            raise ValueError(f"sequence id {batch.max_seq} >= n_seq_max {self.n_seq_max}")
-        return int(ll.llama_decode(self.handle, batch.raw))
+        if max_seq >= self.n_seq_max:
+            raise ValueError(f"sequence id {max_seq} >= n_seq_max {self.n_seq_max}")
 
     def logits_row(self, index: int) -> npt.NDArray[np.float32]:
         """The logits of batch row ``index`` (a view: valid until the next decode)."""
@@ -298,9 +343,20 @@ class LlamaContext:
 
 
 class TokenSampler(Protocol):
-    """A per-turn sampler: pick the next token from batch row ``index``; ``close`` frees it."""
+    """A per-turn sampler: pick the next token from batch row ``index``; ``close`` frees it.
+
+    ``handle`` is the native llama.cpp sampler chain the native step samples with (None:
+    argmax over the logits row)."""
+
+    @property
+    def handle(self) -> int | None: ...
 
     def sample(self, ctx: LlamaContext, index: int) -> int: ...
+
+    def constrain(self, ctx: LlamaContext, index: int, tok: int) -> int:
+        """The token to take when ``tok`` was drawn from row ``index`` by the chain alone
+        (the native step): a grammar checks it here and may redraw."""
+        ...
 
     def close(self) -> None: ...
 
@@ -308,8 +364,13 @@ class TokenSampler(Protocol):
 class GreedySampler:
     """argmax over the logits row: 5x cheaper than llama.cpp's sampler chain here."""
 
+    handle = None
+
     def sample(self, ctx: LlamaContext, index: int) -> int:
         return int(np.argmax(ctx.logits_row(index)))
+
+    def constrain(self, ctx: LlamaContext, index: int, tok: int) -> int:
+        return tok
 
     def close(self) -> None:
         return None
@@ -345,6 +406,7 @@ class Sampler:
     ) -> None:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         self._chain: Any = chain
+        self._address: int | None = None
         self._grammar: Any = None
         self._n_vocab = 0
         self.num_redraws = 0  # draws the grammar rejected
@@ -377,8 +439,22 @@ class Sampler:
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
+    @property
+    def handle(self) -> int | None:
+        if self._chain is None:
+            return None
+        if self._address is None:
+            self._address = ctypes.cast(self._chain, ctypes.c_void_p).value
+        return self._address
+
     def sample(self, ctx: LlamaContext, index: int) -> int:
         tok = int(ll.llama_sampler_sample(self._chain, ctx.handle, index))
+        return self.constrain(ctx, index, tok)
+
+    def constrain(self, ctx: LlamaContext, index: int, tok: int) -> int:
+        """The token to take after the chain drew ``tok`` from row ``index`` (here or in
+        the native step, which samples the chain only): ``tok`` itself without a grammar
+        or when the grammar allows it, else a redraw among the allowed tokens."""
         gram = self._grammar
         if gram is None:
             return tok
@@ -435,6 +511,7 @@ class Sampler:
         if self._chain is not None:
             ll.llama_sampler_free(self._chain)
             self._chain = None
+            self._address = None
 
 
 _REDRAW_TOP = 256  # best logits a redraw tries before masking the whole vocabulary

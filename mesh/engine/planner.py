@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mesh.engine.types import PrefillBudget
 
 __all__ = ["Candidate", "Chunk", "StepBudget", "StepPlan", "plan_step", "step_budget"]
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One session as the planner sees it."""
+class Candidate(NamedTuple):
+    """One session as the planner sees it (a tuple: one is built per session per step)."""
 
     seq: int
     created: float  # attach time: older sessions' text is prefilled first

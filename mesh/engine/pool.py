@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,9 +30,11 @@ from mesh.engine.census import CellCensus, header_bytes, parse_cell_census
 from mesh.engine.commands import Commands
 from mesh.engine.ledger import CellLedger
 from mesh.engine.llama import LlamaContext
+from mesh.engine.native import NativeBatch, NativeStepper, resolve
 from mesh.engine.planner import StepPlan, plan_step, step_budget
+from mesh.engine.poster import Poster
 from mesh.engine.session import PooledSession, SeqState, Turn
-from mesh.engine.stats import StepStats
+from mesh.engine.stats import Capture, StepStats
 from mesh.engine.turns import Outbox, Turns
 from mesh.engine.types import (
     AttachCheck,
@@ -50,6 +53,9 @@ __all__ = ["MAX_SEQUENCES", "SharedKVPool", "Tokenizer", "open_tokenizer"]
 
 T = TypeVar("T")
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the prefix sequence counts toward it
+# Between turn starts and ends, the load snapshot is rebuilt at most this often (building
+# it touches every session; a step at N = 255 can take a few milliseconds).
+SNAPSHOT_INTERVAL_S = 0.05
 
 
 class SharedKVPool:
@@ -73,6 +79,7 @@ class SharedKVPool:
         self._info: PoolInfo | None = None  # kept after aclose()
         self._ledger: CellLedger | None = None
         self._commands = Commands()
+        self._poster: Poster | None = None  # started with the engine thread
         self._turns: Turns | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -80,7 +87,12 @@ class SharedKVPool:
         self._outbox: Outbox = []
         self._sessions: dict[int, SeqState] = {}
         self._next_id = 0
-        self._snapshot: PoolLoad | None = None
+        self._snapshot: Capture | None = None
+        self._busy_changes = -1
+        self._published_at = 0.0
+        self._published_changes = -1
+        self._stepper: NativeStepper | None = None
+        self._native_batch: NativeBatch | None = None
         self._prefill_budget: PrefillBudget | None = None
         self.stats = StepStats()
 
@@ -88,6 +100,7 @@ class SharedKVPool:
 
     async def start(self, progress: Progress | None = None) -> PoolInfo:
         """Load the model, build or restore the prefix, start the engine thread."""
+        lib = resolve(self.config.native)  # --native on without the library: fail first
         built = await asyncio.to_thread(build, self.config, self._prefix_input, progress)
         self._built, self._info = built, built.info
         self._ledger = CellLedger(
@@ -96,7 +109,12 @@ class SharedKVPool:
             attach_need=1 if self.config.share_prefix else len(built.prefix) + 1,
         )
         self._turns = Turns(built.model, self._ledger, self._outbox, self.config.seed)
+        if lib is not None:
+            self._stepper = NativeStepper(lib, self.config.n_batch,
+                                          threads=self.config.n_threads or os.cpu_count() or 1)
+            self._native_batch = NativeBatch(self.config.n_batch)
         self._publish()
+        self._poster = Poster()
         self._thread = threading.Thread(target=self._run, name="mesh-engine", daemon=True)
         self._thread.start()
         return built.info
@@ -108,12 +126,18 @@ class SharedKVPool:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        if self._poster is not None:
+            await asyncio.to_thread(self._poster.close)  # every posted item is delivered
+            self._poster = None
         for st in list(self._sessions.values()):
             if st.turn is not None:
                 st.turn.post(SessionFailed("the pool was closed"))  # thread has stopped
                 st.turn.sampler.close()
             st.detached, st.failed = True, "the pool was closed"
         self._sessions.clear()
+        if self._stepper is not None:
+            self._stepper.close()
+            self._stepper = None
         if self._built is not None:
             for handle in (self._built.batch, self._built.ctx, self._built.model):
                 handle.close()  # context before model
@@ -128,6 +152,11 @@ class SharedKVPool:
     @property
     def is_started(self) -> bool:
         return self._info is not None
+
+    @property
+    def uses_native(self) -> bool:
+        """Whether steps run through the native step (native/) rather than Python."""
+        return self._stepper is not None
 
     @property
     def _ctx(self) -> LlamaContext | None:  # tests and benches reach for it
@@ -266,10 +295,15 @@ class SharedKVPool:
     def _flush(self) -> None:
         """Post queued items after the snapshot is published, so a consumer that sees a
         turn end also sees the pool after it."""
+        if not self._outbox:
+            return
         out = self._outbox[:]
         self._outbox.clear()  # the same list: Turns appends to it
+        by_loop: dict[asyncio.AbstractEventLoop, Outbox] = {}
         for turn, item in out:
-            turn.post(item)
+            by_loop.setdefault(turn.loop, []).append((turn, item))
+        assert self._poster is not None, "the engine thread runs only while the poster does"
+        self._poster.post(by_loop)
 
     def _has_work(self) -> bool:
         return not self._held and any(st.turn is not None for st in self._sessions.values())
@@ -298,12 +332,22 @@ class SharedKVPool:
             self._publish()  # cancellations above changed states
             return
         ctx = self._built.ctx
-        rows, counts = fill_batch(plan, self._sessions, self._ledger, self._built.batch)
+        stepper, nbatch = self._stepper, self._native_batch
+        batch = nbatch if nbatch is not None else self._built.batch
+        rows, counts = fill_batch(plan, self._sessions, self._ledger, batch)
         sum_ctx = sum(self._sessions[s].pos + 1 for s in plan.decode)
         cells_used = self._cells_used()
-        t1 = time.monotonic()
-        rc = ctx.decode(self._built.batch)
-        t2 = time.monotonic()
+        sampled: list[int] | None = None
+        if stepper is not None and nbatch is not None:
+            samplers = [st.turn.sampler.handle if st.turn is not None else None
+                        for st, _ in rows]
+            t1 = time.monotonic()
+            rc, sampled, decode_s = stepper.step(ctx, nbatch, [i for _, i in rows], samplers)
+            t2 = t1 + decode_s
+        else:
+            t1 = time.monotonic()
+            rc = ctx.decode(self._built.batch)
+            t2 = time.monotonic()
         if rc != 0:
             reason = (f"llama_decode returned {rc} (no KV slot for the batch)" if rc == 1
                       else f"llama_decode failed with status {rc}")
@@ -311,28 +355,43 @@ class SharedKVPool:
                 self._release(self._sessions[seq], reason=reason)
             self._publish()
             return
+        decoded = set(plan.decode)
         for seq, n in counts.items():
             st = self._sessions[seq]
             st.private += n
-            if seq in plan.decode:
+            if seq in decoded:
                 st.carry = None  # the carried token is now in the cache
         for i, (st, idx) in enumerate(rows):
             if i < len(plan.decode):
                 st.observe_decode(t2 - t0)
-            self._turns.sample(st, ctx, idx)
+            if sampled is not None:
+                turn = st.turn  # the native step drew from the chain; a grammar checks it
+                tok = turn.sampler.constrain(ctx, idx, sampled[i]) if turn else sampled[i]
+                self._turns.accept(st, tok)
+            else:
+                self._turns.sample(st, ctx, idx)
         now = time.monotonic()
-        for st in self._sessions.values():
-            st.mark_busy(now)
+        if self._turns.changes != self._busy_changes:  # busy <-> idle only at turn edges
+            self._busy_changes = self._turns.changes
+            for st in self._sessions.values():
+                st.mark_busy(now)
         self.stats.record(StepSample(num_decode=len(plan.decode),
                                      num_prefill_tokens=plan.num_prefill, sum_context=sum_ctx,
                                      step_s=now - t0, cells_used=cells_used),
                           decode_s=t2 - t1, now=now)
-        self._publish()
+        if (self._turns.changes != self._published_changes
+                or now - self._published_at >= SNAPSHOT_INTERVAL_S):
+            self._publish()
 
     # ------------------------------------------------------------------ snapshots
 
     def _publish(self) -> None:
+        """Rebuild the load snapshot (every command that changes the pool does; a step
+        does when a turn started or ended, else at most every SNAPSHOT_INTERVAL_S)."""
         assert self._built is not None and self._ledger is not None
+        self._published_at = time.monotonic()
+        if self._turns is not None:
+            self._published_changes = self._turns.changes
         self._snapshot = self.stats.snapshot(
             self._sessions.values(), prefix_cells=self._built.shared_cells,
             prefix_len=len(self._built.prefix), n_ctx=self._built.info.n_ctx,
@@ -342,7 +401,7 @@ class SharedKVPool:
     def load(self) -> PoolLoad:
         if self._snapshot is None:
             raise RuntimeError("the pool is not started")
-        return self._snapshot
+        return self._snapshot.load()
 
     async def seq_pos_ranges(self) -> dict[int, tuple[int, int]]:
         """llama.cpp's own (min, max) position per live sequence, for cross-checks."""

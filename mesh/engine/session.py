@@ -39,7 +39,7 @@ from mesh.engine.types import (
 if TYPE_CHECKING:
     from mesh.engine.llama import TokenSampler
 
-__all__ = ["PooledSession", "SeqState", "Turn"]
+__all__ = ["PooledSession", "SeqState", "Turn", "deliver", "duty_cycle"]
 
 _EWMA_ALPHA = 0.2
 
@@ -63,6 +63,24 @@ class Turn:
         """Hand an item to the awaiting consumer (thread-safe; a closed loop drops it)."""
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def duty_cycle(now: float, created: float, busy_s: float,
+               busy_since: float | None) -> float | None:
+    """Share of the time since ``created`` spent busy (None in the first half second)."""
+    age = now - created
+    if age <= 0.5:
+        return None
+    busy = busy_s + (now - busy_since if busy_since is not None else 0.0)
+    return min(1.0, busy / age)
+
+
+def deliver(items: list[tuple[Turn, Piece | TurnResult | BaseException]]) -> None:
+    """On the consumers' loop: queue each item for its turn. The engine thread hands a
+    step's items to each loop in one ``call_soon_threadsafe`` (one wake-up per loop per
+    step, not one per token)."""
+    for turn, item in items:
+        turn.queue.put_nowait(item)
 
 
 @dataclass(eq=False)
@@ -110,11 +128,7 @@ class SeqState:
             self._busy_since = None
 
     def duty_cycle(self, now: float) -> float | None:
-        age = now - self.created
-        if age <= 0.5:
-            return None
-        busy = self.busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
-        return min(1.0, busy / age)
+        return duty_cycle(now, self.created, self.busy_s, self._busy_since)
 
     def observe_decode(self, step_s: float) -> None:
         # Average the step *times*, not the rates: a worker's tokens/s is tokens over wall

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
-from mesh.engine.session import SeqState
+from mesh.engine.session import SeqState, duty_cycle
 from mesh.engine.types import PoolLoad, SessionLoad, StepSample
 
-__all__ = ["StepStats"]
+__all__ = ["Capture", "StepStats"]
 
 _RATE_WINDOW_S = 5.0
 
@@ -42,20 +43,51 @@ class StepStats:
 
     def snapshot(self, states: Iterable[SeqState], *, prefix_cells: int, prefix_len: int,
                  n_ctx: int, free_seq_ids: int, max_sessions: int,
-                 session_budget: int) -> PoolLoad:
+                 session_budget: int) -> Capture:
+        """Capture the pool between steps (engine thread): plain tuples, cheap; the
+        :class:`PoolLoad` is built from them when someone reads it."""
         now = time.monotonic()
-        sessions = tuple(
-            SessionLoad(id=st.id, state=st.state, private_cells=st.private,
-                        context_len=st.pos, decode_tps=st.decode_tps,
-                        duty_cycle=st.duty_cycle(now), age_s=now - st.created,
-                        num_generated=st.num_generated)
-            for st in states
-        )
-        private = sum(s.private_cells for s in sessions)
-        return PoolLoad(
-            taken_at=now, sessions=sessions, step_ms=self.step_ms, agg_tps=self.agg_tps(now),
-            cells_used=prefix_cells + private, cells_total=n_ctx, prefix_cells=prefix_cells,
-            naive_cells=(private + prefix_len * len(sessions) if prefix_cells else private),
-            free_seq_ids=free_seq_ids, max_sessions=max_sessions,
-            session_budget=session_budget, recent_steps=tuple(self.recent),
-        )
+        rows = tuple((st.id, st.state, st.private, st.pos, st.step_ewma_s, st.created,
+                      st.busy_s, st._busy_since, st.num_generated) for st in states)
+        return Capture(now, rows, self.step_ms, self.agg_tps(now), tuple(self.recent),
+                       prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
+                       session_budget)
+
+
+class Capture:
+    """The pool's state at one moment; :meth:`load` builds (once) the :class:`PoolLoad`."""
+
+    def __init__(self, now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
+                 agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int,
+                 prefix_len: int, n_ctx: int, free_seq_ids: int, max_sessions: int,
+                 session_budget: int) -> None:
+        self._args = (now, rows, step_ms, agg_tps, recent, prefix_cells, prefix_len, n_ctx,
+                      free_seq_ids, max_sessions, session_budget)
+        self._load: PoolLoad | None = None
+
+    def load(self) -> PoolLoad:
+        """The snapshot (any thread; built on first use, then shared)."""
+        if self._load is None:
+            self._load = _build(*self._args)
+        return self._load
+
+
+def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
+           agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int, prefix_len: int,
+           n_ctx: int, free_seq_ids: int, max_sessions: int, session_budget: int) -> PoolLoad:
+    sessions = tuple(
+        SessionLoad(id=sid, state=state, private_cells=private, context_len=pos,
+                    decode_tps=(1.0 / ewma if ewma else None),
+                    duty_cycle=duty_cycle(now, created, busy_s, busy_since),
+                    age_s=now - created, num_generated=generated)
+        for sid, state, private, pos, ewma, created, busy_s, busy_since, generated in rows
+    )
+    private_sum = sum(s.private_cells for s in sessions)
+    return PoolLoad(
+        taken_at=now, sessions=sessions, step_ms=step_ms, agg_tps=agg_tps,
+        cells_used=prefix_cells + private_sum, cells_total=n_ctx, prefix_cells=prefix_cells,
+        naive_cells=(private_sum + prefix_len * len(sessions) if prefix_cells
+                     else private_sum),
+        free_seq_ids=free_seq_ids, max_sessions=max_sessions,
+        session_budget=session_budget, recent_steps=recent,
+    )

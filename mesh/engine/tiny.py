@@ -37,7 +37,7 @@ __all__ = ["TINY_FORMAT_VERSION", "TinyVariant", "tiny_model_path", "write_tiny_
 TinyVariant = Literal["llama", "gemma3"]
 
 # Bump when the bytes written for the same arguments change: it keys the on-disk cache.
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2  # 2: trained context 131072 (was 4096), for long prefixes
 
 SLIDING_WINDOW = 64  # gemma3 variant: cells a sliding-window layer attends to
 SWA_PATTERN = 2  # gemma3 variant: every 2nd layer is global, so both kinds are exercised
@@ -107,7 +107,7 @@ def write_tiny_model(
     n_head: int = 4,
     n_head_kv: int = 2,
     n_ff: int = 128,
-    n_ctx_train: int = 4096,
+    n_ctx_train: int = 131072,  # random weights: any prefix the tests build fits
 ) -> Path:
     """Write a tiny random-weight GGUF to ``path`` (overwriting it) and return the path.
 

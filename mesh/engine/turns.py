@@ -30,6 +30,10 @@ class Turns:
         self._ledger = ledger
         self._outbox = outbox
         self._seed = pool_seed
+        # Per-token lookups through ctypes, cached (the vocabulary never changes).
+        self._bytes: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+        self.changes = 0  # turns opened or ended: the pool publishes a fresh snapshot
 
     def open(self, st: SeqState, params: SamplingParams,
              loop: asyncio.AbstractEventLoop) -> Turn:
@@ -52,18 +56,26 @@ class Turns:
                     num_prompt=num_prompt, output=TurnOutput(params.stop))
         st.turn = turn
         st.turns_started += 1
+        self.changes += 1
         return turn
 
     def sample(self, st: SeqState, ctx: LlamaContext, idx: int) -> None:
         """Sample the session's next token from batch row ``idx`` and queue the piece."""
+        if st.turn is not None:
+            self.accept(st, st.turn.sampler.sample(ctx, idx))
+
+    def accept(self, st: SeqState, tok: int) -> None:
+        """Take the token sampled for the session (here or by the native step)."""
         turn = st.turn
         if turn is None:
             return
-        tok = turn.sampler.sample(ctx, idx)
         params = turn.params
         if turn.first_token_at is None:
             turn.first_token_at = time.monotonic()
-        if self._model.is_eog(tok) and (params.grammar is not None or params.stop_at_eos):
+        eog = self._eog.get(tok)
+        if eog is None:
+            eog = self._eog[tok] = self._model.is_eog(tok)
+        if eog and (params.grammar is not None or params.stop_at_eos):
             # Under a grammar, EOG is sampled only once the grammar is complete.
             self.finish(st, "stop" if params.grammar is not None else "eos")
             return
@@ -73,7 +85,10 @@ class Turns:
         turn.num_generated += 1
         st.num_generated += 1
         out = turn.output
-        text = out.feed(self._model.token_bytes(tok))
+        data = self._bytes.get(tok)
+        if data is None:
+            data = self._bytes[tok] = self._model.token_bytes(tok)
+        text = out.feed(data)
         if out.matched is not None:
             if text:
                 self._outbox.append((turn, Piece(token=tok, text=text)))
@@ -101,6 +116,7 @@ class Turns:
             stop=out.matched)))
         turn.sampler.close()
         st.turn = None
+        self.changes += 1
         # An undecoded carry token goes back to the queue: the next turn decodes it first,
         # so the conversation keeps every token the session generated.
         self._ledger.requeue_carry(st)

@@ -73,6 +73,10 @@ class SessionFailed(EngineError):
 # --------------------------------------------------------------------------- config
 
 
+FLASH_ATTN = ("auto", "on", "off")
+KV_TYPES = ("f16", "q8_0", "q4_0")  # highest precision first
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the pool is built. Validation does no I/O; see :meth:`validate`.
@@ -100,6 +104,11 @@ class EngineConfig:
     # False is the baseline without a pool: every session prefills its own private copy
     # of the prefix (for comparisons; sizes n_ctx for max_sessions * (prefix + budget)).
     share_prefix: bool = True
+    # The native step (native/: fill, llama_decode and sampling in one C call, GIL
+    # released). None: use it when it is built, else say so once and run the Python step.
+    native: bool | None = None
+    flash_attn: str = "auto"  # auto | on | off (llama.cpp's flash attention)
+    kv_type: str = "f16"  # f16 | q8_0 | q4_0: element type of the KV cache (K and V)
 
     def validate(self) -> None:
         if not self.model_path:
@@ -119,6 +128,16 @@ class EngineConfig:
             )
         if not 1 <= self.prefill_chunk <= self.n_batch:
             raise ValueError(f"prefill_chunk must be in 1..n_batch, got {self.prefill_chunk}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, "
+                             f"got {self.flash_attn!r}")
+        if self.kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, "
+                             f"got {self.kv_type!r}")
+        if self.kv_type != "f16" and self.flash_attn == "off":
+            raise ValueError(f"a {self.kv_type} KV cache needs flash attention "
+                             "(llama.cpp quantizes V only with it); use --flash-attn auto|on "
+                             "or --kv-type f16")
 
 
 @dataclass(frozen=True)

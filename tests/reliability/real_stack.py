@@ -34,14 +34,15 @@ class RealStack:
 
 @asynccontextmanager
 async def real_stack(
-    model: Path, tmp: Path, *, session_budget: int = 512, max_sessions: int = 4, **coord: Any
+    model: Path, tmp: Path, *, session_budget: int = 512, max_sessions: int = 4,
+    native: bool | None = None, **coord: Any
 ) -> AsyncIterator[RealStack]:
     template = load_template("light")
     project = small_project(tmp / "project")
     prefix = build_prefix(template, project, lambda text: len(text) // 3, target_tokens=128)
     pool = SharedKVPool(
         EngineConfig(model_path=str(model), max_sessions=max_sessions,
-                     session_budget=session_budget, n_threads=1),
+                     session_budget=session_budget, n_threads=1, native=native),
         prefix.text,
     )
     info = await pool.start()
