@@ -101,6 +101,9 @@ def _peer_tokens(specs: list[str]) -> dict[str, str]:
     return tokens
 
 
+_CHAT_MARGIN = 256  # tokens the chat format's markup may add around the built prefix
+
+
 def plan_actions(text: str) -> tuple[str, ...]:
     """``--plan-actions``: known names, at least one, in the planner's order."""
     from mesh.coordinator.planner import ACTIONS
@@ -174,9 +177,22 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     model = resolve_model(args.model)
     vocab = LlamaModel(str(model.path), vocab_only=True)
     try:
+        target = args.prefix_tokens
+        trained = vocab.n_ctx_train or vocab.kv_shape()[4]  # a vocab-only load reports 0
+        room = trained - args.session_budget - _CHAT_MARGIN
+        if target is None and 0 < room < template.manifest.prefix.target_tokens:
+            # The template's default size does not fit this model's trained context: scale
+            # the prefix down to fit rather than refuse (an explicit --prefix-tokens is kept
+            # and checked as given).
+            target = max(64, room)
+            print(f"prefix: the {template.manifest.name} template's "
+                  f"{template.manifest.prefix.target_tokens} tokens plus a "
+                  f"{args.session_budget}-token session pass the {trained}-token "
+                  f"context {model.name} was trained for; building {target} tokens "
+                  "(--prefix-tokens sets it)", file=sys.stderr)
         prefix = build_prefix(template, project,
                               lambda text: len(vocab.tokenize(text, add_bos=False)),
-                              target_tokens=args.prefix_tokens)
+                              target_tokens=target)
         # The model's own chat format; one that breaks the token-prefix rule falls back.
         chat = ChatFormat.from_gguf(model.path, model_name=model.name).resolve(
             lambda text: vocab.tokenize(text, add_bos=vocab.add_bos),
