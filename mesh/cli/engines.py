@@ -25,6 +25,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend-model", default=None,
                    help="model id to request from --engine openai:URL (default: the first "
                         "GET /v1/models lists)")
+    p.add_argument("--node", action="append", default=[], metavar="URL",
+                   help="route subtasks over A2A to this mesh server (repeatable): no local "
+                        "pool; each node's prefix hash must equal this coordinator's; its "
+                        "token: $MESH_NODE_TOKEN")
     p.add_argument("--prefix-cache", default=None, metavar="DIR",
                    help="prefix snapshot directory, shareable between nodes (snapshots are "
                         "keyed by model file hash, prefix hash and context shape; default "

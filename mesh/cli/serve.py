@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh.cli.engines import add_engine_args, build_engine, prefix_cache_dir
+from mesh.cli.nodes import build_nodes
 from mesh.engine.types import EngineConfig, EngineError
 
 __all__ = ["register"]
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from mesh.coordinator.app import run_server
 
     try:
-        built = asyncio.run(_build(args))
+        built = asyncio.run(build_nodes(args) if args.node else _build(args))
     except (EngineError, ValueError, OSError) as exc:
         print(f"mesh serve: {exc}", file=sys.stderr)
         return 2
