@@ -142,3 +142,24 @@ def test_kill_9_of_a_node_mid_run_loses_no_task(
     seen = [s for t in ids for s in statuses(coord, t)]
     assert any(f"node {victim.url} failed" in s and "retrying once" in s for s in seen), seen
     assert any(f"retrying on node {nodes[1].url}" in s for s in seen)
+
+
+def test_a_node_starts_from_the_snapshot_another_wrote(tmp_path: Path, cache: Path,
+                                                       project: Path) -> None:
+    """``--prefix-cache DIR`` shared: the second node (its own data dir) restores the
+    first node's prefix snapshot instead of decoding it; another context shape does not."""
+    shared = tmp_path / "shared-prefix-cache"
+    with running(tmp_path / "a" / "data", project, cache, "--prefix-cache", str(shared)) as a:
+        a_log = a.stderr()
+    assert "decoded in" in a_log and "warm-started" not in a_log
+    assert list(shared.glob("prefix-*.kv")), "the first node wrote no snapshot"
+    with running(tmp_path / "b" / "data", project, cache, "--prefix-cache", str(shared)) as b:
+        assert "warm-started from cache" in b.stderr(), b.stderr()[-2000:]
+        msg = message("context")
+        msg["parts"].append({"data": {"subtasks": [{"instructions": "list the files"}]}})
+        task = b.wait_terminal(send(b, msg), timeout=120)
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
+    assert not (tmp_path / "b" / "data" / "prefix-cache").exists()
+    with running(tmp_path / "c" / "data", project, cache, "--prefix-cache", str(shared),
+                 "--max-sessions", "4") as c:
+        assert "warm-started" not in c.stderr()  # another KV shape: its own snapshot
