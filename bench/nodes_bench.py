@@ -153,7 +153,9 @@ class Fleet:
 
 
 def routing_phase(fleet: Fleet, n: int) -> dict[str, Any]:
-    msg = lambda: task_message(1, 1, 0.0)  # noqa: E731
+    def msg() -> dict[str, Any]:
+        return task_message(1, 1, 0.0)
+
     for url in (fleet.nodes[0].url, fleet.coord.url):  # warm both paths
         send(url, msg(), wait=True)
     out: dict[str, Any] = {}
