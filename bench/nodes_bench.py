@@ -255,8 +255,12 @@ def text_of_status(doc: dict[str, Any]) -> str:
 def prefix_cache_phase(root: Path, args: argparse.Namespace,
                        env: dict[str, str]) -> dict[str, Any]:
     shared = root / "shared-prefix-cache"
+    from mesh.template import sample_project_dir
+
+    # The template's own sample project: the same prefix whatever the working directory.
     common = ["--template", args.prefix_template, "--prefix-tokens", str(args.prefix_tokens),
-              "--prefix-cache", str(shared), "--simulation"]
+              "--project", str(sample_project_dir()), "--prefix-cache", str(shared),
+              "--simulation"]
     if args.prefix_model != "default":
         common = ["--model", args.prefix_model, *common]
     cold = first_admitted(root, "cold", ["--data-dir", str(root / "cold"), *common], env)
@@ -267,9 +271,17 @@ def prefix_cache_phase(root: Path, args: argparse.Namespace,
                           env)
     size = sum(p.stat().st_size for p in shared.glob("*.kv"))
     return {"model": args.prefix_model, "template": args.prefix_template,
+            "prefix_tokens": _prefix_tokens(root / "cold.log"),
             "prefix_tokens_target": args.prefix_tokens, "snapshot_bytes": size,
             "cold": cold, "shared_prefix_cache": warm,
             "shared_prefix_and_gate_cache": both}
+
+
+def _prefix_tokens(log: Path) -> int | None:
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("prefix: ") and " tokens, sha256 " in line:
+            return int(line.split()[1])
+    return None
 
 
 def fleet_table(p: int = 131072, gpu_cells: int = 1 << 20, max_seqs: int = 255,
@@ -296,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-prefix", type=int, default=256)
     ap.add_argument("--prefix-model", default="default")
     ap.add_argument("--prefix-template", default="heavy")
-    ap.add_argument("--prefix-tokens", type=int, default=16384)
+    ap.add_argument("--prefix-tokens", type=int, default=4096)
     ap.add_argument("--skip-prefix-cache", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "nodes.json"))
     args = ap.parse_args(argv)

@@ -154,6 +154,7 @@ class NodePool:
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self.num_admitted = 0
         self.num_refused = 0
         self.num_retried = 0
@@ -201,6 +202,8 @@ class NodePool:
             await asyncio.sleep(self.poll_s)
 
     async def aclose(self) -> None:
+        for task in list(self._background):
+            task.cancel()
         poller, self._poller = self._poller, None
         if poller is not None and not poller.done():
             poller.cancel()
@@ -244,7 +247,11 @@ class NodePool:
         self.num_admitted += 1
         self._tickets[key] = ticket
         if on_position is not None:
-            await on_position(0)
+            try:
+                await on_position(0)
+            except BaseException:
+                await ticket.release()
+                raise
         return ticket
 
     async def reassign(self, ticket: NodeTicket, *, on_position: OnPosition | None = None
@@ -281,7 +288,9 @@ class NodePool:
         """A subtask on ``node`` answered: re-read its capacity now, then admit from the
         queue."""
         if self._loop is not None:
-            self._loop.create_task(self._refresh(node))
+            task = self._loop.create_task(self._refresh(node))
+            self._background.add(task)  # held until done (the loop keeps weak refs only)
+            task.add_done_callback(self._background.discard)
 
     async def _refresh(self, node: Node) -> None:
         await self.poll(node)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.reliability.serve_proc import ServeProc, running, small_project
+from tests.reliability.serve_proc import ServeProc, running, serve_env, small_project
 
 
 @pytest.fixture
@@ -40,3 +43,15 @@ def tiny_path(cache: Path) -> Path:
     path = cache / "mesh" / "models" / "mesh-tiny-llama-v1.gguf"
     assert path.is_file(), f"no tiny model at {path}"
     return path
+
+
+def simulate(url: str, out: Path, cache: Path) -> int:
+    """``mesh simulate --url`` (a few seeded scenario packages) against ``url``."""
+    argv = [sys.executable, "-m", "mesh", "simulate", "--url", url, "--packages", "3",
+            "--steps", "2", "--tokens-per-step", "6", "--no-progress", "--out", str(out)]
+    done = subprocess.run(argv, env=serve_env(cache), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["delivered"] == 3, report["summary"]
+    return done.returncode

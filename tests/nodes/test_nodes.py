@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.nodes.conftest import simulate
 from tests.reliability.serve_proc import (
     TERMINAL,
     ServeProc,
@@ -84,7 +85,7 @@ def test_a_node_with_another_prefix_is_refused_at_start(tmp_path: Path, cache: P
 
 
 def test_subtasks_are_routed_over_both_nodes(
-        fleet: tuple[ServeProc, list[ServeProc]]) -> None:
+        fleet: tuple[ServeProc, list[ServeProc]], tmp_path: Path, cache: Path) -> None:
     coord, nodes = fleet
     card = httpx.get(coord.url + "/.well-known/agent-card.json", timeout=10).json()
     params = card["capabilities"]["extensions"][0]["params"]
@@ -108,6 +109,8 @@ def test_subtasks_are_routed_over_both_nodes(
     for row in cap["nodes"]:
         node_cap = httpx.get(row["url"] + "/capacity", timeout=10).json()
         assert node_cap["admitted_total"] == row["routed"]
+    # The simulation harness drives the node coordinator like any coordinator.
+    assert simulate(coord.url, tmp_path / "sim", cache) == 0
 
 
 @pytest.mark.parametrize("fleet", [("--policy", "static:2")], indirect=True)

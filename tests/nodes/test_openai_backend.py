@@ -19,7 +19,7 @@ import pytest
 from mesh.backends import BackendConfig, OpenAIEngine
 from mesh.engine.llama import LlamaModel
 from mesh.engine.types import ContextOverflow, ModelError, SamplingParams, Session, SessionState
-from tests.nodes.conftest import tiny_path
+from tests.nodes.conftest import simulate, tiny_path
 from tests.reliability.serve_proc import ServeProc, free_port, message, running
 
 pytestmark = pytest.mark.anyio
@@ -141,7 +141,7 @@ def test_coordinator_tasks_run_on_the_backend(backend: ServeProc, tmp_path: Path
     every turn is a request the backend served; card and /capacity name the engine."""
     before = httpx.get(backend.url + "/capacity", timeout=10).json()["admitted_total"]
     with running(tmp_path / "data", project, cache, "--engine", f"openai:{backend.url}",
-                 "--max-sessions", "4") as front:
+                 "--max-sessions", "4", "--simulation") as front:
         card = httpx.get(front.url + "/.well-known/agent-card.json", timeout=10).json()
         (ext,) = [e for e in card["capabilities"]["extensions"]
                   if e["uri"] == "urn:mesh:pool:v1"]
@@ -162,6 +162,7 @@ def test_coordinator_tasks_run_on_the_backend(backend: ServeProc, tmp_path: Path
             assert any(a["name"] == "answer" for a in done["artifacts"])
         cap = httpx.get(front.url + "/capacity", timeout=10).json()
         assert cap["engine"]["name"] == f"openai:{backend.url}"
+        assert simulate(front.url, tmp_path / "sim", cache) == 0
     after = httpx.get(backend.url + "/capacity", timeout=10).json()["admitted_total"]
     # warm-up + the gate's seed benchmark + planner + 1..n worker turns + synthesis
     assert after - before >= 5, (before, after)
