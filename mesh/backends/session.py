@@ -12,8 +12,9 @@ and the generation raises :class:`~mesh.engine.types.SessionFailed` naming the b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -147,23 +148,27 @@ class RemoteGeneration:
                 finish = "context_full"
             else:
                 finish = "length"
-                async for kind, value in self._stream(min(self._params.max_tokens, room)):
-                    if kind == "usage":
-                        usage = value
-                        continue
-                    if kind == "finish":
-                        finish = "length" if value == "length" else "eos"
-                        continue
-                    generated += 1
-                    text = out.feed_text(value)
-                    if text:
-                        yield Piece(token=generated, text=text)
-                    if out.matched is not None:
-                        finish = "stop"
-                        break
-                    if self._closed:
-                        finish = "cancelled"
-                        break
+                # aclosing: leaving the loop early (a stop string, a cancel) closes the
+                # HTTP stream at once, which aborts the request on the backend.
+                async with contextlib.aclosing(
+                        self._stream(min(self._params.max_tokens, room))) as stream:
+                    async for kind, value in stream:
+                        if kind == "usage":
+                            usage = value
+                            continue
+                        if kind == "finish":
+                            finish = "length" if value == "length" else "eos"
+                            continue
+                        generated += 1
+                        text = out.feed_text(value)
+                        if text:
+                            yield Piece(token=generated, text=text)
+                        if out.matched is not None:
+                            finish = "stop"
+                            break
+                        if self._closed:
+                            finish = "cancelled"
+                            break
                 n = (usage or {}).get("completion_tokens")
                 if finish in ("length", "eos") and isinstance(n, int) and n > generated:
                     generated = n  # a chunk may carry several tokens
@@ -188,7 +193,7 @@ class RemoteGeneration:
             text=out.text, num_prompt_tokens=prompt_tokens, num_generated=generated,
             finish_reason=finish, decode_s=time.monotonic() - start, stop=out.matched)
 
-    async def _stream(self, max_tokens: int) -> AsyncIterator[tuple[str, Any]]:
+    async def _stream(self, max_tokens: int) -> AsyncGenerator[tuple[str, Any]]:
         """("text", chunk) per streamed chunk, ("finish", reason), ("usage", {...})."""
         s = self._session
         engine = s.engine
