@@ -162,6 +162,9 @@ def test_coordinator_tasks_run_on_the_backend(backend: ServeProc, tmp_path: Path
             assert any(a["name"] == "answer" for a in done["artifacts"])
         cap = httpx.get(front.url + "/capacity", timeout=10).json()
         assert cap["engine"]["name"] == f"openai:{backend.url}"
+        # The backend (a mesh) serves /metrics: its gauges show under engine.backend.
+        assert cap["engine"]["backend"] is not None, cap["engine"]
+        assert cap["engine"]["backend"]["waiting"] == 0.0
         assert simulate(front.url, tmp_path / "sim", cache) == 0
     after = httpx.get(backend.url + "/capacity", timeout=10).json()["admitted_total"]
     # warm-up + the gate's seed benchmark + planner + 1..n worker turns + synthesis
