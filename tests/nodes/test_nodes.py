@@ -7,6 +7,7 @@ latency) make each subtask last long enough that a node can be killed while it r
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -109,6 +110,13 @@ def test_subtasks_are_routed_over_both_nodes(
     for row in cap["nodes"]:
         node_cap = httpx.get(row["url"] + "/capacity", timeout=10).json()
         assert node_cap["admitted_total"] == row["routed"]
+    # The dashboard's feed carries every node's own /capacity.
+    with httpx.stream("GET", coord.url + "/dashboard/events", timeout=10) as r:
+        line = next(x for x in r.iter_lines() if x.startswith("data: "))
+    frame = json.loads(line.removeprefix("data: "))
+    assert [n["url"] for n in frame["nodes"]] == [n.url for n in nodes]
+    assert all(n["capacity"]["engine"]["name"] == "llama.cpp" for n in frame["nodes"])
+    assert frame["capacity"]["total"]["routed"] == 8
     # The simulation harness drives the node coordinator like any coordinator.
     assert simulate(coord.url, tmp_path / "sim", cache) == 0
 
