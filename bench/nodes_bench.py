@@ -128,6 +128,7 @@ class Fleet:
     def __init__(self, root: Path, args: argparse.Namespace, env: dict[str, str],
                  node_policies: tuple[str, str]) -> None:
         self.procs: list[Proc] = []
+        self.gate_cache: Path | None = Path(args.gate_cache) if args.gate_cache else None
         common = ["--model", args.model, "--threads", "1", "--host", "127.0.0.1",
                   "--project", str(args.project), "--prefix-tokens", str(args.node_prefix),
                   "--simulation"]
@@ -141,6 +142,8 @@ class Fleet:
 
     def _start(self, root: Path, name: str, extra: list[str], env: dict[str, str]) -> Proc:
         port = free_port()
+        if self.gate_cache is not None:  # seed files to copy in (keyed by model + machine)
+            shutil.copytree(self.gate_cache, root / name / "gate-cache")
         argv = [sys.executable, "-m", "mesh", "serve", "--port", str(port),
                 "--data-dir", str(root / name), *extra]
         proc = Proc(name, argv, root / f"{name}.log", env)
@@ -324,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-model", default="default")
     ap.add_argument("--prefix-template", default="heavy")
     ap.add_argument("--prefix-tokens", type=int, default=4096)
+    ap.add_argument("--gate-cache", default=None, metavar="DIR",
+                    help="copy these gate seed files into each node's data dir (skips the "
+                         "seed micro-benchmark at start; the files are keyed by model+machine)")
     ap.add_argument("--skip-prefix-cache", action="store_true")
     ap.add_argument("--only-prefix-cache", action="store_true",
                     help="run only the prefix-cache phase; update --out's other phases kept")
