@@ -67,6 +67,23 @@ RULES = (
         ),
     ),
     Rule(
+        "remote engines speak HTTP (httpx) and nothing of A2A, Starlette or the layers above",
+        scope=("mesh/backends/",),
+        banned=(
+            "a2a",
+            "starlette",
+            "uvicorn",
+            "sse_starlette",
+            "mesh.coordinator",
+            "mesh.api",
+            "mesh.worker",
+            "mesh.gate",
+            "mesh.cli",
+            "mesh.engine.pool",
+            "mesh.engine.llama",
+        ),
+    ),
+    Rule(
         "the gate is pure: no model, no native library, no web",
         scope=("mesh/gate/",),
         banned=("llama_cpp", "mesh.engine.pool", "mesh.engine.llama", *WEB),

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from mesh.cli.engine_flags import add_engine_flags, apply_engine_flags
+from mesh.cli.engines import add_engine_args, build_engine, prefix_cache_dir
+from mesh.cli.nodes import build_nodes
 from mesh.engine.types import EngineConfig, EngineError
 
 __all__ = ["register"]
@@ -69,6 +71,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="honour (bounded) scenario params in subtasks: the load harness; "
                         "`mesh simulate` turns it on for the server it starts")
     add_engine_flags(p)  # --native, --gpu-layers, --flash-attn, --kv-type, --kv-memory
+    add_engine_args(p)  # --engine, --prefix-cache
     p.set_defaults(func=run)
 
 
@@ -121,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from mesh.coordinator.app import run_server
 
     try:
-        built = asyncio.run(_build(args))
+        built = asyncio.run(build_nodes(args) if args.node else _build(args))
     except (EngineError, ValueError, OSError) as exc:
         print(f"mesh serve: {exc}", file=sys.stderr)
         return 2
@@ -150,7 +153,6 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.coordinator.taskboard import TaskBoard
     from mesh.engine.llama import LlamaModel
     from mesh.engine.models import resolve_model
-    from mesh.engine.pool import SharedKVPool
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.calibrate import seed_model
     from mesh.template import build_prefix, load_template
@@ -212,10 +214,10 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     data_dir.mkdir(parents=True, exist_ok=True)
     cfg = EngineConfig(model_path=str(model.path), max_sessions=args.max_sessions,
                        session_budget=args.session_budget, n_threads=args.threads,
-                       cache_dir=str(data_dir / "prefix-cache"),
+                       cache_dir=prefix_cache_dir(args, data_dir),
                        share_prefix=args.pool == "shared")
     cfg = apply_engine_flags(cfg, args, prefix_text)
-    pool = SharedKVPool(cfg, prefix_text)
+    pool = build_engine(args, cfg, prefix_text)
 
     def progress(done: int, total: int) -> None:
         print(f"\rprefix: {done}/{total} tokens decoded", end="", file=sys.stderr, flush=True)
@@ -230,8 +232,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     print(file=sys.stderr)
     how = "warm-started from cache" if info.warm_started else f"decoded in {info.build_s:.1f}s"
     print(f"prefix: {info.prefix_tokens} tokens, sha256 {info.prefix_hash[:16]}, {how}; "
-          f"pool: {args.pool}, {info.max_sessions} sessions x {info.session_budget} tokens, "
-          f"{info.n_ctx} KV cells", file=sys.stderr)
+          f"engine: {info.engine}; pool: {args.pool}, {info.max_sessions} sessions x "
+          f"{info.session_budget} tokens, {info.n_ctx} KV cells", file=sys.stderr)
     gate = FloorGate(pool, gate_cfg)
     # Seed the gate's throughput model with a few timed steps (cached per model+machine),
     # so the first admissions are projected from this hardware, not from a prior.

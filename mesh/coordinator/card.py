@@ -93,6 +93,7 @@ def _pool_params(info: PoolInfo) -> Struct:
             "max_sessions": info.max_sessions,
             "session_budget": info.session_budget,
             "n_ctx": info.n_ctx,
+            "engine": info.engine,
         }
     )
     return params

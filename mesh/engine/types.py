@@ -229,6 +229,9 @@ class PoolInfo:
     prefix_hash: str  # sha256 of the prefix token ids
     warm_started: bool
     build_s: float
+    # Which engine runs the sessions: "llama.cpp" (the local pool) or "openai:URL" (a
+    # serving cluster behind an OpenAI-compatible API, mesh.backends.openai).
+    engine: str = "llama.cpp"
 
 
 # --------------------------------------------------------------------------- load

@@ -247,6 +247,7 @@ class FloorGate:
         proj = d.projection
         measured = sorted(s.decode_tps for s in load.sessions if s.decode_tps is not None)
         return {
+            "engine": _engine_doc(self.engine),
             "floor_tps": self.config.floor_tps,
             "policy": str(self.config.policy),
             "verdict": d.verdict.value,
@@ -282,6 +283,17 @@ class FloorGate:
             "refused_total": self.num_refused,
             "workers": _worker_rows(load),
         }
+
+
+def _engine_doc(engine: Engine) -> dict[str, Any]:
+    """Which engine runs (``PoolInfo.engine``) and, for a remote backend, the metrics it
+    last exposed (``engine.backend_metrics()``, when the engine has one)."""
+    try:
+        name = engine.info.engine
+    except (AttributeError, RuntimeError):  # a stub, or a pool not started yet
+        name = None
+    metrics = getattr(engine, "backend_metrics", None)
+    return {"name": name, "backend": metrics() if callable(metrics) else None}
 
 
 def _worker_rows(load: PoolLoad) -> list[dict[str, Any]]:

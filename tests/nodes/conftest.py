@@ -1,0 +1,57 @@
+"""Fixtures of the nodes tests: real ``mesh serve --model tiny`` processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.serve_proc import ServeProc, running, serve_env, small_project
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_project(tmp_path_factory.mktemp("project"))
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory, cache: Path,
+            project: Path) -> Iterator[ServeProc]:
+    """A real OpenAI-compatible server: mesh's own ``/v1/completions`` on the tiny model
+    (llama.cpp decoding), ungated (``--policy none``: the front's gate admits)."""
+    root = tmp_path_factory.mktemp("backend")
+    with running(root / "data", project, cache, "--policy", "none") as served:
+        yield served
+
+
+def tiny_path(cache: Path) -> Path:
+    """The tiny GGUF the served processes wrote (same file, so the same tokenizer)."""
+    path = cache / "mesh" / "models" / "mesh-tiny-llama-v1.gguf"
+    assert path.is_file(), f"no tiny model at {path}"
+    return path
+
+
+def simulate(url: str, out: Path, cache: Path) -> int:
+    """``mesh simulate --url`` (a few seeded scenario packages) against ``url``."""
+    argv = [sys.executable, "-m", "mesh", "simulate", "--url", url, "--packages", "3",
+            "--steps", "2", "--tokens-per-step", "6", "--no-progress", "--out", str(out)]
+    done = subprocess.run(argv, env=serve_env(cache), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["delivered"] == 3, report["summary"]
+    return done.returncode
