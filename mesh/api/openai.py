@@ -283,6 +283,9 @@ class OpenAIAPI:
             return too_busy(check.reason or "the queue is full", "queue_full",
                             check.retry_after_s)
         conv = self.cache.take(rest)
+        if conv is None and not rest:
+            return oa_error(400, "the request adds nothing after the pool's prefix; send "
+                            "text after it (a user message, or more prompt)", "empty_input")
         ticket: Ticket | None = None
         if conv is None:  # a new conversation is a new worker: the gate admits it
             try:
@@ -308,6 +311,10 @@ class OpenAIAPI:
         except EngineError as exc:
             turn.failed = True
             return _engine_error(exc)
+        except ValueError as exc:  # nothing new to read: the same conversation sent again
+            turn.failed = True
+            return oa_error(400, f"{exc}; the request adds nothing to the conversation",
+                            "empty_input")
         finally:
             await self._end(turn)
         result = turn.generation.result
@@ -443,10 +450,11 @@ class OpenAIAPI:
             async for piece in turn.iterator:
                 if piece.text and not turn.tools:  # with tools: one piece at the end
                     yield chunk_line(choice(piece.text, None))
-        except EngineError as exc:
+        except (EngineError, ValueError) as exc:  # ValueError: nothing new to read
             turn.failed = True
-            yield chunk_line({"error": {"message": str(exc), "type": "server_error",
-                                        "code": _code(exc)}})
+            code = _code(exc) if isinstance(exc, EngineError) else "empty_input"
+            kind = "server_error" if isinstance(exc, EngineError) else "invalid_request_error"
+            yield chunk_line({"error": {"message": str(exc), "type": kind, "code": code}})
             yield chunk_line("[DONE]")
             return
         result = turn.generation.result

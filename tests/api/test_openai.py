@@ -245,3 +245,12 @@ async def test_completions_stream(mesh: Mesh) -> None:
     assert all(c["object"] == "text_completion" for c in chunks)
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert len(mesh.api.cache) == 1  # the finished turn stays cached for the next one
+
+
+async def test_a_prompt_that_is_only_the_prefix_is_a_400(mesh: Mesh) -> None:
+    prefix = (await mesh.client.get("/v1/prefix")).json()["prefix_text"]
+    r = await mesh.client.post("/v1/completions", json={"prompt": prefix, "max_tokens": 4})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "empty_input"
+    assert mesh.pool.load().sessions == ()  # the session attached for it was let go
+
