@@ -174,8 +174,10 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "mesh", "serve", "--port", str(self.port),
-               "--template", template, "--data-dir", str(data_dir), "--max-sessions", "4",
-               "--plan", plan]
+               "--template", template, "--data-dir", str(data_dir), "--max-sessions", "4"]
+        # "delegate": plans that must use workers (--plan-actions delegate)
+        cmd += (["--plan", "auto", "--plan-actions", "delegate"] if plan == "delegate"
+                else ["--plan", plan])
         if model != "default":
             cmd += ["--model", model]
         if prefix_tokens is not None:
@@ -339,7 +341,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--templates", default="light,heavy")
     p.add_argument("--plans", default="never",
                    help="mesh serve --plan modes to run, comma-separated: never (the worker "
-                        "alone), auto (the coordinator plans and synthesizes)")
+                        "alone), auto (the coordinator plans and synthesizes), delegate "
+                        "(auto, with plans that must use workers)")
     p.add_argument("--limit", type=int, default=0, help="first N questions only (0: all)")
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-tokens-per-turn", type=int, default=None)
