@@ -97,12 +97,15 @@ def decide(inp: GateInput, config: GateConfig, model: ThroughputModel, now: floa
         # against real steps before the next wave, instead of trusting it for a burst.
         # A session that has not decoded within min_duty_age_s (an API session left idle)
         # is not waited for any longer.
+        # Ages are as of the snapshot; a pool with nothing to decode takes no new one, so
+        # the time since it was taken is added (else an idle session never ages out).
+        since = max(0.0, now - inp.load.taken_at)
         measured = sum(
             1
             for s in inp.load.sessions
             if (s.decode_tps is not None
-                and (s.age_s >= config.slow_start_s or s.num_generated >= 16))
-            or s.age_s >= config.min_duty_age_s
+                and (s.age_s + since >= config.slow_start_s or s.num_generated >= 16))
+            or s.age_s + since >= config.min_duty_age_s
         )
         unmeasured = inp.num_workers - measured
         if unmeasured >= max(1, measured):

@@ -434,3 +434,16 @@ def test_slow_start_counts_short_workers_measured_by_tokens() -> None:
     assert decide(GateInput(load=pool([young]), num_tickets=1), cfg, model_of(), 0.0).admitted
     blocked = decide(GateInput(load=pool([fresh]), num_tickets=1), cfg, model_of(), 0.0)
     assert not blocked.admitted and any("slow start" in r for r in blocked.reasons)
+
+
+def test_slow_start_ages_sessions_past_the_snapshot() -> None:
+    """An idle, never-measured session (an API conversation left open) stops holding the
+    gate once it is older than min_duty_age_s, even when no step refreshed the snapshot:
+    the pool takes no new one while nothing decodes."""
+    cfg = GateConfig.create(policy="floor", floor_tps=1.0, slow_start=True)
+    idle = session(0, S.IDLE, age=0.5)  # snapshot taken at t = 0
+    load = pool([idle])
+    early = decide(GateInput(load=load, num_tickets=1), cfg, model_of(), 0.1)
+    assert not early.admitted and any("slow start" in r for r in early.reasons)
+    later = cfg.min_duty_age_s + 1.0
+    assert decide(GateInput(load=load, num_tickets=1), cfg, model_of(), later).admitted
