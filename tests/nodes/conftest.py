@@ -40,7 +40,9 @@ def backend(tmp_path_factory: pytest.TempPathFactory, cache: Path,
 
 def tiny_path(cache: Path) -> Path:
     """The tiny GGUF the served processes wrote (same file, so the same tokenizer)."""
-    path = cache / "mesh" / "models" / "mesh-tiny-llama-v1.gguf"
+    from mesh.engine.tiny import TINY_FORMAT_VERSION
+
+    path = cache / "mesh" / "models" / f"mesh-tiny-llama-v{TINY_FORMAT_VERSION}.gguf"
     assert path.is_file(), f"no tiny model at {path}"
     return path
 

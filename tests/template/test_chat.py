@@ -34,7 +34,7 @@ def _smollm2_gguf() -> Path | None:
 
 @pytest.fixture(scope="module")
 def gemma_vocab() -> Iterator[LlamaModel]:
-    model = LlamaModel(str(resolve_model(None, env={}).path), vocab_only=True)
+    model = LlamaModel(str(resolve_model("gemma", env={}).path), vocab_only=True)
     yield model
     model.close()
 
@@ -109,8 +109,8 @@ def test_chatml_fixture_with_the_gemma_vocabulary(gemma_vocab: LlamaModel) -> No
     _assert_prefix_rule(_fixture("chatml_smollm2.jinja"), _tok(gemma_vocab))
 
 
-def test_the_base_default_model_gets_the_plain_format(gemma_vocab: LlamaModel) -> None:
-    fmt = ChatFormat.from_gguf(resolve_model(None, env={}).path)
+def test_the_base_gemma_model_gets_the_plain_format(gemma_vocab: LlamaModel) -> None:
+    fmt = ChatFormat.from_gguf(resolve_model("gemma", env={}).path)
     assert fmt.is_plain and fmt.name == "plain" and fmt.source == PLAIN_TEMPLATE
     assert fmt.prefix_text("S") == "S\n\n### User\n"
     assert fmt.continuation("S", CONVO[:1]).endswith("Parcel?\n\n### Assistant\n")
