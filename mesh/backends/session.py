@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -24,6 +24,7 @@ from mesh.engine.output import TurnOutput
 from mesh.engine.types import (
     ContextOverflow,
     Piece,
+    PoolInfo,
     SamplingParams,
     SessionFailed,
     SessionLoad,
@@ -31,8 +32,28 @@ from mesh.engine.types import (
     TurnResult,
 )
 
-if TYPE_CHECKING:
-    from mesh.backends.openai import OpenAIEngine
+
+class SessionHost(Protocol):
+    """What a :class:`RemoteSession` needs from its engine (``OpenAIEngine`` is one), so
+    this module does not import the engine's."""
+
+    prefix_text: str
+    sessions: dict[str, RemoteSession]
+
+    @property
+    def info(self) -> PoolInfo: ...
+
+    @property
+    def http(self) -> httpx.AsyncClient: ...
+
+    @property
+    def completions_url(self) -> str: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def record_token(self, gap_s: float | None, n: int = 1) -> None: ...
+
+    def request_body(self, prompt: str, **fields: Any) -> dict[str, Any]: ...
 
 __all__ = ["RemoteGeneration", "RemoteSession"]
 
@@ -43,7 +64,7 @@ _EWMA = 0.2
 class RemoteSession:
     """One session on the backend (see the module docstring)."""
 
-    def __init__(self, engine: OpenAIEngine, sid: str) -> None:
+    def __init__(self, engine: SessionHost, sid: str) -> None:
         self.engine = engine
         self.id = sid
         self.history = ""  # every appended and generated text, in order

@@ -47,10 +47,10 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
                               simulation=args.simulation, max_hops=args.max_hops,
                               plan="never")
     coord.validate()
-    from mesh.cli.serve import _default_project
+    from mesh.template import default_project_dir
 
     template = load_template(args.template)
-    project = Path(args.project) if args.project else _default_project(template)
+    project = Path(args.project) if args.project else default_project_dir()
     if not project.is_dir():
         raise ValueError(f"project directory not found: {project}; pass --project DIR")
     model = resolve_model(args.model)

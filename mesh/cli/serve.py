@@ -75,15 +75,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def _default_project(template: Any) -> Path:
-    from mesh.template import sample_project_dir
-
-    cwd = Path.cwd()
-    if (cwd / ".git").exists():
-        return cwd
-    return sample_project_dir()
-
-
 def _peer_tokens(specs: list[str]) -> dict[str, str]:
     """Each named peer's token from ``MESH_PEER_TOKEN_<NAME>`` or the file that
     ``MESH_PEER_TOKEN_<NAME>_FILE`` names."""
@@ -155,7 +146,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.engine.models import resolve_model
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.calibrate import seed_model
-    from mesh.template import build_prefix, load_template
+    from mesh.template import build_prefix, default_project_dir, load_template
     from mesh.template.chat import ChatFormat
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
 
@@ -173,7 +164,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                                  max_queue=args.max_queue)
     gate_cfg.validate()
     template = load_template(args.template)
-    project = Path(args.project) if args.project else _default_project(template)
+    project = Path(args.project) if args.project else default_project_dir()
     if not project.is_dir():
         raise ValueError(f"project directory not found: {project}; pass --project DIR")
     model = resolve_model(args.model)

@@ -9,6 +9,7 @@ passes its path. See :mod:`mesh.template.manifest` for the schema and
 from mesh.template.loader import (
     BUILTIN_TEMPLATES,
     Template,
+    default_project_dir,
     export_template,
     load_template,
     sample_project_dir,
@@ -27,6 +28,7 @@ __all__ = [
     "TemplateError",
     "ToolCallSyntax",
     "build_prefix",
+    "default_project_dir",
     "export_template",
     "load_template",
     "sample_project_dir",

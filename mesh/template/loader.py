@@ -87,6 +87,13 @@ def sample_project_dir() -> Path:
     return BUILTIN_DIR / "sample"
 
 
+def default_project_dir() -> Path:
+    """The project ``mesh serve`` describes without ``--project``: the current directory
+    if it is a git checkout, else the sample project."""
+    cwd = Path.cwd()
+    return cwd if (cwd / ".git").exists() else sample_project_dir()
+
+
 def export_template(name: str, dest: Path | str) -> Path:
     """Copy a shipped template folder to ``dest`` (which must not exist) to edit it."""
     if name not in BUILTIN_TEMPLATES:
