@@ -14,8 +14,8 @@ come from the template's ``[scenario]`` table. Other keys are left to the harnes
 
 Scenario params are a load generator, so they are bounded (:data:`SCENARIO_BOUNDS`): a
 client can never hold a worker slot for longer than ``steps x tool_latency_s`` of the
-bounds, nor make :func:`simulated_output` (which runs on the event loop) build more than
-``tool_output_tokens`` tokens. :func:`check_scenario_bounds` is the door check; the
+bounds, nor make :func:`simulated_output` build more than ``tool_output_tokens`` tokens; it runs
+in a worker thread, never on the event loop. :func:`check_scenario_bounds` is the door check; the
 coordinator runs it only when the operator turned simulation on (``--simulation``).
 """
 
@@ -270,7 +270,11 @@ class ScenarioWorker:
                 )
                 session.append(call)
                 await self._sleep(step.latency_s)
-                output = simulated_output(step, self._engine.count_tokens)
+                # Off the event loop: building (and tokenizing) thousands of tokens of
+                # output would stall every other request served by this loop.
+                output = await anyio.to_thread.run_sync(
+                    simulated_output, step, self._engine.count_tokens
+                )
                 await emit(
                     WorkerEvent(
                         EventKind.TOOL_RESULT,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 
@@ -135,3 +137,29 @@ def test_scenario_cancellation_detaches() -> None:
 
     assert anyio.run(main) is True
     assert engine.sessions == {}
+
+
+def test_scenario_output_is_built_off_the_event_loop() -> None:
+    """A large simulated output must not stall the loop: it is built in a worker thread."""
+    threads: set[int] = set()
+
+    class Recording(FakeEngine):
+        def count_tokens(self, text: str) -> int:
+            threads.add(threading.get_ident())
+            return super().count_tokens(text)
+
+    async def main() -> int:
+        async def emit(event: WorkerEvent) -> None:
+            return None
+
+        async def sleep(seconds: float) -> None:
+            await anyio.sleep(0)
+
+        worker = ScenarioWorker(Recording(), HEAVY, sleep=sleep)
+        p = {"steps": 2, "tokens_per_step": 2, "tool_output_tokens": {"dist": "fixed", "value": 50}}
+        await worker.run(Subtask("pkg", "x", p), emit)
+        return threading.get_ident()
+
+    loop_thread = anyio.run(main)
+    assert threads, "the worker never counted output tokens"
+    assert loop_thread not in threads
