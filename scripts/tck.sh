@@ -8,6 +8,9 @@
 # (pytest, pytest-asyncio, httpx, grpcio, protobuf, googleapis-common-protos, jsonschema,
 # pytest-html, gherkin-official, Jinja2) must be importable by $TCK_PYTHON (default: python3).
 # The server runs with --allow-private-push: the suite's push webhook listens on loopback.
+# It also runs with --plan never (override with MESH_SERVE_ARGS): the suite's prerequisite
+# tasks must reach COMPLETED within its 30 s read timeout, and the tiny random-weight
+# model's plans are noise (an `ask` plan ends a task in INPUT_REQUIRED instead).
 set -euo pipefail
 
 TCK_COMMIT="${TCK_COMMIT:-357c4a87afa2818731590647cccbea31c31733a2}"  # 1.0-dev, 2026-05-05
@@ -16,13 +19,14 @@ shift
 TCK_PYTHON="${TCK_PYTHON:-python3}"
 MESH="${MESH:-mesh}"
 PORT="${TCK_PORT:-8791}"
+read -r -a SERVE_ARGS <<<"${MESH_SERVE_ARGS:---plan never}"
 WORK="$(mktemp -d)"
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 git -C "$TCK_DIR" worktree add --detach "$WORK/tck" "$TCK_COMMIT" >/dev/null
 
 "$MESH" serve --model tiny --port "$PORT" --data-dir "$WORK/data" --allow-private-push \
-    --threads 2 >"$WORK/serve.log" 2>&1 &
+    --threads 2 "${SERVE_ARGS[@]}" >"$WORK/serve.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 240); do
     curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
