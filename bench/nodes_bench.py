@@ -143,7 +143,8 @@ class Fleet:
     def _start(self, root: Path, name: str, extra: list[str], env: dict[str, str]) -> Proc:
         port = free_port()
         if self.gate_cache is not None:  # seed files to copy in (keyed by model + machine)
-            shutil.copytree(self.gate_cache, root / name / "gate-cache")
+            # the seed lives beside the prefix snapshots (DATA_DIR/prefix-cache by default)
+            shutil.copytree(self.gate_cache, root / name / "prefix-cache" / "gate")
         argv = [sys.executable, "-m", "mesh", "serve", "--port", str(port),
                 "--data-dir", str(root / name), *extra]
         proc = Proc(name, argv, root / f"{name}.log", env)
@@ -271,12 +272,13 @@ def prefix_cache_phase(root: Path, args: argparse.Namespace,
     if args.prefix_model != "default":
         common = ["--model", args.prefix_model, *common]
     cold = first_admitted(root, "cold", ["--data-dir", str(root / "cold"), *common], env)
-    # The pair that isolates the prefix: both get a copy of the gate's seed cache (so
-    # neither runs the seed micro-benchmark); one decodes the prefix into an empty
-    # snapshot dir, the other restores the snapshot the cold node wrote.
+    # The pair that isolates the prefix: both have the gate's seed (so neither runs the
+    # seed micro-benchmark; it lives beside the snapshots, so the shared dir already holds
+    # the cold node's); one decodes the prefix into an empty snapshot dir (given a copy of
+    # the seed), the other restores the snapshot the cold node wrote.
     for name in ("cold-prefix", "shared"):
         (root / name).mkdir()
-        shutil.copytree(root / "cold" / "gate-cache", root / name / "gate-cache")
+    shutil.copytree(shared / "gate", root / "empty-prefix-cache" / "gate")
     own = list(common)
     own[own.index("--prefix-cache") + 1] = str(root / "empty-prefix-cache")
     cold_prefix = first_admitted(root, "cold-prefix",
@@ -290,7 +292,7 @@ def prefix_cache_phase(root: Path, args: argparse.Namespace,
             "shared_prefix_gate_cached": warm,
             "method": "seconds from Popen to the first subtask's 'admitted' status; cold: "
                       "nothing cached (prefill + the gate's seed micro-benchmark); the other "
-                      "two get a copy of cold's gate-cache, then decode the prefix "
+                      "two have cold's gate seed, then decode the prefix "
                       "(cold_prefix) or restore cold's snapshot from the shared "
                       "--prefix-cache (shared)"}
 

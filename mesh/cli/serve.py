@@ -227,8 +227,9 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
           f"{info.session_budget} tokens, {info.n_ctx} KV cells", file=sys.stderr)
     gate = FloorGate(pool, gate_cfg)
     # Seed the gate's throughput model with a few timed steps (cached per model+machine),
-    # so the first admissions are projected from this hardware, not from a prior.
-    source = await seed_model(gate.model, pool, data_dir / "gate-cache")
+    # so the first admissions are projected from this hardware, not from a prior. The
+    # seed lives beside the prefix snapshots: a shared --prefix-cache shares it too.
+    source = await seed_model(gate.model, pool, Path(cfg.cache_dir or data_dir) / "gate")
     pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor
     print(f"gate: policy {gate_cfg.policy}, floor {gate_cfg.floor_tps:g} tok/s, "
           f"throughput model seeded from {source}", file=sys.stderr)
