@@ -125,8 +125,8 @@ MULTI_QUESTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("From which module does courier/dispatch.py import Parcel, and what is the default "
      "weight_kg of a Parcel?",
      ("courier.parcels", "1.0"), ("dispatch.py", "parcels.py")),
-    ("Which function in routes.py does dispatch() call, which module defines the records "
-     "it is given, and what does one of those records raise for a weight of 40 kg?",
+    ("Which function in routes.py does dispatch() call, which module defines the Parcel "
+     "class that dispatch() is given, and what does a Parcel raise for a weight of 40 kg?",
      ("plan_route", "parcels", "ParcelError"), ("dispatch.py", "routes.py", "parcels.py")),
     ("In which file is the parcel weight checked, what happens to a parcel of 40 kg, and "
      "where does dispatch put a 20 kg parcel that no courier has room for?",
@@ -159,7 +159,7 @@ def _holds(answer: str, fact: str, whole_words: bool) -> bool:
             if alt.lower() in answer.lower():
                 return True
             continue
-        lead = r"(?<![\w.])" if alt[0].isalnum() else ""
+        lead = r"(?<!\w)" if alt[0].isalnum() else ""
         tail = r"(?![\w])" if alt[-1].isalnum() else ""
         if re.search(lead + re.escape(alt) + tail, answer, re.I):
             return True
@@ -169,7 +169,8 @@ def _holds(answer: str, fact: str, whole_words: bool) -> bool:
 def check(answer: str, question: Question) -> list[str]:
     """The facts ``answer`` lacks ([] when it holds them all). Single questions keep the
     plain substring test their results were first measured with; multi-part facts must be
-    whole words ("10" is not found in "100", "parcels" not in "parcels_x")."""
+    whole words ("10" is not found in "100", "parcels" not in "parcels_x", but in
+    "courier.parcels")."""
     return [f for f in question.facts if not _holds(answer, f, question.multi)]
 
 _MALFORMED = ("could not read the tool call", "unknown tool", "tool call longer than")
