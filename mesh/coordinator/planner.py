@@ -10,7 +10,9 @@ A plan is one JSON object of three shapes (the ``action`` decides)::
 :func:`plan_schema` builds the JSON schema (at most ``max_subtasks`` subtasks, every string
 bounded), :func:`schema_to_gbnf` turns that schema into a llama.cpp grammar, so a turn
 sampled under it is always a parseable plan that ends within :func:`max_plan_chars`
-characters (no free whitespace, bounded strings). Everything here is pure.
+characters (no free whitespace, bounded strings). A subtask's instructions start with a
+letter and hold at least :data:`INSTRUCTIONS_MIN` characters, so even a small model's
+noise cannot plan ", ". Everything here is pure.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "ACTIONS",
+    "INSTRUCTIONS_MIN",
     "Plan",
     "PlanError",
     "PlannedSubtask",

@@ -267,6 +267,9 @@ def write_markdown(path: Path, run: SimRun, summary: Summary, plots: Sequence[Pa
         f"{summary['submitted']} packages × {run.scenario.get('steps')} steps × "
         f"{run.tokens_per_step} tokens, seed {c.seed}; policy `{c.policy}`, "
         f"floor {fmt('floor', floor)} tok/s, pool `{c.pool}`; server {run.server.get('url', '')}.",
+        *([f"Planned: each package went as text; {summary['planner_sessions']} planner and "
+           f"{summary['synthesis_sessions']} synthesis sessions ran (the KV-cell plot shows "
+           "them)."] if summary.get("planned") else []),
         "",
         summary_table([("value", summary)]),
         "",

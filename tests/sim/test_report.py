@@ -211,5 +211,6 @@ def test_a_planned_run_shows_its_planner_and_synthesis_sessions(tmp_path: Path) 
     doc = json.loads(files.json.read_text())
     assert doc["kv_series"] == series
     assert (tmp_path / "planned" / "kv_cells.png").read_bytes().startswith(PNG_MAGIC)
+    assert "2 planner and 2 synthesis sessions ran" in files.markdown.read_text()
     # an unplanned run has no coordinator sessions in its series
     assert not any(r["planner"] or r["synthesis"] for r in kv_series(make_run()))
