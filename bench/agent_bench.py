@@ -1,21 +1,31 @@
 """Agent behaviour on the sample project: checkable questions, each an A2A task.
 
-For every (model, template) pair, this starts a real ``mesh serve`` subprocess (on a free
-port, a fresh data dir, the shipped sample project), sends each question of
-:data:`QUESTIONS` as an A2A task (streaming, so the tool events are seen), and checks the
-answer for the expected text (case-insensitive). Per pair it reports:
+For every (model, template, plan mode), this starts a real ``mesh serve`` subprocess (on a
+free port, a fresh data dir, the shipped sample project), sends each question as an A2A
+task (streaming, so the tool events are seen), and checks the answer. There are two kinds
+of question: :data:`QUESTIONS` (one fact, found as a case-insensitive substring) and
+:data:`MULTI_QUESTIONS` (multi-part: each needs two or more files, and the answer must hold
+every fact, as whole words). Per run it reports:
 
 * ``parse_rate``: well-formed tool calls / all tool calls written (a call is malformed when
   the worker answers it with "could not read the tool call" or "unknown tool"; 1.0 when no
   call was written);
 * ``tool_call_share``: turns that ran a tool / all turns;
-* ``success_rate``: tasks whose answer contains the expected text;
-* ``mean_turns``, ``mean_tokens`` (generated per task), ``p50_task_s``.
+* ``success_rate`` (all tasks), ``single_success_rate``, ``multi_success_rate``;
+* ``subtasks_per_task``, ``mean_turns``, ``mean_tokens`` (generated per task),
+  ``p50_task_s``, ``p95_task_s``;
+* what the shared prefix saved, from the pool's counters (``/capacity`` ``pool_totals``
+  before and after the run, see :class:`PrefixUse`): ``sessions_per_task`` (planner,
+  workers and synthesis: every session the task attached), ``prefix_saved_per_task``
+  (prefix tokens x sessions: prompt tokens not prefilled), ``prefilled_per_task`` (suffix
+  tokens actually prefilled) and ``prefix_saved_share`` = saved / (saved + prefilled).
+  With ``--concurrency 1`` every task's own numbers are in its row of ``tasks`` too.
 
 Usage (what the committed bench/results/agent.json was made with is in its ``command``)::
 
     python -m bench.agent_bench --models gemma,smollm2 --templates light,heavy
-    python -m bench.agent_bench --limit 5 --max-turns 2   # quicker
+    python -m bench.agent_bench --plans never,auto --concurrency 1   # per-task prefix use
+    python -m bench.agent_bench --limit 5 --max-turns 2   # quicker: 5 of each kind
 
 ``--max-turns``/``--max-tokens-per-turn`` run a copy of each template with those limits
 (``--prefix-tokens`` shrinks the prefix too), so a CPU run stays short.
@@ -81,16 +91,100 @@ QUESTIONS: tuple[tuple[str, str], ...] = (
     ("How many tests passed in the latest test results?", "4"),
 )
 
+# Multi-part questions: each needs two or more files of templates/sample, and its answer
+# must hold every fact (case-insensitive, whole words; "a|b" accepts either). None of the
+# facts is written in the question itself, so echoing the question does not pass.
+# (question, facts, files the facts come from)
+MULTI_QUESTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("Which function does dispatch() use to find the closest courier, in which file is that "
+     "function defined, and what kind of distance does it compute?",
+     ("parcels.py", "Manhattan"), ("dispatch.py", "parcels.py")),
+    ("Which function in routes.py does dispatch.py call to build each route, and which two "
+     "functions does that function call?",
+     ("plan_route", "nearest_neighbour|nearest neighbour", "two_opt|2-opt"),
+     ("dispatch.py", "routes.py")),
+    ("Which function does dispatch.py use to turn a courier's parcels into stops, in which "
+     "file is it defined, and which field of Stop holds the ids delivered there?",
+     ("group_by_destination", "parcels.py", "parcel_ids"), ("dispatch.py", "parcels.py")),
+    ("Which test checks that a too heavy parcel is reported, not dropped, and which field of "
+     "the Plan returned by dispatch holds such a parcel?",
+     ("test_heavy_parcel_is_reported_not_dropped", "unassigned"),
+     ("tests/test_sample_courier.py", "dispatch.py")),
+    ("What does test_parcel_weight_is_checked expect to be raised, and what is the base "
+     "class of that exception?",
+     ("ParcelError", "ValueError"), ("tests/test_sample_courier.py", "parcels.py")),
+    ("What route length does test_route_visits_every_stop_once assert, and what kind of "
+     "distance is that length summed from?",
+     ("10", "Manhattan"), ("tests/test_sample_courier.py", "routes.py", "parcels.py")),
+    ("In test_closest_courier_with_room_wins, which courier gets the parcel, and which "
+     "field of Courier limits how much a courier can carry?",
+     ("ben", "capacity_kg"), ("tests/test_sample_courier.py", "dispatch.py")),
+    ("Which courier does the README's usage example use, and in which file of the package "
+     "is the function it calls to plan the deliveries defined?",
+     ("ana", "dispatch.py"), ("README.md", "dispatch.py")),
+    ("From which module does courier/dispatch.py import Parcel, and what is the default "
+     "weight_kg of a Parcel?",
+     ("courier.parcels", "1.0"), ("dispatch.py", "parcels.py")),
+    ("Which function in routes.py does dispatch() call, which module defines the Parcel "
+     "class that dispatch() is given, and what does a Parcel raise for a weight of 40 kg?",
+     ("plan_route", "parcels", "ParcelError"), ("dispatch.py", "routes.py", "parcels.py")),
+    ("In which file is the parcel weight checked, what happens to a parcel of 40 kg, and "
+     "where does dispatch put a 20 kg parcel that no courier has room for?",
+     ("parcels.py", "ParcelError", "unassigned"), ("parcels.py", "dispatch.py")),
+)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One checkable question: the answer must hold every fact (see :func:`check`)."""
+
+    text: str
+    facts: tuple[str, ...]
+    multi: bool = False
+    files: tuple[str, ...] = ()
+
+
+def questions(which: str = "all", limit: int = 0) -> list[Question]:
+    """The single questions, then the multi-part ones; ``limit`` keeps the first N of each."""
+    single = [Question(q, (e,)) for q, e in QUESTIONS]
+    multi = [Question(q, f, True, files) for q, f, files in MULTI_QUESTIONS]
+    if limit:
+        single, multi = single[:limit], multi[:limit]
+    return {"single": single, "multi": multi, "all": single + multi}[which]
+
+
+def _holds(answer: str, fact: str, whole_words: bool) -> bool:
+    for alt in fact.split("|"):
+        if not whole_words:
+            if alt.lower() in answer.lower():
+                return True
+            continue
+        lead = r"(?<!\w)" if alt[0].isalnum() else ""
+        tail = r"(?![\w])" if alt[-1].isalnum() else ""
+        if re.search(lead + re.escape(alt) + tail, answer, re.I):
+            return True
+    return False
+
+
+def check(answer: str, question: Question) -> list[str]:
+    """The facts ``answer`` lacks ([] when it holds them all). Single questions keep the
+    plain substring test their results were first measured with; multi-part facts must be
+    whole words ("10" is not found in "100", "parcels" not in "parcels_x", but in
+    "courier.parcels")."""
+    return [f for f in question.facts if not _holds(answer, f, question.multi)]
+
 _MALFORMED = ("could not read the tool call", "unknown tool", "tool call longer than")
 
 
 @dataclass
 class TaskOutcome:
     question: str
-    expected: str
+    expected: str  # the facts, " + "-joined
     answer: str
     state: str
     ok: bool
+    multi: bool = False
+    missing: list[str] = field(default_factory=list)
     turns: int = 0
     tokens: int = 0
     tool_calls: int = 0
@@ -98,6 +192,11 @@ class TaskOutcome:
     finish_reason: str = ""
     seconds: float = 0.0
     subtasks: int = 0
+    # From /capacity pool_totals before and after this task (only at --concurrency 1,
+    # where nothing else runs meanwhile); None otherwise.
+    sessions: int | None = None
+    prefilled_tokens: int | None = None
+    prefix_saved_tokens: int | None = None
 
 
 @dataclass
@@ -107,12 +206,15 @@ class PairResult:
     plan: str = "never"
     chat_format: str = ""
     tasks: list[TaskOutcome] = field(default_factory=list)
+    prefix: PrefixUse | None = None
 
     def summary(self) -> dict[str, Any]:
         t = self.tasks
         calls = sum(x.tool_calls for x in t)
         bad = sum(x.malformed_calls for x in t)
         turns = sum(x.turns for x in t)
+        single = [x for x in t if not x.multi]
+        multi = [x for x in t if x.multi]
         return {
             "model": self.model,
             "template": self.template,
@@ -121,14 +223,59 @@ class PairResult:
             "tasks": len(t),
             "parse_rate": round(calls / (calls + bad), 4) if calls + bad else 1.0,
             "tool_call_share": round(calls / turns, 4) if turns else 0.0,
-            "success_rate": round(sum(x.ok for x in t) / len(t), 4) if t else 0.0,
+            "success_rate": _rate(t),
+            "single_tasks": len(single),
+            "single_success_rate": _rate(single),
+            "multi_tasks": len(multi),
+            "multi_success_rate": _rate(multi),
             "mean_turns": round(statistics.fmean(x.turns for x in t), 2) if t else 0.0,
             "mean_tokens": round(statistics.fmean(x.tokens for x in t), 1) if t else 0.0,
             "p50_task_s": round(statistics.median(x.seconds for x in t), 2) if t else 0.0,
             "p95_task_s": round(_p95([x.seconds for x in t]), 2) if t else 0.0,
             "subtasks_per_task": round(statistics.fmean(x.subtasks for x in t), 2) if t else 0.0,
             "finish_reasons": _count(x.finish_reason or x.state for x in t),
+            **(self.prefix.summary(len(t)) if self.prefix else PrefixUse.unmeasured()),
         }
+
+
+@dataclass(frozen=True)
+class PrefixUse:
+    """What the shared prefix saved over one run, from the pool's own counters: sessions
+    attached and suffix tokens prefilled (``/capacity`` ``pool_totals``, before and after
+    the run) and the prefix length (``kv_cells.prefix``, 0 for a naive pool). Every session
+    (planner, worker, synthesis) shares the prefix instead of prefilling it: it saves
+    ``prefix_tokens`` prompt tokens each."""
+
+    prefix_tokens: int
+    sessions: int
+    prefilled: int
+
+    @property
+    def saved(self) -> int:
+        return self.prefix_tokens * self.sessions
+
+    def summary(self, tasks: int) -> dict[str, Any]:
+        n = max(tasks, 1)
+        total = self.saved + self.prefilled
+        return {
+            "prefix_tokens": self.prefix_tokens,
+            "sessions_per_task": round(self.sessions / n, 2),
+            "prefix_saved_per_task": round(self.saved / n, 1),
+            "prefilled_per_task": round(self.prefilled / n, 1),
+            "prefix_saved_share": round(self.saved / total, 4) if total else None,
+            "prefix_source": "measured: /capacity pool_totals (sessions_attached, "
+                             "prefill_tokens) before and after the run; kv_cells.prefix",
+        }
+
+    @staticmethod
+    def unmeasured() -> dict[str, Any]:
+        return {"prefix_tokens": None, "sessions_per_task": None, "prefix_saved_per_task": None,
+                "prefilled_per_task": None, "prefix_saved_share": None,
+                "prefix_source": "unmeasured: the server reports no pool_totals"}
+
+
+def _rate(tasks: list[TaskOutcome]) -> float | None:
+    return round(sum(x.ok for x in tasks) / len(tasks), 4) if tasks else None
 
 
 def _p95(xs: list[float]) -> float:
@@ -217,19 +364,31 @@ class Server:
             self.proc.wait()
 
 
-async def _ask(url: str, question: str, expected: str, timeout_s: float) -> TaskOutcome:
+async def _totals(http: httpx.AsyncClient, url: str) -> tuple[int, int, int] | None:
+    """(prefix tokens, sessions attached, tokens prefilled) from ``/capacity``; None when
+    the server does not count them."""
+    cap = (await http.get(url + "/capacity")).json()
+    totals = cap.get("pool_totals")
+    if not isinstance(totals, dict):
+        return None
+    return (int(cap["kv_cells"]["prefix"]), int(totals["sessions_attached"]),
+            int(totals["prefill_tokens"]))
+
+
+async def _ask(url: str, question: Question, timeout_s: float) -> TaskOutcome:
     from a2a.client import ClientConfig, ClientFactory
     from a2a.types import a2a_pb2 as pb
     from a2a.utils.constants import TransportProtocol
 
     start = time.perf_counter()
-    out = TaskOutcome(question, expected, "", "", False)
+    out = TaskOutcome(question.text, " + ".join(question.facts), "", "", False, question.multi)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10)) as http:
         config = ClientConfig(httpx_client=http, streaming=True, supported_protocol_bindings=[
             TransportProtocol.JSONRPC.value])
         client = await ClientFactory(config).create_from_url(url)
         request = pb.SendMessageRequest(message=pb.Message(
-            role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[pb.Part(text=question)]))
+            role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex,
+            parts=[pb.Part(text=question.text)]))
         task_id = ""
         try:
             async for response in client.send_message(request):
@@ -261,7 +420,8 @@ async def _ask(url: str, question: str, expected: str, timeout_s: float) -> Task
                 out.finish_reason = ",".join(str(_key(s, "finishReason", default="")) for s in subs)
     # The worker runs a malformed call too (to answer it with the error): not a tool call.
     out.tool_calls = max(out.tool_calls - out.malformed_calls, 0)
-    out.ok = expected.lower() in out.answer.lower()
+    out.missing = check(out.answer, question)
+    out.ok = not out.missing
     return out
 
 
@@ -287,25 +447,42 @@ async def run_pair(model: str, template: str, args: argparse.Namespace, tmp: Pat
     try:
         await server.wait_ready()
         result.chat_format = server.chat_format()
-        questions = QUESTIONS[: args.limit] if args.limit else QUESTIONS
         sem = asyncio.Semaphore(args.concurrency)
+        alone = args.concurrency == 1  # per-task counter deltas are this task's alone
 
-        async def one(q: str, expected: str) -> TaskOutcome:
+        async def one(q: Question, http: httpx.AsyncClient) -> TaskOutcome:
             async with sem:
-                return await _ask(server.url, q, expected, args.task_timeout)
+                before = await _totals(http, server.url) if alone else None
+                out = await _ask(server.url, q, args.task_timeout)
+                after = await _totals(http, server.url) if before else None
+                if before and after:
+                    out.sessions = after[1] - before[1]
+                    out.prefilled_tokens = after[2] - before[2]
+                    out.prefix_saved_tokens = after[0] * out.sessions
+                return out
 
-        result.tasks = list(await asyncio.gather(*(one(q, e) for q, e in questions)))
+        async with httpx.AsyncClient(timeout=30) as http:
+            start = await _totals(http, server.url)
+            result.tasks = list(await asyncio.gather(
+                *(one(q, http) for q in questions(args.questions, args.limit))))
+            end = await _totals(http, server.url)
+        if start and end:
+            result.prefix = PrefixUse(end[0], end[1] - start[1], end[2] - start[2])
     finally:
         server.stop()
     return result
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    cols = ["model", "template", "plan", "tasks", "parse_rate", "tool_call_share",
-            "success_rate", "subtasks_per_task", "mean_turns", "mean_tokens", "p50_task_s",
-            "p95_task_s"]
-    lines = ["  ".join(f"{c:>12}" for c in cols)]
-    lines += ["  ".join(f"{r[c]!s:>12}" for c in cols) for r in rows]
+    cols = {"model": "model", "template": "template", "plan": "plan", "tasks": "tasks",
+            "parse_rate": "parse", "tool_call_share": "tool_share", "success_rate": "success",
+            "single_success_rate": "single_ok", "multi_success_rate": "multi_ok",
+            "subtasks_per_task": "subtasks", "sessions_per_task": "sessions",
+            "prefix_saved_per_task": "prefix_saved", "prefilled_per_task": "prefilled",
+            "prefix_saved_share": "saved_share", "mean_turns": "turns",
+            "mean_tokens": "tokens", "p50_task_s": "p50_s", "p95_task_s": "p95_s"}
+    lines = ["  ".join(f"{c:>12}" for c in cols.values())]
+    lines += ["  ".join(f"{'-' if r[c] is None else r[c]!s:>12}" for c in cols) for r in rows]
     return "\n".join(lines)
 
 
@@ -343,11 +520,15 @@ def main(argv: list[str] | None = None) -> None:
                    help="mesh serve --plan modes to run, comma-separated: never (the worker "
                         "alone), auto (the coordinator plans and synthesizes), delegate "
                         "(auto, with plans that must use workers)")
-    p.add_argument("--limit", type=int, default=0, help="first N questions only (0: all)")
+    p.add_argument("--questions", choices=("all", "single", "multi"), default="all",
+                   help="which questions: the single ones, the multi-part ones, or both")
+    p.add_argument("--limit", type=int, default=0,
+                   help="first N questions of each kind only (0: all)")
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-tokens-per-turn", type=int, default=None)
     p.add_argument("--prefix-tokens", type=int, default=None)
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="tasks in flight; 1 also measures each task's sessions and prefill")
     p.add_argument("--task-timeout", type=float, default=600)
     p.add_argument("--out", default="bench/results/agent.json")
     args = p.parse_args(argv)

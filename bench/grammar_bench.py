@@ -11,10 +11,13 @@ One llama.cpp context, one sequence; the same prompt is decoded once per variant
 Times are per token, sampling only (the decode of each step is timed apart): the median
 token, and the mean (which carries the redraws); the ratio is of means, within one run.
 The grammar is the worker's tool-call grammar for the light template's tools
-(``mesh.worker.grammar``), so the text is what a worker writes.
+(``mesh.worker.grammar``), so the text is what a worker writes; ``--grammar plan`` takes
+the coordinator's plan grammar instead (``mesh.coordinator.planner``, the default
+``mesh serve`` settings) and a planning prompt.
 
     .venv/bin/python bench/grammar_bench.py                 # Gemma 3 270M (262K vocabulary)
     .venv/bin/python bench/grammar_bench.py --model tiny
+    .venv/bin/python bench/grammar_bench.py --grammar plan --tokens 96 --out /tmp/plan.json
 """
 
 from __future__ import annotations
@@ -41,6 +44,19 @@ def tool_grammar() -> str:
     template = load_template("light")
     return turn_grammar(template.manifest.tool_calls, ("list_files", "read_file", "grep"),
                         max_tokens=64)
+
+
+def plan_grammar() -> str:
+    from mesh.coordinator.agent import AgentConfig
+    from mesh.coordinator.planner import plan_schema, schema_to_gbnf
+
+    cfg = AgentConfig()
+    return schema_to_gbnf(plan_schema(cfg.max_subtasks, ("list_files", "read_file", "grep"),
+                                      cfg.actions, cfg.text_max))
+
+
+PLAN_PROMPT = ("You are the coordinator. Plan how to answer the user's request.\n"
+               "User request:\nWhich function in routes.py calls what in parcels.py?\n\nPlan:\n")
 
 
 def run(model: LlamaModel, grammar: str | None, first: bool, tokens: int, seed: int,
@@ -87,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gemma", help="GGUF path, or smollm2, gemma, tiny "
                    "(default: gemma, the largest vocabulary)")
+    p.add_argument("--grammar", choices=("tool", "plan"), default="tool",
+                   help="the worker's tool-call grammar (default) or the coordinator's plan")
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.7)
@@ -95,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     resolved = resolve_model(args.model)
     model = LlamaModel(resolved.path)
-    grammar = tool_grammar()
+    global PROMPT
+    if args.grammar == "plan":
+        grammar, PROMPT = plan_grammar(), PLAN_PROMPT
+    else:
+        grammar = tool_grammar()
     variants = {"none": (None, False), "grammar-first": (grammar, True),
                 "draw-check": (grammar, False)}
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in variants}
@@ -125,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<15}{s['sample_ms']:>15.2f}{s['sample_ms_mean']:>16.2f}"
               f"{s['decode_ms']:>15.2f}{redraws:>17}{base / s['sample_ms_mean']:>22.1f}x")
     doc = {"command": "python bench/grammar_bench.py " + " ".join(argv or sys.argv[1:]),
-           "model": resolved.name, "n_vocab": model.n_vocab, "tokens": args.tokens,
+           "model": resolved.name, "n_vocab": model.n_vocab, "grammar_kind": args.grammar,
+           "tokens": args.tokens,
            "repeats": args.repeats, "temperature": args.temperature, "summary": summary,
            "runs": rows, "grammar": grammar}
     args.out.parent.mkdir(parents=True, exist_ok=True)

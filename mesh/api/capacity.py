@@ -60,6 +60,7 @@ class CapacityCollector(Collector):
         measured = cap.get("measured_tps", {})
         kv = dict(cap.get("kv_cells", {}))
         reduction = kv.pop("reduction", None)
+        totals = cap.get("pool_totals", {})
         gauges = [
             self._gauge("gate_floor_tps", "Floor tokens/s per worker.", cap.get("floor_tps")),
             self._gauge(
@@ -92,6 +93,10 @@ class CapacityCollector(Collector):
                 "gate_admitted", "Admissions granted since start.", cap.get("admitted_total")
             ),
             self._gauge("gate_refused", "Requests refused since start.", cap.get("refused_total")),
+            self._gauge("pool_sessions_attached", "Sessions attached to the pool since start.",
+                        totals.get("sessions_attached")),
+            self._gauge("pool_prefill_tokens", "Suffix tokens prefilled since start.",
+                        totals.get("prefill_tokens")),
         ]
         yield from (g for g in gauges if g is not None)
         yield self._labelled("sessions", "Sessions by state.", "state", sessions)

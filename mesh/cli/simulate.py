@@ -47,6 +47,13 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
         help="tokens generated per step (default: the template's)",
     )
     p.add_argument("--seed", type=int, default=0, help="scenario seed (default: 0)")
+    p.add_argument(
+        "--plan",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send each package as plain text so the coordinator plans it (planner, real "
+        "workers, synthesis); default: the template's scenario.plan (false)",
+    )
     p.add_argument("--policy", default="floor", help=f"gate policy: {POLICIES_HELP}")
     p.add_argument(
         "--pool",
@@ -125,11 +132,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
+    serve: tuple[str, ...] = () if args.url else ("--simulation",)
+    planned = plan_for(SimConfig(template=args.template, plan=args.plan)).plan
+    if planned and not args.url:  # every planned package runs workers (no ask, no answer)
+        serve += ("--plan", "auto", "--plan-actions", "delegate")
     config = SimConfig(
         template=args.template,
         packages=args.packages,
         steps=args.steps,
         tokens_per_step=args.tokens_per_step,
+        plan=args.plan,
         seed=args.seed,
         floor_tps=floor,
         policy=args.policy,
@@ -139,7 +151,7 @@ def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
         sample_interval_s=args.interval,
         startup_timeout_s=args.startup_timeout,
         # The server started here runs the scenario, so it honours scenario params.
-        serve_args=(*(() if args.url else ("--simulation",)), *args.serve_arg),
+        serve_args=(*serve, *args.serve_arg),
     )
     config.validate()
     return config

@@ -10,7 +10,9 @@ A plan is one JSON object of three shapes (the ``action`` decides)::
 :func:`plan_schema` builds the JSON schema (at most ``max_subtasks`` subtasks, every string
 bounded), :func:`schema_to_gbnf` turns that schema into a llama.cpp grammar, so a turn
 sampled under it is always a parseable plan that ends within :func:`max_plan_chars`
-characters (no free whitespace, bounded strings). Everything here is pure.
+characters (no free whitespace, bounded strings). A subtask's instructions start with a
+letter and hold at least :data:`INSTRUCTIONS_MIN` characters, so even a small model's
+noise cannot plan ", ". Everything here is pure.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "ACTIONS",
+    "INSTRUCTIONS_MIN",
     "Plan",
     "PlanError",
     "PlannedSubtask",
@@ -35,6 +38,10 @@ __all__ = [
 ACTIONS = ("delegate", "answer", "ask")
 _NAME_MAX = 80
 _FILES_MAX = 4
+# An instruction starts with a letter and is at least this long (capped by text_max): small
+# models otherwise write instructions like ", ". The grammar makes anything else impossible.
+INSTRUCTIONS_MIN = 12
+_LETTER_FIRST = "^[A-Za-z]"
 
 
 class PlanError(ValueError):
@@ -92,6 +99,12 @@ def _string(max_len: int, min_len: int = 1) -> dict[str, Any]:
     return {"type": "string", "minLength": min_len, "maxLength": max_len}
 
 
+def _instructions(max_len: int) -> dict[str, Any]:
+    """A subtask's instructions: a letter first, a non-blank last, at least
+    ``INSTRUCTIONS_MIN`` characters in all."""
+    return {**_string(max_len, min(INSTRUCTIONS_MIN, max_len)), "pattern": _LETTER_FIRST}
+
+
 def plan_schema(
     max_subtasks: int,
     tools: Sequence[str] = (),
@@ -100,8 +113,9 @@ def plan_schema(
 ) -> dict[str, Any]:
     """The JSON schema of a plan; ``actions`` narrows which shapes are allowed.
 
-    Instructions are at most ``text_max`` characters, a direct answer or a question twice
-    that, a file name ``min(80, text_max)``.
+    Instructions are at most ``text_max`` characters (at least ``min(INSTRUCTIONS_MIN,
+    text_max)``, the first a letter), a direct answer or a question twice that, a file name
+    ``min(80, text_max)``.
     """
     if text_max < 8:
         raise ValueError(f"text_max must be >= 8, got {text_max}")
@@ -115,7 +129,7 @@ def plan_schema(
     subtask = {
         "type": "object",
         "properties": {
-            "instructions": _string(text_max),
+            "instructions": _instructions(text_max),
             "files": {"type": "array", "items": _string(name), "maxItems": _FILES_MAX},
             "tools": {"type": "array", "items": tool_item, "maxItems": max(1, len(tools))},
         },
@@ -159,6 +173,16 @@ class _Gbnf:
         if kind == "string":
             lo, hi = int(node.get("minLength", 0)), int(node["maxLength"])
             self.add("char", r'[^"\\\x00-\x1f]')
+            pattern = node.get("pattern")
+            if pattern is not None:
+                if pattern != _LETTER_FIRST:
+                    raise ValueError(f"the plan grammar supports only the pattern "
+                                     f"{_LETTER_FIRST!r}, got {pattern!r}")
+                # a letter, then a last char that is not blank: stripped, still >= lo
+                self.add("letter", "[A-Za-z]")
+                self.add("char0", r'[^"\\\x00-\x20]')
+                mid = f"char{{{max(lo, 2) - 2},{hi - 2}}}"
+                return self.add(name, f'"\\"" letter {mid} char0 "\\""')
             self.add("char0", r'[^"\\\x00-\x20]')  # a first char that is not blank
             if lo >= 1:
                 body = f'"\\"" char0 char{{0,{hi - 1}}} "\\""'

@@ -70,6 +70,7 @@ class _FakeGeneration:
         s.pending = []
         s.state = SessionState.PREFILLING
         s.private_cells += sum(_count(t) for t in prompt)
+        engine.prefill_tokens += sum(_count(t) for t in prompt)
         words = (" ".join(prompt).split() or ["ok"]) * self._params.max_tokens
         s.state = SessionState.DECODING
         start = time.monotonic()
@@ -178,6 +179,8 @@ class FakeEngine:
         self.sessions: dict[str, FakeSession] = {}
         self.fail_next: str | None = None  # next generate() fails with this reason
         self._ids = itertools.count(1)
+        self.sessions_attached = 0  # totals, as the pool reports them in load()
+        self.prefill_tokens = 0
 
     def check_attach(self) -> AttachCheck:
         if len(self.sessions) >= self.info.max_sessions:
@@ -189,6 +192,7 @@ class FakeEngine:
         if not check.ok:
             raise PoolFull(check.reason)
         session = FakeSession(self, f"s{next(self._ids)}")
+        self.sessions_attached += 1
         self.sessions[session.id] = session
         return session
 
@@ -222,6 +226,8 @@ class FakeEngine:
             free_seq_ids=self.info.max_sessions - len(sessions),
             max_sessions=self.info.max_sessions,
             session_budget=self.info.session_budget,
+            sessions_attached=self.sessions_attached,
+            prefill_tokens=self.prefill_tokens,
         )
 
     def count_tokens(self, text: str) -> int:

@@ -396,7 +396,7 @@ class SharedKVPool:
             self._sessions.values(), prefix_cells=self._built.shared_cells,
             prefix_len=len(self._built.prefix), n_ctx=self._built.info.n_ctx,
             free_seq_ids=self._ledger.free_seq_ids, max_sessions=self.config.max_sessions,
-            session_budget=self.config.session_budget)
+            session_budget=self.config.session_budget, sessions_attached=self._next_id)
 
     def load(self) -> PoolLoad:
         if self._snapshot is None:

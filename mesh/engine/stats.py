@@ -23,12 +23,14 @@ class StepStats:
         self.recent: deque[StepSample] = deque(maxlen=64)
         self._rate_window: deque[tuple[float, int]] = deque()
         self.num_steps = 0
+        self.prefill_tokens = 0  # suffix tokens prefilled since start (PoolLoad.prefill_tokens)
         self.host_s = 0.0  # time per step outside llama_decode, summed (for the bench)
         self.decode_s = 0.0
 
     def record(self, sample: StepSample, *, decode_s: float, now: float) -> None:
         self._rate_window.append((now, sample.num_decode))
         self.num_steps += 1
+        self.prefill_tokens += sample.num_prefill_tokens
         self.decode_s += decode_s
         self.host_s += sample.step_s - decode_s
         ms = sample.step_s * 1000
@@ -43,7 +45,7 @@ class StepStats:
 
     def snapshot(self, states: Iterable[SeqState], *, prefix_cells: int, prefix_len: int,
                  n_ctx: int, free_seq_ids: int, max_sessions: int,
-                 session_budget: int) -> Capture:
+                 session_budget: int, sessions_attached: int = 0) -> Capture:
         """Capture the pool between steps (engine thread): plain tuples, cheap; the
         :class:`PoolLoad` is built from them when someone reads it."""
         now = time.monotonic()
@@ -51,7 +53,7 @@ class StepStats:
                       st.busy_s, st._busy_since, st.num_generated) for st in states)
         return Capture(now, rows, self.step_ms, self.agg_tps(now), tuple(self.recent),
                        prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
-                       session_budget)
+                       session_budget, (sessions_attached, self.prefill_tokens))
 
 
 class Capture:
@@ -60,9 +62,9 @@ class Capture:
     def __init__(self, now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
                  agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int,
                  prefix_len: int, n_ctx: int, free_seq_ids: int, max_sessions: int,
-                 session_budget: int) -> None:
+                 session_budget: int, totals: tuple[int, int] = (0, 0)) -> None:
         self._args = (now, rows, step_ms, agg_tps, recent, prefix_cells, prefix_len, n_ctx,
-                      free_seq_ids, max_sessions, session_budget)
+                      free_seq_ids, max_sessions, session_budget, totals)
         self._load: PoolLoad | None = None
 
     def load(self) -> PoolLoad:
@@ -74,7 +76,8 @@ class Capture:
 
 def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
            agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int, prefix_len: int,
-           n_ctx: int, free_seq_ids: int, max_sessions: int, session_budget: int) -> PoolLoad:
+           n_ctx: int, free_seq_ids: int, max_sessions: int, session_budget: int,
+           totals: tuple[int, int]) -> PoolLoad:
     sessions = tuple(
         SessionLoad(id=sid, state=state, private_cells=private, context_len=pos,
                     decode_tps=(1.0 / ewma if ewma else None),
@@ -90,4 +93,5 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
                      else private_sum),
         free_seq_ids=free_seq_ids, max_sessions=max_sessions,
         session_budget=session_budget, recent_steps=recent,
+        sessions_attached=totals[0], prefill_tokens=totals[1],
     )

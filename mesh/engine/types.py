@@ -287,6 +287,12 @@ class PoolLoad:
     max_sessions: int
     session_budget: int
     recent_steps: tuple[StepSample, ...] = field(default_factory=tuple)
+    # Totals since the pool started (0 where an engine does not count them): sessions that
+    # attached, and suffix tokens prefilled in steps (appended text, tool results; with a
+    # private prefix per session, the prefix copies too). Deltas of the two, with
+    # prefix_cells, say what the shared prefix saved: prefix × sessions not prefilled.
+    sessions_attached: int = 0
+    prefill_tokens: int = 0
 
     @property
     def reduction(self) -> float:

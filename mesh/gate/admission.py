@@ -281,6 +281,9 @@ class FloorGate:
             "model": {**self.model.describe(), "live_scale": proj.scale},
             "admitted_total": self.num_admitted,
             "refused_total": self.num_refused,
+            # the pool's totals since start (0 where the engine does not count them)
+            "pool_totals": {"sessions_attached": load.sessions_attached,
+                            "prefill_tokens": load.prefill_tokens},
             "workers": _worker_rows(load),
         }
 

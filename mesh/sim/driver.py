@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 from a2a.client import A2ACardResolver, A2AClientError, Client, ClientConfig, ClientFactory
-from a2a.helpers.proto_helpers import new_data_message
+from a2a.helpers.proto_helpers import new_data_message, new_text_message
 from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
@@ -33,8 +33,10 @@ _TERMINAL = {
     pb.TaskState.TASK_STATE_FAILED: "failed",
     pb.TaskState.TASK_STATE_REJECTED: "rejected",
     pb.TaskState.TASK_STATE_CANCELED: "canceled",
+    # a planner that asks the user: nobody answers in a simulation
+    pb.TaskState.TASK_STATE_INPUT_REQUIRED: "input_required",
 }
-_STEP_EVENTS = ("queued", "admitted", "turn_started", "tool_call", "tool_result")
+_STEP_EVENTS = ("queued", "admitted", "turn_started", "tool_call", "tool_result", "plan")
 _TEXT_MAX = 200
 
 
@@ -79,6 +81,7 @@ def _status_event(t: float, update: pb.TaskStatusUpdateEvent) -> TaskEvent:
         turn=int(meta.get("turn", 0) or 0),
         queue_position=int(position) if position is not None else None,
         text=text[:_TEXT_MAX],
+        subtask=str(meta.get("subtask", "")).rsplit("/", 1)[-1],
     )
 
 
@@ -89,7 +92,9 @@ def _answer_tokens(artifact: pb.Artifact) -> int:
             data: Any = MessageToDict(part.data)
             if isinstance(data, dict):
                 for sub in data.get("subtasks", []):
-                    total += int(sub.get("numGenerated", sub.get("num_generated", 0)))
+                    # a planned task's rows say "tokens"
+                    count = sub.get("numGenerated", sub.get("num_generated", sub.get("tokens")))
+                    total += int(count or 0)
     return total
 
 
@@ -101,7 +106,9 @@ class _Driver:
         run: SimRun,
         clock: _Clock,
         on_progress: OnProgress | None,
+        planned: bool = False,
     ) -> None:
+        self.planned = planned
         self.client = client
         self.config = config
         self.run = run
@@ -143,7 +150,10 @@ class _Driver:
         self.progress()
 
     async def _stream(self, plan: PackagePlan, timeline: TaskTimeline) -> None:
-        message = new_data_message(plan.message_data(), role=pb.Role.ROLE_USER)
+        if self.planned:
+            message = new_text_message(plan.message_text(), role=pb.Role.ROLE_USER)
+        else:
+            message = new_data_message(plan.message_data(), role=pb.Role.ROLE_USER)
         request = pb.SendMessageRequest(message=message)
         async for event in self.client.send_message(request):
             t = self.clock()
@@ -214,7 +224,7 @@ async def drive(
         client = factory.create(card)
         run.server = {"url": url, "name": card.name, "version": card.version}
         clock = _Clock()
-        driver = _Driver(client, config, run, clock, on_progress)
+        driver = _Driver(client, config, run, clock, on_progress, scenario.plan)
         sampler = asyncio.create_task(
             _sample(http, url, run, clock, config.sample_interval_s, driver.progress)
         )

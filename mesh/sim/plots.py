@@ -16,8 +16,9 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from mesh.sim.report import floor_of, workers
+from mesh.sim.report import ROLES, floor_of, kv_series, workers
 from mesh.sim.types import SimRun
 
 __all__ = ["PLOT_NAMES", "write_plots", "write_sweep_plot"]
@@ -149,8 +150,33 @@ def plot_kv(runs: Sequence[SimRun], path: Path) -> Path:
             label=f"{_label(run, i)}: naive equivalent",
         )
     ax.set_ylim(bottom=0)
-    _legend(ax)
+    right = _coordinator_sessions(ax, runs)
+    if right is None:
+        _legend(ax)
+    else:  # one legend for both axes
+        cells, sessions = ax.get_legend_handles_labels(), right.get_legend_handles_labels()
+        ax.legend(cells[0] + sessions[0], cells[1] + sessions[1], fontsize="small", loc="best")
     return _save(fig, path)
+
+
+def _coordinator_sessions(ax: Axes, runs: Sequence[SimRun]) -> Axes | None:
+    """The planner and synthesis sessions live (a planned scenario's) on a second axis;
+    None when no run had any."""
+    series = [kv_series(run) for run in runs]
+    if not any(row[role] for rows in series for row in rows for role in ROLES.values()):
+        return None
+    right = ax.twinx()
+    right.set_ylabel("coordinator sessions live")
+    styles = {"planner": ":", "synthesis": "-."}
+    for i, (run, rows) in enumerate(zip(runs, series, strict=True)):
+        colour = _COLOURS[i % len(_COLOURS)]
+        for role, style in styles.items():
+            right.step([r["t"] for r in rows], [r[role] for r in rows], where="post",
+                       color=colour, linestyle=style, alpha=0.8,
+                       label=f"{_label(run, i)}: {role} sessions")
+    right.set_ylim(bottom=0)
+    right.yaxis.set_major_locator(MaxNLocator(integer=True))
+    return right
 
 
 def plot_cdf(runs: Sequence[SimRun], path: Path) -> Path:

@@ -34,6 +34,7 @@ def plan_for(config: SimConfig) -> Scenario:
         packages=config.packages,
         steps=config.steps,
         tokens_per_step=config.tokens_per_step,
+        plan=config.plan,
     )
 
 

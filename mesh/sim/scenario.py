@@ -38,6 +38,11 @@ class PackagePlan:
     def num_tokens(self) -> int:
         return sum(s.tokens for s in self.steps)
 
+    def message_text(self) -> str:
+        """The package as plain text: what a planned package sends (the coordinator plans
+        it; ``params`` do not travel, the planned workers run real turns)."""
+        return _INSTRUCTIONS.format(index=self.index)
+
     def message_data(self) -> dict[str, Any]:
         """The data part of this package's A2A message (the coordinator's fan-out format)."""
         return {
@@ -67,6 +72,7 @@ class Scenario:
     steps: int
     tokens_per_step: int
     packages: tuple[PackagePlan, ...]
+    plan: bool = False  # packages go as plain text, so the coordinator plans each
 
     @property
     def num_tokens(self) -> int:
@@ -77,6 +83,7 @@ class Scenario:
             "seed": self.seed,
             "steps": self.steps,
             "tokens_per_step": self.tokens_per_step,
+            "plan": self.plan,
             "packages": [p.to_json() for p in self.packages],
         }
 
@@ -88,6 +95,7 @@ def plan_scenario(
     packages: int | None = None,
     steps: int | None = None,
     tokens_per_step: int | None = None,
+    plan: bool | None = None,
 ) -> Scenario:
     """The packages of a run; ``None`` overrides take the template's defaults.
 
@@ -106,6 +114,7 @@ def plan_scenario(
     rng = random.Random(seed)
     defaults = spec.model_dump()
     defaults.pop("packages")
+    planned = bool(defaults.pop("plan")) if plan is None else plan
     plans: list[PackagePlan] = []
     for i in range(num_packages):
         package_seed = rng.getrandbits(31)
@@ -123,4 +132,4 @@ def plan_scenario(
         }
         knobs = ScenarioParams.model_validate({**defaults, **params})
         plans.append(PackagePlan(i, package_seed, params, plan_schedule(knobs)))
-    return Scenario(seed, num_steps, num_tokens, tuple(plans))
+    return Scenario(seed, num_steps, num_tokens, tuple(plans), planned)

@@ -23,6 +23,7 @@ class SimConfig:
     packages: int | None = None  # None: the template's scenario default
     steps: int | None = None
     tokens_per_step: int | None = None
+    plan: bool | None = None  # None: the template's scenario.plan
     seed: int = 0
     floor_tps: float | None = None  # None: the server's default
     policy: str = "floor"
@@ -69,9 +70,11 @@ class TaskEvent:
     """One streamed event of a task, as the client saw it.
 
     ``kind``: ``submitted`` (request sent), ``task`` (the task object arrived), ``queued``,
-    ``admitted``, ``turn_started``, ``tool_call``, ``tool_result``, ``text`` (artifact
-    chunk), ``status`` (other), ``rejected_429``, then a terminal ``completed`` /
-    ``failed`` / ``rejected`` / ``canceled`` / ``error``.
+    ``admitted``, ``turn_started``, ``tool_call``, ``tool_result``, ``plan`` (a planned
+    package's plan is published), ``text`` (artifact chunk), ``status`` (other),
+    ``rejected_429``, then a terminal ``completed`` / ``failed`` / ``rejected`` /
+    ``canceled`` / ``input_required`` (nobody answers it here) / ``error``.
+    ``subtask`` is the key the coordinator named (``plan``, ``synthesis``, a subtask id).
     """
 
     t: float
@@ -79,6 +82,7 @@ class TaskEvent:
     turn: int = 0
     queue_position: int | None = None
     text: str = ""
+    subtask: str = ""
 
 
 @dataclass

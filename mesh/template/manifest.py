@@ -218,6 +218,10 @@ class ScenarioSpec(_Model):
     tools: list[NonEmpty] = Field(min_length=1)  # names the scripted calls use, in rotation
     tool_latency_s: Distribution
     tool_output_tokens: Distribution
+    # true: each package is sent as plain text, so the coordinator plans it (a planner
+    # session, its planned workers running real turns, a synthesis session); the step
+    # schedule then does not apply. false (default): explicit subtasks, no planning.
+    plan: bool = False
 
 
 # --------------------------------------------------------------------------- manifest

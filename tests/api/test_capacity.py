@@ -72,6 +72,8 @@ async def test_capacity_follows_the_pool(
     assert after["headroom"] < before["headroom"]
     assert after["projected_tps_next"] < before["projected_tps_next"]
     assert gate.num_tickets == 3
+    totals = {k: after["pool_totals"][k] - before["pool_totals"][k] for k in before["pool_totals"]}
+    assert totals == {"sessions_attached": 3, "prefill_tokens": 3 * 3}  # "a b c" each
 
 
 async def test_metrics_in_prometheus_text(
@@ -90,6 +92,8 @@ async def test_metrics_in_prometheus_text(
     assert samples[("mesh_gate_floor_tps", ())] == 3.0
     assert samples[("mesh_sessions", (("state", "idle"),))] == 1
     assert samples[("mesh_kv_cells", (("kind", "prefix"),))] == 100
+    assert samples[("mesh_pool_sessions_attached", ())] == 1
+    assert samples[("mesh_pool_prefill_tokens", ())] == 0
     assert samples[("mesh_gate_queue_length", ())] == 0
     assert samples[("mesh_gate_projected_idle_estimate", ())] == 0
     assert ("mesh_session_tps_min", ()) not in samples  # nothing measured yet: no sample

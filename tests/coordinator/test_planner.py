@@ -20,6 +20,7 @@ from mesh.coordinator.planner import (
 )
 from mesh.coordinator.synthesis import Outcome, missing_note, summary
 from mesh.worker.types import WorkerResult
+from tests.worker.test_worker_grammar import grammar_regex
 
 
 def _longest(node: dict[str, Any], fill: str = "x") -> object:
@@ -53,8 +54,40 @@ def test_the_grammar_fixes_key_order_bounds_strings_and_lists() -> None:
     assert lines["plan-0"].startswith('"{\\"action\\":" plan-0-action ",\\"subtasks\\":"')
     assert lines["plan-0-subtasks"].endswith('("," plan-0-subtasks-item){0,1} "]"')
     assert lines["plan-0-subtasks-item-tools-item"] == '"\\"read_file\\""'
-    assert "char{0,239}" in lines["plan-0-subtasks-item-instructions"]
+    assert "letter char{10,238} char0" in lines["plan-0-subtasks-item-instructions"]
     assert "answer" not in gbnf  # the actions left out are not in the grammar
+
+
+def _delegate(instructions: str) -> str:
+    return json.dumps({"action": "delegate", "subtasks": [
+        {"instructions": instructions, "files": [], "tools": []}]}, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("text_max", [240, 32, 12, 8])
+def test_the_grammar_admits_only_instructions_that_start_with_a_letter_and_are_long_enough(
+    text_max: int,
+) -> None:
+    import re
+
+    language = re.compile(grammar_regex(schema_to_gbnf(plan_schema(2, text_max=text_max))))
+    need = min(12, text_max)
+    good = ["Read parcels.py"[:text_max], "x" * text_max, "A" + " " * (need - 2) + "b"]
+    for text in good:
+        assert language.fullmatch(_delegate(text)), text
+    junk = [", ", "", " Read parcels.py", "1. read parcels.py", "R" * (need - 1),
+            "Read" + " " * (need - 4), "y" * (text_max + 1), "-" * text_max]
+    for text in junk:
+        assert not language.fullmatch(_delegate(text)), text
+    # the other strings keep their own rule: a non-blank first character
+    assert language.fullmatch('{"action":"answer","answer":"42"}')
+
+
+def test_the_grammar_supports_only_the_letter_first_pattern() -> None:
+    schema = plan_schema(1)
+    item = schema["oneOf"][0]["properties"]["subtasks"]["items"]
+    item["properties"]["instructions"]["pattern"] = "^[0-9]"
+    with pytest.raises(ValueError, match="only the pattern"):
+        schema_to_gbnf(schema)
 
 
 def test_schema_rejects_unknown_actions_and_empty_plans() -> None:

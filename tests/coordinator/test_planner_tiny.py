@@ -145,6 +145,29 @@ async def test_noise_under_the_plan_grammar_is_always_a_plan(
     assert all(len(s.instructions) <= 32 for p in plans for s in p.subtasks)  # text_max
 
 
+async def test_noise_under_the_plan_grammar_writes_no_junk_instructions(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Random weights love ", " and " 1." as instructions; the grammar rules them out."""
+    instructions: list[str] = []
+    async with tiny_stack(tiny_model_path, tmp_path, actions=("delegate",),
+                          temperature=1.0) as stack:
+        agent = stack.agent
+        p = agent.plan_params()
+        for seed in range(24):
+            params = SamplingParams(max_tokens=p.max_tokens, temperature=1.0, seed=100 + seed,
+                                    grammar=p.grammar)
+            turn = await agent.turn(f"Request {seed}. Plan:\n", params, _Sink())
+            plan = parse_plan(turn.text, agent.config.max_subtasks)
+            instructions += [s.instructions for s in plan.subtasks]
+    assert len(instructions) >= 24
+    for text in instructions:
+        assert text[0].isascii() and text[0].isalpha(), text
+        # INSTRUCTIONS_MIN, after strip() (the upper bound counts code points; a broken
+        # UTF-8 sequence in the noise decodes to several U+FFFD here)
+        assert len(text) >= 12, text
+
+
 async def test_a_planned_task_runs_workers_and_synthesizes(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:

@@ -174,3 +174,43 @@ def test_apply_value_validates() -> None:
         apply_value(config, "pool", "bogus")
     with pytest.raises(ValueError, match="policy must be"):
         apply_value(config, "policy", "static")
+
+
+def _planned_task(package: int, start: float) -> TaskTimeline:
+    t = TaskTimeline(package, task_id=f"t{package}", submitted_t=start)
+    t.events = [
+        TaskEvent(start, "submitted"),
+        TaskEvent(start + 0.1, "admitted", subtask="plan"),
+        TaskEvent(start + 0.6, "plan"),
+        TaskEvent(start + 0.6, "admitted", subtask="p1"),
+        TaskEvent(start + 0.7, "turn_started", turn=1, subtask="p1"),
+        TaskEvent(start + 1.1, "admitted", subtask="synthesis"),
+        TaskEvent(start + 1.4, "completed"),
+    ]
+    t.done_t, t.state, t.num_generated = start + 1.4, "completed", 12
+    return t
+
+
+def test_a_planned_run_shows_its_planner_and_synthesis_sessions(tmp_path: Path) -> None:
+    from mesh.sim.report import kv_series, role_spans
+
+    run = make_run()
+    run.scenario["plan"] = True
+    run.tasks = [_planned_task(0, 0.0), _planned_task(1, 0.5)]
+    run.samples.append(Sample(1.25, _cap(1, 0, 1, 5.0)))
+    assert role_spans(run.tasks[0]) == [("planner", 0.1, 0.6), ("synthesis", 1.1, 1.4)]
+    series = kv_series(run)
+    assert [r["t"] for r in series] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25]
+    assert [r["planner"] for r in series] == [0, 1, 1, 1, 1, 0]  # 0.1-0.6 and 0.6-1.1
+    assert [r["synthesis"] for r in series] == [0, 0, 0, 0, 0, 1]  # 1.1-1.4 and 1.6-1.9
+    assert series[1]["used"] == 120 and series[1]["naive"] == 220
+    s = summarize(run)
+    assert (s["planned"], s["planner_sessions"], s["synthesis_sessions"]) == (True, 2, 2)
+    assert s["prefill_tokens_saved"] == 100 * 6  # planner, worker and synthesis per task
+    files = write_report(run, tmp_path / "planned")
+    doc = json.loads(files.json.read_text())
+    assert doc["kv_series"] == series
+    assert (tmp_path / "planned" / "kv_cells.png").read_bytes().startswith(PNG_MAGIC)
+    assert "2 planner and 2 synthesis sessions ran" in files.markdown.read_text()
+    # an unplanned run has no coordinator sessions in its series
+    assert not any(r["planner"] or r["synthesis"] for r in kv_series(make_run()))

@@ -72,3 +72,17 @@ def test_the_message_is_the_coordinators_fan_out_format() -> None:
     assert checked.params["scenario"] is True
     assert checked.params["package"] == 1
     assert checked.params["seed"] == package.seed
+
+
+def test_a_scenario_plans_only_when_it_asks() -> None:
+    spec = load_template("light").manifest.scenario
+    assert spec.plan is False  # the shipped templates bypass planning
+    plain = plan_scenario(spec, 0, packages=2)
+    assert plain.plan is False and plain.to_json()["plan"] is False
+    planned = plan_scenario(spec, 0, packages=2, plan=True)
+    assert planned.plan is True
+    assert [p.steps for p in planned.packages] == [p.steps for p in plain.packages]
+    assert planned.packages[1].message_text().startswith("Package 1:")
+    asked = plan_scenario(spec.model_copy(update={"plan": True}), 0, packages=1)
+    assert asked.plan is True and plan_scenario(
+        spec.model_copy(update={"plan": True}), 0, packages=1, plan=False).plan is False

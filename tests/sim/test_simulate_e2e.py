@@ -124,3 +124,24 @@ def test_sweep_reports_each_floor_and_a_plot(tmp_path: Path) -> None:
     assert doc["sweet_spot"] in (1.0, 2.0)  # both deliver; the lower p50 wins
     assert (tmp_path / "sweep.png").stat().st_size > 0
     assert (tmp_path / "floor-2" / "report.json").exists()
+
+
+def test_a_planned_scenario_shows_planner_and_synthesis_sessions(tmp_path: Path) -> None:
+    out = tmp_path / "planned"
+    assert _main(["simulate", *_scenario(2), "--plan", "--out", str(out)]) == 0
+    doc = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    summary = doc["summary"]
+    assert summary["planned"] is True and summary["delivered"] == 2
+    assert summary["planner_sessions"] == summary["synthesis_sessions"] == 2
+    for task in doc["tasks"]:
+        keys = [e["subtask"] for e in task["events"] if e["kind"] == "admitted"]
+        assert keys[0] == "plan" and keys[-1] == "synthesis" and len(keys) >= 3
+    series = doc["kv_series"]
+    assert any(r["planner"] for r in series) or any(r["synthesis"] for r in series)
+    assert (out / "kv_cells.png").stat().st_size > 0
+    # the unplanned report of the same scenario has none (scenario runs bypass planning)
+    plain = tmp_path / "plain"
+    assert _main(["simulate", *_scenario(2), "--out", str(plain)]) == 0
+    doc = json.loads((plain / "report.json").read_text(encoding="utf-8"))
+    assert doc["summary"]["planner_sessions"] == doc["summary"]["synthesis_sessions"] == 0
+    assert not any(r["planner"] or r["synthesis"] for r in doc["kv_series"])
