@@ -150,8 +150,11 @@ class RemoteGeneration:
 
     def _body(self, max_tokens: int, streamed: str = "") -> dict[str, Any]:
         s, p = self._session, self._params
+        # The pool's sampler has no repetition penalty and no min-p; llama.cpp's servers
+        # default to repeat_penalty 1.1 (llama-cpp-python) and min_p 0.05, which change
+        # even a greedy turn. vLLM and SGLang take min_p too and ignore repeat_penalty.
         fields: dict[str, Any] = {"max_tokens": max_tokens, "temperature": p.temperature,
-                                  "top_p": p.top_p}
+                                  "top_p": p.top_p, "min_p": 0.0, "repeat_penalty": 1.0}
         if p.top_k:
             fields["top_k"] = p.top_k
         if p.seed is not None:
@@ -180,10 +183,10 @@ class RemoteGeneration:
                 finish = "context_full"
             else:
                 finish = "length"
+                limit = min(self._params.max_tokens, room)
                 # aclosing: leaving the loop early (a stop string, a cancel) closes the
                 # HTTP stream at once, which aborts the request on the backend.
-                async with contextlib.aclosing(
-                        self._stream(min(self._params.max_tokens, room))) as stream:
+                async with contextlib.aclosing(self._stream(limit)) as stream:
                     async for kind, value in stream:
                         if kind == "usage":
                             usage = value
@@ -204,6 +207,9 @@ class RemoteGeneration:
                 n = (usage or {}).get("completion_tokens")
                 if finish in ("length", "eos") and isinstance(n, int) and n > generated:
                     generated = n  # a chunk may carry several tokens
+                # Chunks are counted as tokens; a resumed stream can over-deliver (llama-cpp-
+                # python's server flushes held-back text past max_tokens): at most the limit.
+                generated = min(generated, limit)
                 if finish == "length" and room < self._params.max_tokens and generated >= room:
                     finish = "context_full"
             tail = out.finish()

@@ -52,6 +52,19 @@ def llama_backend(tmp_path_factory: pytest.TempPathFactory,
         yield served
 
 
+@pytest.fixture(scope="module")
+def llama_backend_serial(tmp_path_factory: pytest.TempPathFactory,
+                         cache: Path) -> Iterator[LlamaServer]:
+    """``llama_cpp.server`` as mesh's docs say to run it: ``--interrupt_requests False``
+    (a request waits for the running one instead of cutting it)."""
+    from mesh.engine.tiny import tiny_model_path
+
+    model = tiny_model_path(cache / "mesh" / "models")
+    with llama_server(model, tmp_path_factory.mktemp("llama-server-serial"),
+                      "--interrupt_requests", "False") as served:
+        yield served
+
+
 def tiny_path(cache: Path) -> Path:
     """The tiny GGUF the served processes wrote (same file, so the same tokenizer)."""
     from mesh.engine.tiny import TINY_FORMAT_VERSION

@@ -11,6 +11,7 @@ server's own non-streamed completion of ``prefix + history``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -34,11 +35,12 @@ PREFIX = ("system: you are a worker agent of the project. Each task names a file
           "the file, write the code, test the result, and answer in one short line.\n") * 3
 
 
-@pytest.fixture
-async def engine(llama_backend: LlamaServer, cache: Path) -> AsyncIterator[OpenAIEngine]:
+@contextlib.asynccontextmanager
+async def started(server: LlamaServer, cache: Path) -> AsyncIterator[OpenAIEngine]:
+    """An :class:`OpenAIEngine` on ``server`` with the tiny model's tokenizer."""
     vocab = LlamaModel(str(tiny_path(cache)), vocab_only=True)
     eng = OpenAIEngine(
-        BackendConfig(url=llama_backend.url, max_sessions=4, session_budget=256),
+        BackendConfig(url=server.url, max_sessions=4, session_budget=256),
         PREFIX,
         tokenize=lambda t: vocab.tokenize(t, add_bos=False),
         prefix_ids=vocab.tokenize(PREFIX, add_bos=vocab.add_bos),
@@ -49,6 +51,12 @@ async def engine(llama_backend: LlamaServer, cache: Path) -> AsyncIterator[OpenA
         yield eng
     finally:
         await eng.aclose()
+
+
+@pytest.fixture
+async def engine(llama_backend: LlamaServer, cache: Path) -> AsyncIterator[OpenAIEngine]:
+    async with started(llama_backend, cache) as eng:
+        yield eng
 
 
 @dataclass
@@ -66,11 +74,14 @@ async def turn(session: Session, text: str, params: SamplingParams = GREEDY) -> 
     return Turn(gen.result, pieces)
 
 
-async def completion(server: LlamaServer, prompt: str, max_tokens: int = N) -> dict[str, Any]:
-    """The server's own greedy, non-streamed completion of ``prompt``."""
+async def completion(server: LlamaServer, prompt: str, max_tokens: int = N,
+                     **sampler: float) -> dict[str, Any]:
+    """The server's own greedy, non-streamed completion of ``prompt``; by default with the
+    local pool's sampler (no repetition penalty, no min-p), ``sampler`` overrides."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "repeat_penalty": 1.0, "min_p": 0.0, **sampler}
     async with httpx.AsyncClient(timeout=60) as http:
-        r = await http.post(server.url + "/v1/completions", json={
-            "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0})
+        r = await http.post(server.url + "/v1/completions", json=body)
     assert r.status_code == 200, r.text
     choice: dict[str, Any] = r.json()["choices"][0]
     return choice
@@ -78,13 +89,19 @@ async def completion(server: LlamaServer, prompt: str, max_tokens: int = N) -> d
 
 async def test_turns_send_the_prefix_then_the_history(engine: OpenAIEngine,
                                                       llama_backend: LlamaServer) -> None:
+    long = SamplingParams(max_tokens=24, temperature=0.0, stop_at_eos=False)
     s = await engine.attach()
-    first = await turn(s, "\nuser: list the files\nassistant:")
-    expect = await completion(llama_backend, PREFIX + "\nuser: list the files\nassistant:")
+    first = await turn(s, "\nuser: list the files\nassistant:", long)
+    ask = PREFIX + "\nuser: list the files\nassistant:"
+    expect = await completion(llama_backend, ask, 24)
     assert first.result.text == expect["text"]
     assert first.result.finish_reason == ("length" if expect["finish_reason"] == "length"
                                           else "eos")
     assert len(first.pieces) > 1  # streamed, not one block
+    # The server's default sampler (repeat_penalty 1.1) decodes this prompt otherwise:
+    # the backend switched it off, as the pool has none.
+    default = await completion(llama_backend, ask, 24, repeat_penalty=1.1, min_p=0.05)
+    assert default["text"] != first.result.text
     history = engine.sessions[s.id].history
     second = await turn(s, "\nuser: and then?\nassistant:")
     expect = await completion(llama_backend, PREFIX + history + "\nuser: and then?\nassistant:")
@@ -116,22 +133,43 @@ async def test_a_multi_token_stop_string_is_held_back_and_cut(engine: OpenAIEngi
     await b.detach()
 
 
-async def test_concurrent_sessions_survive_interrupted_streams(
-        engine: OpenAIEngine, llama_backend: LlamaServer) -> None:
-    """The server cuts a stream whenever another request arrives; every turn still gets
-    all its tokens (the backend resumes the cut stream), and the same text as alone."""
-    sessions = [await engine.attach() for _ in range(3)]
-    asks = [f"\nuser: task {i}: read the file\nassistant:" for i in range(3)]
-    gens = await asyncio.gather(*(turn(s, ask) for s, ask in zip(sessions, asks, strict=True)))
-    assert engine.resumed_streams > 0  # the server did interrupt
-    for gen, ask in zip(gens, asks, strict=True):
-        expect = await completion(llama_backend, PREFIX + ask)
-        if expect["finish_reason"] == "length":
-            assert gen.result.finish_reason == "length"
-            assert gen.result.num_generated == N
-        assert len(gen.result.text) >= len(expect["text"]) // 2, (gen.result, expect)
+ASKS = [f"\nuser: task {i}: read the file\nassistant:" for i in range(3)]
+
+
+async def concurrent_turns(eng: OpenAIEngine) -> list[Turn]:
+    sessions = [await eng.attach() for _ in ASKS]
+    turns = await asyncio.gather(*(turn(s, ask) for s, ask in zip(sessions, ASKS, strict=True)))
     for s in sessions:
         await s.detach()
+    return list(turns)
+
+
+async def test_concurrent_sessions_survive_interrupted_streams(engine: OpenAIEngine) -> None:
+    """By default the server cuts a running stream whenever another request arrives
+    (``[DONE]``, no finish reason). Every turn still runs to its token limit: the cut
+    stream is resumed after the text streamed so far, never reported finished short."""
+    turns = await concurrent_turns(engine)
+    assert engine.resumed_streams > 0  # the server did interrupt
+    for t in turns:
+        assert t.result.finish_reason == "length", t.result
+        assert t.result.num_generated == N, t.result
+        assert t.result.text, t.result
+    assert not engine.sessions and engine.check_attach().ok
+
+
+async def test_concurrent_sessions_on_a_serial_server_decode_as_alone(
+        llama_backend_serial: LlamaServer, cache: Path) -> None:
+    """With ``--interrupt_requests False`` requests queue: each concurrent turn is exactly
+    the server's own solo completion of its prompt, with nothing resumed."""
+    async with started(llama_backend_serial, cache) as eng:
+        turns = await concurrent_turns(eng)
+        assert eng.resumed_streams == 0
+    for t, ask in zip(turns, ASKS, strict=True):
+        expect = await completion(llama_backend_serial, PREFIX + ask)
+        assert t.result.text == expect["text"]
+        if expect["finish_reason"] == "length":
+            assert t.result.finish_reason == "length"
+            assert t.result.num_generated == N
 
 
 async def test_no_metrics_endpoint_degrades_to_streamed_tokens(engine: OpenAIEngine) -> None:
