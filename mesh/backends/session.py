@@ -12,7 +12,8 @@ A stream that ends (``[DONE]``, or the body closes) without a ``finish_reason`` 
 by the backend, not finished: llama-cpp-python's server does that to a running stream the
 moment another request arrives (its ``--interrupt_requests``, on by default). The turn is
 then resumed with one more request whose prompt continues after the text streamed so far,
-for the tokens left, as long as each cut stream brought at least one token.
+for the tokens left. A stream that ends with no chunk at all is a failure, not a cut
+(llama-cpp-python's server ends one so when the prompt exceeds its context).
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ class SessionHost(Protocol):
 __all__ = ["RemoteGeneration", "RemoteSession"]
 
 _BUSY_RETRIES = 3  # a 429/503 from the backend is retried this often (Retry-After, ≤ 5 s)
-_IDLE_CUTS = 2  # streams in a row cut before their first token, tolerated when resuming
 _EWMA = 0.2
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 class RemoteSession:
@@ -235,16 +236,20 @@ class RemoteGeneration:
         """("text", chunk) per streamed chunk, ("finish", reason), ("usage", {...}); a
         stream cut without a finish reason is resumed (module docstring)."""
         s = self._session
-        streamed, n, busy, idle = "", 0, 0, 0
+        streamed, n, busy, stale = "", 0, 0, 0
         while True:
             got, finished = 0, False
             try:
-                request = self._request(max_tokens - n, streamed, busy < _BUSY_RETRIES)
+                request = self._request(max_tokens - n, streamed, busy < _BUSY_RETRIES,
+                                        stale < 1)
                 async with contextlib.aclosing(request) as events:
                     async for kind, value in events:
                         if kind == "busy":
                             busy += 1
                             await asyncio.sleep(_retry_after(value))
+                            break
+                        if kind == "stale":
+                            stale += 1
                             break
                         if kind == "text":
                             got += 1
@@ -254,28 +259,31 @@ class RemoteGeneration:
                     else:
                         if finished or n + got >= max_tokens:
                             return
-                        idle = 0 if got else idle + 1
-                        if idle > _IDLE_CUTS:
+                        if got == 0:  # not a cut (that follows a chunk): a failure
                             raise SessionFailed(
-                                f"backend {s.engine.completions_url} ended {idle} streams in "
-                                "a row with no token and no finish_reason; if it is "
-                                "llama-cpp-python's server, start it with "
-                                "--interrupt_requests False")
+                                f"backend {s.engine.completions_url} ended a stream with no "
+                                f"token and no finish_reason ({_no_token_hint(s)})")
                         s.engine.record_resume()
             except SessionFailed:
                 await s.detach()
                 raise
             n += got
 
-    async def _request(self, max_tokens: int, streamed: str,
-                       may_retry: bool) -> AsyncGenerator[tuple[str, Any]]:
-        """One streamed request: its events, or only ("busy", Retry-After) for a 429/503
-        when ``may_retry``."""
+    async def _request(self, max_tokens: int, streamed: str, may_retry: bool,
+                       may_reconnect: bool) -> AsyncGenerator[tuple[str, Any]]:
+        """One streamed request: its events; or only ("busy", Retry-After) for a 429/503
+        when ``may_retry``; or only ("stale", None) when ``may_reconnect`` and the
+        connection broke before any answer (a kept-alive connection the server had
+        dropped, as llama-cpp-python's server does after a failed request): the request
+        never ran, so it is sent again, on a new connection."""
         s = self._session
         engine = s.engine
         url = engine.completions_url
+        last: float | None = None
+        answered = False
         try:
             async with engine.http.stream("POST", url, json=self._body(max_tokens, streamed)) as r:
+                answered = True
                 if r.status_code in (429, 503) and may_retry:
                     await r.aread()
                     yield "busy", r.headers.get("retry-after")
@@ -285,7 +293,6 @@ class RemoteGeneration:
                     raise SessionFailed(f"backend {url} answered HTTP {r.status_code}: "
                                         f"{text}")
                 s.state = SessionState.PREFILLING
-                last: float | None = None
                 async for line in r.aiter_lines():
                     doc = sse_data(line)
                     if doc is None:
@@ -310,8 +317,17 @@ class RemoteGeneration:
                         if choice.get("finish_reason"):
                             yield "finish", choice["finish_reason"]
         except (httpx.HTTPError, ValueError) as exc:
+            if may_reconnect and not answered and isinstance(exc, _STALE):
+                yield "stale", None
+                return
+            hint = "" if last is not None else f" (before any token; {_no_token_hint(s)})"
             raise SessionFailed(f"backend {url} failed mid-turn: "
-                                f"{type(exc).__name__}: {exc}") from exc
+                                f"{type(exc).__name__}: {exc}{hint}") from exc
+
+
+def _no_token_hint(s: RemoteSession) -> str:
+    return ("its log says why; llama-cpp-python's server fails so when the prompt exceeds "
+            f"its --n_ctx: this session holds {s.context_len} tokens")
 
 
 def _retry_after(value: str | None) -> float:

@@ -56,12 +56,13 @@ def llama_backend(tmp_path_factory: pytest.TempPathFactory,
 def llama_backend_serial(tmp_path_factory: pytest.TempPathFactory,
                          cache: Path) -> Iterator[LlamaServer]:
     """``llama_cpp.server`` as mesh's docs say to run it: ``--interrupt_requests False``
-    (a request waits for the running one instead of cutting it)."""
+    (a request waits for the running one instead of cutting it); a small context (384
+    tokens, less than a session may hold), so a long session overruns it."""
     from mesh.engine.tiny import tiny_model_path
 
     model = tiny_model_path(cache / "mesh" / "models")
     with llama_server(model, tmp_path_factory.mktemp("llama-server-serial"),
-                      "--interrupt_requests", "False") as served:
+                      "--interrupt_requests", "False", n_ctx=384) as served:
         yield served
 
 

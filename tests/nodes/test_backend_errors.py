@@ -132,16 +132,33 @@ async def test_an_empty_chunk_is_a_token() -> None:
     await eng.aclose()
 
 
-async def test_streams_cut_before_any_token_fail_the_session_naming_the_fix() -> None:
+async def test_a_stream_with_no_chunk_fails_at_once_naming_the_context() -> None:
     calls: list[int] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(1)
-        return httpx.Response(200, content=cut(chunk("a")) if len(calls) == 1 else cut())
+        return httpx.Response(200, content=cut(chunk("a")) if len(calls) == 1 else b"")
 
     eng = await make(handler)
-    with pytest.raises(SessionFailed, match="--interrupt_requests False"):
+    with pytest.raises(SessionFailed, match="exceeds its --n_ctx: this session holds"):
         await run_turn(eng)
-    assert len(calls) == 4  # one with a token, then three in a row without
+    assert len(calls) == 2  # the cut one resumed once; the empty one not retried
     assert not eng.sessions
+    await eng.aclose()
+
+
+async def test_a_dropped_kept_alive_connection_is_tried_once_more() -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response",
+                                            request=request)
+        return httpx.Response(200, content=sse(chunk("a"), chunk("", "stop")))
+
+    eng = await make(handler)
+    text, result = await run_turn(eng)
+    assert (text, len(calls)) == ("a", 2)
+    assert result.finish_reason == "eos"  # type: ignore[attr-defined]
     await eng.aclose()

@@ -23,7 +23,7 @@ import pytest
 
 from mesh.backends import BackendConfig, OpenAIEngine
 from mesh.engine.llama import LlamaModel
-from mesh.engine.types import SamplingParams, Session, TurnResult
+from mesh.engine.types import SamplingParams, Session, SessionFailed, TurnResult
 from tests.nodes.conftest import simulate, tiny_path
 from tests.nodes.llama_server import LlamaServer
 from tests.reliability.serve_proc import TERMINAL, ServeProc, message, running, text_of
@@ -170,6 +170,21 @@ async def test_concurrent_sessions_on_a_serial_server_decode_as_alone(
         if expect["finish_reason"] == "length":
             assert t.result.finish_reason == "length"
             assert t.result.num_generated == N
+
+
+async def test_a_session_past_the_servers_context_fails_naming_it(
+        llama_backend_serial: LlamaServer, cache: Path) -> None:
+    async with started(llama_backend_serial, cache) as eng:
+        s = await eng.attach()
+        s.append(" the" * 240)  # within mesh's budget (256), past the server's 384 cells
+        with pytest.raises(SessionFailed, match="exceeds its --n_ctx"):
+            await turn(s, "")
+        assert not eng.sessions  # detached, as the pool detaches a failed session
+        ok = await eng.attach()
+        assert (await turn(ok, "\nuser: hi\nassistant:")).result.finish_reason == "length"
+    # The server failed that request (llama-cpp-python raises inside its stream) and
+    # dropped the kept-alive connection; the next session's turn went through regardless.
+    assert "Exception in ASGI application" in llama_backend_serial.output(10**7)
 
 
 async def test_no_metrics_endpoint_degrades_to_streamed_tokens(engine: OpenAIEngine) -> None:
