@@ -7,6 +7,7 @@ Every wait is bounded; the process is killed at exit, whatever happened inside.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import subprocess
 import sys
 import time
@@ -19,6 +20,10 @@ import httpx
 from tests.reliability.serve_proc import free_port
 
 __all__ = ["LlamaServer", "llama_server"]
+
+# What `python -m llama_cpp.server` imports beyond llama-cpp-python itself (its `server`
+# extra); checked without importing llama_cpp here (only mesh's adapter imports it).
+_SERVER_MODULES = ("fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
 
 
 @dataclass
@@ -50,12 +55,10 @@ def llama_server(model: Path, log_dir: Path, *extra: str, n_ctx: int = 2048,
     ``extra`` are more server flags (``--interrupt_requests False`` …). Fails, with the
     server's output, if it exits or does not answer within ``timeout`` seconds.
     """
-    try:
-        import llama_cpp.server.app  # noqa: F401  (FastAPI and the rest of the server extra)
-    except ImportError as exc:
-        raise AssertionError(
-            f"llama_cpp.server cannot be imported ({exc}); install the test extra: "
-            "pip install -e '.[test]'") from exc
+    missing = [m for m in _SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise AssertionError(f"llama_cpp.server needs {', '.join(missing)}; install the "
+                             "test extra: pip install -e '.[test]'")
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"llama-server-{port}.log"
