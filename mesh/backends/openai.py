@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from mesh.engine.types import (
 
 __all__ = ["BackendConfig", "OpenAIEngine"]
 
+logger = logging.getLogger(__name__)
 Tokenize = Callable[[str], list[int]]
 _RATE_WINDOW_S = 5.0
 _METRICS_EVERY_S = 2.0
@@ -109,6 +111,7 @@ class OpenAIEngine:
         self._http = http
         self._http_loop: asyncio.AbstractEventLoop | None = None
         self.sessions: dict[str, RemoteSession] = {}
+        self.resumed_streams = 0  # streams the backend cut without a finish reason
         self.recent: deque[StepSample] = deque(maxlen=64)
         self._rate: deque[tuple[float, int]] = deque()
         self._step_ms: float | None = None
@@ -302,6 +305,15 @@ class OpenAIEngine:
             cells_used=self.info.prefix_tokens + sum(s.private for s in self.sessions.values())))
         ms = step_s * 1000
         self._step_ms = ms if self._step_ms is None else self._step_ms + 0.2 * (ms - self._step_ms)
+
+    def record_resume(self) -> None:
+        """A stream was cut without a finish reason and is being resumed (logged once)."""
+        self.resumed_streams += 1
+        if self.resumed_streams == 1:
+            logger.warning(
+                "backend %s cut a stream without a finish_reason (another request "
+                "arrived?); resuming it costs a new request each time; llama-cpp-python's "
+                "server: start it with --interrupt_requests False", self.config.url)
 
     def _agg_tps(self, now: float) -> float:
         while self._rate and self._rate[0][0] < now - _RATE_WINDOW_S:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.nodes.llama_server import LlamaServer, llama_server
 from tests.reliability.serve_proc import ServeProc, running, serve_env, small_project
 
 
@@ -35,6 +36,33 @@ def backend(tmp_path_factory: pytest.TempPathFactory, cache: Path,
     (llama.cpp decoding), ungated (``--policy none``: the front's gate admits)."""
     root = tmp_path_factory.mktemp("backend")
     with running(root / "data", project, cache, "--policy", "none") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def llama_backend(tmp_path_factory: pytest.TempPathFactory,
+                  cache: Path) -> Iterator[LlamaServer]:
+    """A real third-party OpenAI-compatible server: ``llama_cpp.server`` on the tiny model,
+    with its default settings (one context, requests serialized, a stream interrupted when
+    another request arrives)."""
+    from mesh.engine.tiny import tiny_model_path
+
+    model = tiny_model_path(cache / "mesh" / "models")  # the file `mesh serve` would use
+    with llama_server(model, tmp_path_factory.mktemp("llama-server")) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def llama_backend_serial(tmp_path_factory: pytest.TempPathFactory,
+                         cache: Path) -> Iterator[LlamaServer]:
+    """``llama_cpp.server`` as mesh's docs say to run it: ``--interrupt_requests False``
+    (a request waits for the running one instead of cutting it); a small context (384
+    tokens, less than a session may hold), so a long session overruns it."""
+    from mesh.engine.tiny import tiny_model_path
+
+    model = tiny_model_path(cache / "mesh" / "models")
+    with llama_server(model, tmp_path_factory.mktemp("llama-server-serial"),
+                      "--interrupt_requests", "False", n_ctx=384) as served:
         yield served
 
 

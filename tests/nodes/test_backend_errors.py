@@ -94,3 +94,71 @@ async def test_a_cut_connection_fails_the_session() -> None:
         await run_turn(eng)
     assert not eng.sessions
     await eng.aclose()
+
+
+def cut(*docs: dict[str, object]) -> bytes:
+    """A stream the server ended early: [DONE] with no finish_reason before it."""
+    return sse(*docs)
+
+
+async def test_a_cut_stream_is_resumed_after_the_streamed_text() -> None:
+    bodies: list[dict[str, object]] = []
+    answers = [cut(chunk("a"), chunk(" b")), cut(chunk(" c")),
+               sse(chunk(" d"), chunk("", "length"))]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=answers[len(bodies) - 1])
+
+    eng = await make(handler)
+    text, result = await run_turn(eng)
+    assert text == "a b c d"
+    assert result.finish_reason == "length"  # type: ignore[attr-defined]
+    assert result.num_generated == 4  # type: ignore[attr-defined]
+    assert [b["prompt"] for b in bodies] == ["PREFIXhi", "PREFIXhia b", "PREFIXhia b c"]
+    assert [b["max_tokens"] for b in bodies] == [8, 6, 5]
+    assert eng.resumed_streams == 2
+    # The pool's sampler: no repetition penalty, no min-p, whatever the server's defaults.
+    assert all(b["repeat_penalty"] == 1.0 and b["min_p"] == 0.0 for b in bodies)
+    await eng.aclose()
+
+
+async def test_an_empty_chunk_is_a_token() -> None:
+    eng = await make(lambda request: httpx.Response(200, content=sse(
+        chunk("a"), chunk(""), chunk("b"), chunk("", "stop"))))
+    text, result = await run_turn(eng)
+    assert text == "ab"
+    assert result.num_generated == 3  # type: ignore[attr-defined]
+    await eng.aclose()
+
+
+async def test_a_stream_with_no_chunk_fails_at_once_naming_the_context() -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(200, content=cut(chunk("a")) if len(calls) == 1 else b"")
+
+    eng = await make(handler)
+    with pytest.raises(SessionFailed, match="exceeds its --n_ctx: this session holds"):
+        await run_turn(eng)
+    assert len(calls) == 2  # the cut one resumed once; the empty one not retried
+    assert not eng.sessions
+    await eng.aclose()
+
+
+async def test_a_dropped_kept_alive_connection_is_tried_once_more() -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response",
+                                            request=request)
+        return httpx.Response(200, content=sse(chunk("a"), chunk("", "stop")))
+
+    eng = await make(handler)
+    text, result = await run_turn(eng)
+    assert (text, len(calls)) == ("a", 2)
+    assert result.finish_reason == "eos"  # type: ignore[attr-defined]
+    await eng.aclose()
