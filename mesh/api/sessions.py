@@ -20,7 +20,6 @@ request can stop the pool.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections import OrderedDict
@@ -33,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from mesh.api.admit import Periodic, Refusal, admit, release
 from mesh.api.wire import (
     DEFAULT_MAX_TOKENS,
     MAX_STOP_LEN,
@@ -57,7 +57,7 @@ from mesh.engine.types import (
     SessionFailed,
     SessionLoad,
 )
-from mesh.gate.types import Admission, QueueFull, Ticket
+from mesh.gate.types import Admission, Ticket
 
 
 @dataclass
@@ -112,7 +112,7 @@ class SessionAPI:
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._expired: OrderedDict[str, tuple[str, str]] = OrderedDict()  # sid -> owner, why
-        self._reaper: asyncio.Task[None] | None = None
+        self._reaper = Periodic(self.expire_idle, lambda: min(self.idle_s / 4, 5.0))
 
     @property
     def routes(self) -> list[BaseRoute]:
@@ -126,11 +126,7 @@ class SessionAPI:
 
     async def aclose(self) -> None:
         """Stop the idle reaper; detach every session made here and release its ticket."""
-        reaper, self._reaper = self._reaper, None
-        if reaper is not None:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+        await self._reaper.aclose()
         for sid in list(self._entries):
             await self._drop(sid)
 
@@ -151,15 +147,6 @@ class SessionAPI:
             await self._drop(sid)
         return stale
 
-    async def _reap(self) -> None:
-        while True:
-            await asyncio.sleep(min(self.idle_s / 4, 5.0))
-            await self.expire_idle()
-
-    def _start_reaper(self) -> None:
-        if self._reaper is None or self._reaper.done():
-            self._reaper = asyncio.get_running_loop().create_task(self._reap())
-
     # ------------------------------------------------------------------ handlers
 
     async def _create(self, request: Request) -> Response:
@@ -176,29 +163,21 @@ class SessionAPI:
                 "(DELETE /v1/sessions/{id}) or let it expire",
                 min(self.idle_s, 60.0),
             )
-        check = self.admission.check_queue()
-        if not check.ok:
-            return too_busy("queue_full", check.reason or "the queue is full", check.retry_after_s)
         try:
-            with anyio.fail_after(req.max_wait_s):
-                ticket = await self.admission.admit(req.key)
-        except QueueFull as exc:
-            return too_busy("queue_full", str(exc), exc.retry_after_s)
-        except TimeoutError:
-            retry = self.admission.check_queue().retry_after_s
-            return too_busy("not_admitted", f"not admitted within {req.max_wait_s} s", retry)
+            ticket = await admit(self.admission, req.key, req.max_wait_s)
+        except Refusal as exc:
+            return too_busy(exc.code, exc.message, exc.retry_after_s)
         try:
             session = await self.engine.attach()
         except PoolFull as exc:
             await ticket.release()
             return too_busy("pool_full", str(exc), self.admission.check_queue().retry_after_s)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await ticket.release()
+            await release(ticket)
             raise
         now = self._clock()
         self._entries[session.id] = _Entry(session, ticket, now, owner=caller, last_used=now)
-        self._start_reaper()
+        self._reaper.ensure_started()
         body = {
             "id": session.id,
             "context_len": session.context_len,
