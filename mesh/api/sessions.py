@@ -34,8 +34,6 @@ from starlette.routing import BaseRoute, Route
 
 from mesh.api.admit import Periodic, Refusal, admit, release
 from mesh.api.wire import (
-    DEFAULT_MAX_TOKENS,
-    MAX_STOP_LEN,
     AttachRequest,
     BadRequest,
     TurnRequest,
@@ -52,7 +50,6 @@ from mesh.engine.types import (
     EngineError,
     Generation,
     PoolFull,
-    SamplingParams,
     Session,
     SessionFailed,
     SessionLoad,
@@ -227,7 +224,8 @@ class SessionAPI:
             return self._not_found(request)
         try:
             req = await parse_body(request, TurnRequest)
-            params = self._params(req)
+            params = req.sampling_params(self.engine.info.session_budget,
+                                         self.engine.info.n_vocab)
         except BadRequest as exc:
             return error_response(exc.status, exc.code, exc.message)
         if entry.generation is not None:
@@ -341,37 +339,6 @@ class SessionAPI:
                     await entry.session.detach()
             finally:
                 await entry.ticket.release()
-
-    def _params(self, req: TurnRequest) -> SamplingParams:
-        budget = self.engine.info.session_budget
-        max_tokens = min(DEFAULT_MAX_TOKENS, budget) if req.max_tokens is None else req.max_tokens
-        if max_tokens > budget:
-            raise BadRequest(
-                422,
-                "invalid_request",
-                f"max_tokens {max_tokens} exceeds the session budget of {budget} tokens",
-            )
-        n_vocab = self.engine.info.n_vocab
-        if n_vocab and req.top_k > n_vocab:
-            raise BadRequest(422, "invalid_request", f"top_k exceeds the vocabulary ({n_vocab})")
-        if any(not s or len(s) > MAX_STOP_LEN for s in req.stop):
-            raise BadRequest(
-                422, "invalid_request", f"stop strings must be 1..{MAX_STOP_LEN} characters"
-            )
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
-            seed=req.seed,
-            stop=tuple(req.stop),
-            stop_at_eos=req.stop_at_eos,
-        )
-        try:
-            params.validate()
-        except ValueError as exc:
-            raise BadRequest(422, "invalid_request", str(exc)) from None
-        return params
 
     def _loads(self) -> dict[str, SessionLoad]:
         return {s.id: s for s in self.engine.load().sessions}
