@@ -29,7 +29,6 @@ import json
 import platform
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.servers import free_port, stop, wait_healthy
 
 TOOL_RESULT = ("courier/parcel.py:{n}: def route(parcel, depot): return depot.next_hop("
                "parcel.zone) if parcel.zone in depot.zones else None  # {n} of the log, "
@@ -68,31 +69,18 @@ class Target:
     waves: list[Wave] = field(default_factory=list)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def spawn_mesh(args: str, log: Path) -> tuple[subprocess.Popen[bytes], str, float]:
     port = free_port()
     argv = [sys.executable, "-m", "mesh", "serve", "--host", "127.0.0.1", "--port", str(port),
             *shlex.split(args)]
-    t0 = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"mesh serve exited {proc.returncode}:\n{log.read_text()[-2000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return proc, url, time.monotonic() - t0
-        if time.monotonic() - t0 > 900:
-            proc.kill()
-            raise SystemExit("mesh serve did not start within 900 s")
-        time.sleep(0.1)
+    try:
+        return proc, url, wait_healthy(url, proc, limit_s=900, log=log, name="mesh serve")
+    except RuntimeError as exc:
+        stop(proc)
+        raise SystemExit(str(exc)) from None
 
 
 def processed(body: dict[str, Any]) -> int:
@@ -201,12 +189,7 @@ async def amain(a: argparse.Namespace) -> int:
             await run_target(t, system, a, pin=t.name == "llama-server" and a.pin_slots)
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            stop(proc)
     print(table(targets))
     doc = {
         "workload": {"agents": a.agents, "turns": a.turns, "tokens": a.tokens,

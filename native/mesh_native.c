@@ -73,6 +73,28 @@ static int32_t first_equal_scalar(const float *x, int32_t n, int32_t from, float
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+/* The end of a SIMD argmax: the largest of the ``count`` lane maxima (the smallest index
+ * among equals, numpy.argmax's rule), then the scalar tail ``x[from..n)`` (strict >: a
+ * later equal value never wins). */
+static int32_t merge_lanes(const float *x, int32_t n, int32_t from, const float *lanes,
+                           const int32_t *idx, int count) {
+    float best = x[0];
+    int32_t at = 0;
+    for (int k = 0; k < count; k++) {
+        if (lanes[k] > best || (lanes[k] == best && idx[k] < at)) {
+            best = lanes[k];
+            at = idx[k];
+        }
+    }
+    for (int32_t i = from; i < n; i++) {
+        if (x[i] > best) {
+            best = x[i];
+            at = i;
+        }
+    }
+    return at;
+}
+
 /* One pass: per lane the largest value and the first index holding it (strict >), four
  * independent accumulators; then the largest over lanes, the smallest index among
  * equals (numpy.argmax's rule). */
@@ -100,27 +122,13 @@ __attribute__((target("avx2"))) static int32_t argmax_avx2(const float *x, int32
             id[a] = _mm256_blendv_epi8(id[a], cur[a], _mm256_castps_si256(gt));
         }
     }
-    float best = x[0];
-    int32_t at = 0;
+    float lanes[32];
+    int32_t idx[32];
     for (int a = 0; a < 4; a++) {
-        float lanes[8];
-        int32_t idx[8];
-        _mm256_storeu_ps(lanes, m[a]);
-        _mm256_storeu_si256((__m256i *)idx, id[a]);
-        for (int k = 0; k < 8; k++) {
-            if (lanes[k] > best || (lanes[k] == best && idx[k] < at)) {
-                best = lanes[k];
-                at = idx[k];
-            }
-        }
+        _mm256_storeu_ps(lanes + 8 * a, m[a]);
+        _mm256_storeu_si256((__m256i *)(idx + 8 * a), id[a]);
     }
-    for (; i < n; i++) {
-        if (x[i] > best) {
-            best = x[i];
-            at = i;
-        }
-    }
-    return at;
+    return merge_lanes(x, n, i, lanes, idx, 32);
 }
 #endif
 
@@ -148,27 +156,13 @@ __attribute__((target("avx512f"))) static int32_t argmax_avx512(const float *x, 
             id[a] = _mm512_mask_blend_epi32(gt, id[a], cur[a]);
         }
     }
-    float best = x[0];
-    int32_t at = 0;
+    float lanes[64];
+    int32_t idx[64];
     for (int a = 0; a < 4; a++) {
-        float lanes[16];
-        int32_t idx[16];
-        _mm512_storeu_ps(lanes, m[a]);
-        _mm512_storeu_si512((void *)idx, id[a]);
-        for (int k = 0; k < 16; k++) {
-            if (lanes[k] > best || (lanes[k] == best && idx[k] < at)) {
-                best = lanes[k];
-                at = idx[k];
-            }
-        }
+        _mm512_storeu_ps(lanes + 16 * a, m[a]);
+        _mm512_storeu_si512((void *)(idx + 16 * a), id[a]);
     }
-    for (; i < n; i++) {
-        if (x[i] > best) {
-            best = x[i];
-            at = i;
-        }
-    }
-    return at;
+    return merge_lanes(x, n, i, lanes, idx, 64);
 }
 #endif
 

@@ -20,7 +20,6 @@ request can stop the pool.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections import OrderedDict
@@ -33,9 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from mesh.api.admit import Periodic, Refusal, admit, release
 from mesh.api.wire import (
-    DEFAULT_MAX_TOKENS,
-    MAX_STOP_LEN,
     AttachRequest,
     BadRequest,
     TurnRequest,
@@ -52,12 +50,11 @@ from mesh.engine.types import (
     EngineError,
     Generation,
     PoolFull,
-    SamplingParams,
     Session,
     SessionFailed,
     SessionLoad,
 )
-from mesh.gate.types import Admission, QueueFull, Ticket
+from mesh.gate.types import Admission, Ticket
 
 
 @dataclass
@@ -112,7 +109,7 @@ class SessionAPI:
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._expired: OrderedDict[str, tuple[str, str]] = OrderedDict()  # sid -> owner, why
-        self._reaper: asyncio.Task[None] | None = None
+        self._reaper = Periodic(self.expire_idle, lambda: min(self.idle_s / 4, 5.0))
 
     @property
     def routes(self) -> list[BaseRoute]:
@@ -126,11 +123,7 @@ class SessionAPI:
 
     async def aclose(self) -> None:
         """Stop the idle reaper; detach every session made here and release its ticket."""
-        reaper, self._reaper = self._reaper, None
-        if reaper is not None:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+        await self._reaper.aclose()
         for sid in list(self._entries):
             await self._drop(sid)
 
@@ -151,15 +144,6 @@ class SessionAPI:
             await self._drop(sid)
         return stale
 
-    async def _reap(self) -> None:
-        while True:
-            await asyncio.sleep(min(self.idle_s / 4, 5.0))
-            await self.expire_idle()
-
-    def _start_reaper(self) -> None:
-        if self._reaper is None or self._reaper.done():
-            self._reaper = asyncio.get_running_loop().create_task(self._reap())
-
     # ------------------------------------------------------------------ handlers
 
     async def _create(self, request: Request) -> Response:
@@ -176,29 +160,21 @@ class SessionAPI:
                 "(DELETE /v1/sessions/{id}) or let it expire",
                 min(self.idle_s, 60.0),
             )
-        check = self.admission.check_queue()
-        if not check.ok:
-            return too_busy("queue_full", check.reason or "the queue is full", check.retry_after_s)
         try:
-            with anyio.fail_after(req.max_wait_s):
-                ticket = await self.admission.admit(req.key)
-        except QueueFull as exc:
-            return too_busy("queue_full", str(exc), exc.retry_after_s)
-        except TimeoutError:
-            retry = self.admission.check_queue().retry_after_s
-            return too_busy("not_admitted", f"not admitted within {req.max_wait_s} s", retry)
+            ticket = await admit(self.admission, req.key, req.max_wait_s)
+        except Refusal as exc:
+            return too_busy(exc.code, exc.message, exc.retry_after_s)
         try:
             session = await self.engine.attach()
         except PoolFull as exc:
             await ticket.release()
             return too_busy("pool_full", str(exc), self.admission.check_queue().retry_after_s)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await ticket.release()
+            await release(ticket)
             raise
         now = self._clock()
         self._entries[session.id] = _Entry(session, ticket, now, owner=caller, last_used=now)
-        self._start_reaper()
+        self._reaper.ensure_started()
         body = {
             "id": session.id,
             "context_len": session.context_len,
@@ -248,7 +224,8 @@ class SessionAPI:
             return self._not_found(request)
         try:
             req = await parse_body(request, TurnRequest)
-            params = self._params(req)
+            params = req.sampling_params(self.engine.info.session_budget,
+                                         self.engine.info.n_vocab)
         except BadRequest as exc:
             return error_response(exc.status, exc.code, exc.message)
         if entry.generation is not None:
@@ -362,37 +339,6 @@ class SessionAPI:
                     await entry.session.detach()
             finally:
                 await entry.ticket.release()
-
-    def _params(self, req: TurnRequest) -> SamplingParams:
-        budget = self.engine.info.session_budget
-        max_tokens = min(DEFAULT_MAX_TOKENS, budget) if req.max_tokens is None else req.max_tokens
-        if max_tokens > budget:
-            raise BadRequest(
-                422,
-                "invalid_request",
-                f"max_tokens {max_tokens} exceeds the session budget of {budget} tokens",
-            )
-        n_vocab = self.engine.info.n_vocab
-        if n_vocab and req.top_k > n_vocab:
-            raise BadRequest(422, "invalid_request", f"top_k exceeds the vocabulary ({n_vocab})")
-        if any(not s or len(s) > MAX_STOP_LEN for s in req.stop):
-            raise BadRequest(
-                422, "invalid_request", f"stop strings must be 1..{MAX_STOP_LEN} characters"
-            )
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
-            seed=req.seed,
-            stop=tuple(req.stop),
-            stop_at_eos=req.stop_at_eos,
-        )
-        try:
-            params.validate()
-        except ValueError as exc:
-            raise BadRequest(422, "invalid_request", str(exc)) from None
-        return params
 
     def _loads(self) -> dict[str, SessionLoad]:
         return {s.id: s for s in self.engine.load().sessions}

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mesh.engine.types import TurnResult
+from mesh.engine.types import SamplingParams, TurnResult
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -58,6 +58,37 @@ class TurnRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: list[str] = Field(default_factory=list, max_length=16)
     stop_at_eos: bool = True
+
+    def sampling_params(self, budget: int, n_vocab: int) -> SamplingParams:
+        """The turn's sampling parameters within the session ``budget`` and the vocabulary
+        (0: unknown); raises BadRequest (422) naming the field."""
+        max_tokens = min(DEFAULT_MAX_TOKENS, budget) if self.max_tokens is None else self.max_tokens
+        if max_tokens > budget:
+            raise BadRequest(
+                422,
+                "invalid_request",
+                f"max_tokens {max_tokens} exceeds the session budget of {budget} tokens",
+            )
+        if n_vocab and self.top_k > n_vocab:
+            raise BadRequest(422, "invalid_request", f"top_k exceeds the vocabulary ({n_vocab})")
+        if any(not s or len(s) > MAX_STOP_LEN for s in self.stop):
+            raise BadRequest(
+                422, "invalid_request", f"stop strings must be 1..{MAX_STOP_LEN} characters"
+            )
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=tuple(self.stop),
+            stop_at_eos=self.stop_at_eos,
+        )
+        try:
+            params.validate()
+        except ValueError as exc:
+            raise BadRequest(422, "invalid_request", str(exc)) from None
+        return params
 
 
 class BadRequest(Exception):

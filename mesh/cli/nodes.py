@@ -12,8 +12,9 @@ import argparse
 import hashlib
 import os
 import sys
-from pathlib import Path
 from typing import Any
+
+from mesh.cli.project import build_project_prefix
 
 __all__ = ["build_nodes"]
 
@@ -29,11 +30,7 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
     from mesh.coordinator.node_worker import NodeClient, NodeWorker
     from mesh.coordinator.nodes import NodePool, read_node_cards
     from mesh.coordinator.taskboard import TaskBoard
-    from mesh.engine.llama import LlamaModel
-    from mesh.engine.models import resolve_model
     from mesh.engine.types import PoolInfo
-    from mesh.template import build_prefix, load_template
-    from mesh.template.chat import ChatFormat
 
     if args.peer:
         raise ValueError("--peer with --node is not supported: give the peers to the nodes "
@@ -47,24 +44,9 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
                               simulation=args.simulation, max_hops=args.max_hops,
                               plan="never")
     coord.validate()
-    from mesh.template import default_project_dir
-
-    template = load_template(args.template)
-    project = Path(args.project) if args.project else default_project_dir()
-    if not project.is_dir():
-        raise ValueError(f"project directory not found: {project}; pass --project DIR")
-    model = resolve_model(args.model)
-    vocab = LlamaModel(str(model.path), vocab_only=True)
-    try:
-        prefix = build_prefix(template, project,
-                              lambda text: len(vocab.tokenize(text, add_bos=False)),
-                              target_tokens=args.prefix_tokens)
-        chat = ChatFormat.from_gguf(model.path, model_name=model.name).resolve(
-            lambda text: vocab.tokenize(text, add_bos=vocab.add_bos),
-            lambda msg: print(msg, file=sys.stderr))
-        ids = vocab.tokenize(chat.prefix_text(prefix.text), add_bos=vocab.add_bos)
-    finally:
-        vocab.close()
+    built = build_project_prefix(args, want_ids=True)
+    template, model, ids = built.template, built.model, built.ids
+    assert ids is not None
     prefix_hash = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in ids)).hexdigest()
     token = os.environ.get("MESH_NODE_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -15,6 +15,7 @@ from typing import Any
 from mesh.cli.engine_flags import add_engine_flags, apply_engine_flags
 from mesh.cli.engines import add_engine_args, build_engine, prefix_cache_dir
 from mesh.cli.nodes import build_nodes
+from mesh.cli.project import build_project_prefix
 from mesh.engine.types import EngineConfig, EngineError
 
 __all__ = ["register"]
@@ -95,9 +96,6 @@ def _peer_tokens(specs: list[str]) -> dict[str, str]:
     return tokens
 
 
-_CHAT_MARGIN = 256  # tokens the chat format's markup may add around the built prefix
-
-
 def plan_actions(text: str) -> tuple[str, ...]:
     """``--plan-actions``: known names, at least one, in the planner's order."""
     from mesh.coordinator.planner import ACTIONS
@@ -142,12 +140,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.coordinator.peers import PeerClient
     from mesh.coordinator.push import make_push_url_validator
     from mesh.coordinator.taskboard import TaskBoard
-    from mesh.engine.llama import LlamaModel
-    from mesh.engine.models import resolve_model
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.calibrate import seed_model
-    from mesh.template import build_prefix, default_project_dir, load_template
-    from mesh.template.chat import ChatFormat
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
 
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth_token:
@@ -163,35 +157,9 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
                                  max_queue=args.max_queue)
     gate_cfg.validate()
-    template = load_template(args.template)
-    project = Path(args.project) if args.project else default_project_dir()
-    if not project.is_dir():
-        raise ValueError(f"project directory not found: {project}; pass --project DIR")
-    model = resolve_model(args.model)
-    vocab = LlamaModel(str(model.path), vocab_only=True)
-    try:
-        target = args.prefix_tokens
-        trained = vocab.n_ctx_train or vocab.kv_shape()[4]  # a vocab-only load reports 0
-        room = trained - args.session_budget - _CHAT_MARGIN
-        if target is None and 0 < room < template.manifest.prefix.target_tokens:
-            # The template's default size does not fit this model's trained context: scale
-            # the prefix down to fit rather than refuse (an explicit --prefix-tokens is kept
-            # and checked as given).
-            target = max(64, room)
-            print(f"prefix: the {template.manifest.name} template's "
-                  f"{template.manifest.prefix.target_tokens} tokens plus a "
-                  f"{args.session_budget}-token session pass the {trained}-token "
-                  f"context {model.name} was trained for; building {target} tokens "
-                  "(--prefix-tokens sets it)", file=sys.stderr)
-        prefix = build_prefix(template, project,
-                              lambda text: len(vocab.tokenize(text, add_bos=False)),
-                              target_tokens=target)
-        # The model's own chat format; one that breaks the token-prefix rule falls back.
-        chat = ChatFormat.from_gguf(model.path, model_name=model.name).resolve(
-            lambda text: vocab.tokenize(text, add_bos=vocab.add_bos),
-            lambda msg: print(msg, file=sys.stderr))
-    finally:
-        vocab.close()
+    built_prefix = build_project_prefix(args)
+    template, project, model = built_prefix.template, built_prefix.project, built_prefix.model
+    prefix, chat = built_prefix.prefix, built_prefix.chat
     peers = (
         PeerClient(args.peer, tokens=_peer_tokens(args.peer), origin=coord.name,
                    url_validator=make_push_url_validator(args.allow_private_push))

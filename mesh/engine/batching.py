@@ -6,10 +6,11 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from mesh.engine.ledger import CellLedger
-from mesh.engine.planner import Candidate, StepPlan
+from mesh.engine.planner import Candidate, StepPlan, plan_step, step_budget
 from mesh.engine.session import SeqState
+from mesh.engine.types import PrefillBudget
 
-__all__ = ["BatchWriter", "candidates", "fill_batch"]
+__all__ = ["BatchWriter", "candidates", "fill_batch", "plan"]
 
 
 class BatchWriter(Protocol):
@@ -25,6 +26,16 @@ def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candida
     """The planner's view of every session in a turn."""
     return [Candidate(st.seq, st.created, st.carry is not None and not ready, ready)
             for st, ready in ledger.pending_in_turns(sessions)]
+
+
+def plan(sessions: Iterable[SeqState], ledger: CellLedger, *, n_batch: int, output_rows: int,
+         cells_used: int, prefill_budget: PrefillBudget | None) -> StepPlan:
+    """The next step's plan over the live sessions (the planner's budget from the pool's)."""
+    cands = candidates(sessions, ledger)
+    budget = step_budget(n_batch=n_batch, output_rows=output_rows,
+                         num_decode=sum(c.decoding for c in cands), cells_used=cells_used,
+                         prefill_budget=prefill_budget)
+    return plan_step(cands, budget)
 
 
 def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLedger,

@@ -8,6 +8,10 @@ thread.
 llama.cpp aborts the whole process on some invalid batches (more output rows than
 ``n_outputs_max``, a sequence id out of range). :meth:`LlamaContext.decode` checks those
 preconditions itself and raises :class:`ValueError` instead of handing such a batch over.
+
+What needs no ``llama_cpp`` lives beside it: the sampler seam, greedy sampling and the
+redraw policy in :mod:`mesh.engine.sampling`; KV type ids, the GGUF keys of the KV shape
+and the batch preconditions in :mod:`mesh.engine.llama_rules`.
 """
 
 from __future__ import annotations
@@ -17,20 +21,30 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import llama_cpp
 import llama_cpp.llama_cpp as ll
 import numpy as np
 import numpy.typing as npt
 
+from mesh.engine.llama_rules import KV_GGML_TYPE, batch_problem, kv_shape_from_meta
+from mesh.engine.sampling import (
+    ContextView,
+    GreedySampler,
+    Ids,
+    Logits,
+    TokenSampler,
+    redraw,
+    token_data,
+)
 from mesh.engine.types import ModelError
 
-__all__ = ["Batch", "LlamaContext", "LlamaModel", "Sampler", "TokenSampler", "backend_init"]
+__all__ = ["Batch", "GreedySampler", "LlamaContext", "LlamaModel", "Sampler", "TokenSampler",
+           "backend_init", "make_sampler"]
 
 _FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
-_KV_GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # ggml.h's enum ggml_type
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -116,21 +130,7 @@ class LlamaModel:
     def kv_shape(self) -> tuple[int, int, int, int, int]:
         """(layers, KV heads, K and V elements per head, training context) from the GGUF
         metadata (readable from a vocabulary-only load too)."""
-        arch = self.meta("general.architecture") or ""
-
-        def num(key: str, default: int = 0) -> int:
-            value = self.meta(f"{arch}.{key}")
-            try:
-                return int(value) if value is not None else default
-            except ValueError:  # a per-layer array: not handled, use the default
-                return default
-
-        layers, embd = num("block_count"), num("embedding_length")
-        heads = num("attention.head_count")
-        kv_heads = num("attention.head_count_kv", heads)
-        head = embd // heads if heads else 0
-        k, v = num("attention.key_length", head), num("attention.value_length", head)
-        return layers, kv_heads, k, v, num("context_length")
+        return kv_shape_from_meta(self.meta)
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
         """Token ids of ``text``; special tokens (``<start_of_turn>``...) are parsed."""
@@ -222,7 +222,7 @@ class LlamaContext:
     ) -> None:
         params = ll.llama_context_default_params()
         params.flash_attn_type = _FLASH_ATTN[flash_attn]
-        params.type_k = params.type_v = _KV_GGML_TYPE[kv_type]
+        params.type_k = params.type_v = KV_GGML_TYPE[kv_type]
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
@@ -272,17 +272,10 @@ class LlamaContext:
 
     def check_batch(self, n_tokens: int, n_outputs: int, max_seq: int) -> None:
         """Raise ValueError for a batch shape llama.cpp would abort the process on."""
-        if n_tokens == 0:
-            raise ValueError("empty batch")
-        if n_tokens > self.n_batch:
-            raise ValueError(f"batch of {n_tokens} tokens exceeds n_batch {self.n_batch}")
-        if n_outputs > self.n_outputs_max:
-            raise ValueError(
-                f"batch asks for {n_outputs} output rows; n_outputs_max is "
-                f"{self.n_outputs_max}"
-            )
-        if max_seq >= self.n_seq_max:
-            raise ValueError(f"sequence id {max_seq} >= n_seq_max {self.n_seq_max}")
+        problem = batch_problem(n_tokens, n_outputs, max_seq, n_batch=self.n_batch,
+                                n_outputs_max=self.n_outputs_max, n_seq_max=self.n_seq_max)
+        if problem is not None:
+            raise ValueError(problem)
 
     def logits_row(self, index: int) -> npt.NDArray[np.float32]:
         """The logits of batch row ``index`` (a view: valid until the next decode)."""
@@ -340,40 +333,6 @@ class LlamaContext:
         if self._handle is not None:
             ll.llama_free(self._handle)
             self._handle = None
-
-
-class TokenSampler(Protocol):
-    """A per-turn sampler: pick the next token from batch row ``index``; ``close`` frees it.
-
-    ``handle`` is the native llama.cpp sampler chain the native step samples with (None:
-    argmax over the logits row)."""
-
-    @property
-    def handle(self) -> int | None: ...
-
-    def sample(self, ctx: LlamaContext, index: int) -> int: ...
-
-    def constrain(self, ctx: LlamaContext, index: int, tok: int) -> int:
-        """The token to take when ``tok`` was drawn from row ``index`` by the chain alone
-        (the native step): a grammar checks it here and may redraw."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class GreedySampler:
-    """argmax over the logits row: 5x cheaper than llama.cpp's sampler chain here."""
-
-    handle = None
-
-    def sample(self, ctx: LlamaContext, index: int) -> int:
-        return int(np.argmax(ctx.logits_row(index)))
-
-    def constrain(self, ctx: LlamaContext, index: int, tok: int) -> int:
-        return tok
-
-    def close(self) -> None:
-        return None
 
 
 class Sampler:
@@ -447,11 +406,11 @@ class Sampler:
             self._address = ctypes.cast(self._chain, ctypes.c_void_p).value
         return self._address
 
-    def sample(self, ctx: LlamaContext, index: int) -> int:
+    def sample(self, ctx: ContextView, index: int) -> int:
         tok = int(ll.llama_sampler_sample(self._chain, ctx.handle, index))
         return self.constrain(ctx, index, tok)
 
-    def constrain(self, ctx: LlamaContext, index: int, tok: int) -> int:
+    def constrain(self, ctx: ContextView, index: int, tok: int) -> int:
         """The token to take after the chain drew ``tok`` from row ``index`` (here or in
         the native step, which samples the chain only): ``tok`` itself without a grammar
         or when the grammar allows it, else a redraw among the allowed tokens."""
@@ -470,28 +429,16 @@ class Sampler:
         ll.llama_sampler_accept(gram, tok)
         return tok
 
-    def _redraw(self, ctx: LlamaContext, index: int) -> int:
-        """Draw again among the tokens the grammar allows: first among the
-        ``_REDRAW_TOP`` best logits (exact for greedy, and the chain keeps only its top-k
-        anyway), and only if none of them is allowed, among the whole vocabulary."""
-        logits = ctx.logits_row(index)
-        top = min(_REDRAW_TOP, self._n_vocab)
-        ids = np.argpartition(logits, -top)[-top:].astype(np.int32)
-        tok = self._draw_among(ids, logits[ids])
-        if tok is None:
-            self.num_full_redraws += 1
-            tok = self._draw_among(np.arange(self._n_vocab, dtype=np.int32), logits)
-        if tok is None:
-            raise RuntimeError("the grammar allows no token here (is it complete?)")
+    def _redraw(self, ctx: ContextView, index: int) -> int:
+        """Draw again among the tokens the grammar allows (:func:`~mesh.engine.sampling.
+        redraw`: the best logits first, the whole vocabulary only if none is allowed)."""
+        tok, full = redraw(ctx.logits_row(index), self._n_vocab, self._draw_among)
+        self.num_full_redraws += full
         ll.llama_sampler_accept(self._chain, tok)
         return tok
 
-    def _draw_among(self, ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32]
-                    ) -> int | None:
-        cand = np.empty(len(ids), dtype=_TOKEN_DATA)
-        cand["id"] = ids
-        cand["logit"] = logits
-        cand["p"] = 0.0
+    def _draw_among(self, ids: Ids, logits: Logits) -> int | None:
+        cand = token_data(ids, logits)
         arr = ll.llama_token_data_array(
             data=cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
             size=len(ids), selected=-1, sorted=False,
@@ -512,11 +459,6 @@ class Sampler:
             ll.llama_sampler_free(self._chain)
             self._chain = None
             self._address = None
-
-
-_REDRAW_TOP = 256  # best logits a redraw tries before masking the whole vocabulary
-# llama_token_data as numpy sees it: {int32 id; float logit; float p}, 12 bytes, no padding.
-_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
 def make_sampler(

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mesh.engine.session import deliver
+from mesh.engine.session import Turn, deliver
 
 __all__ = ["Poster"]
 
@@ -35,6 +35,17 @@ class Poster:
     def post(self, by_loop: Items) -> None:
         """Queue one step's items, grouped by consumer loop (any thread)."""
         self._queue.put(by_loop)
+
+    def post_outbox(self, outbox: list[tuple[Turn, Any]]) -> None:
+        """Engine thread: group the outbox by its turns' loops, queue it, empty it (the
+        same list object: the turns keep appending to it)."""
+        if not outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Turn, Any]]] = {}
+        for turn, item in outbox:
+            by_loop.setdefault(turn.loop, []).append((turn, item))
+        outbox.clear()
+        self.post(by_loop)
 
     def _run(self) -> None:
         while True:

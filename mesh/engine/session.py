@@ -37,7 +37,7 @@ from mesh.engine.types import (
 )
 
 if TYPE_CHECKING:
-    from mesh.engine.llama import TokenSampler
+    from mesh.engine.sampling import TokenSampler
 
 __all__ = ["PooledSession", "SeqState", "Turn", "deliver", "duty_cycle"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Iterable
 
 from mesh.engine.ledger import CellLedger
 from mesh.engine.llama import LlamaContext, LlamaModel, make_sampler
@@ -100,6 +101,12 @@ class Turns:
         self._outbox.append((turn, Piece(token=tok, text=text)))
         if last:
             self.finish(st, "length")
+
+    def finish_cancelled(self, states: Iterable[SeqState]) -> None:
+        """End every turn its consumer cancelled (before planning: they take no room)."""
+        for st in list(states):
+            if st.turn is not None and st.turn.cancelled:
+                self.finish(st, "cancelled")
 
     def finish(self, st: SeqState, reason: str) -> None:
         turn = st.turn

@@ -1,0 +1,97 @@
+"""What the OpenAI API and the session API share about their workers' tickets.
+
+Both turn the gate's refusals into a 429 with ``Retry-After`` (each in its own error
+shape, so a refusal here is a :class:`Refusal` the API renders), both release a ticket
+shielded from cancellation, and both run one background task in the serving loop that
+retires idle holders (:class:`Periodic`: the OpenAI API's idle-conversation sweeper, the
+session API's reaper).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from mesh.gate.types import Admission, QueueFull, Ticket
+
+__all__ = ["Periodic", "Refusal", "admit", "admit_within", "queue_refusal", "release"]
+
+
+class Refusal(Exception):
+    """The gate said no: answered 429 with ``Retry-After: retry_after_s``."""
+
+    def __init__(self, code: str, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.code, self.message, self.retry_after_s = code, message, retry_after_s
+
+
+def queue_refusal(admission: Admission) -> Refusal | None:
+    """The gate's queue check as a refusal (None: the queue takes the request)."""
+    check = admission.check_queue()
+    if check.ok:
+        return None
+    return Refusal("queue_full", check.reason or "the queue is full", check.retry_after_s)
+
+
+async def admit_within(admission: Admission, key: str, timeout_s: float | None
+                       ) -> Ticket | None:
+    """A ticket, or None when ``timeout_s`` passed first (None: wait in the queue);
+    raises Refusal("queue_full") when the queue refuses the wait."""
+    try:
+        with anyio.fail_after(timeout_s):
+            return await admission.admit(key)
+    except QueueFull as exc:
+        raise Refusal("queue_full", str(exc), exc.retry_after_s) from None
+    except TimeoutError:
+        return None
+
+
+async def admit(admission: Admission, key: str, timeout_s: float | None) -> Ticket:
+    """The queue check, then a ticket within ``timeout_s``; raises Refusal (queue_full,
+    not_admitted) otherwise."""
+    refusal = queue_refusal(admission)
+    if refusal is not None:
+        raise refusal
+    ticket = await admit_within(admission, key, timeout_s)
+    if ticket is None:
+        raise Refusal("not_admitted", f"not admitted within {timeout_s} s",
+                      admission.check_queue().retry_after_s)
+    return ticket
+
+
+async def release(ticket: Ticket | None) -> None:
+    """Release ``ticket`` (if any), even from a cancelled task."""
+    if ticket is None:
+        return
+    with anyio.CancelScope(shield=True):
+        await ticket.release()
+
+
+class Periodic:
+    """Runs ``tick`` every ``period()`` seconds in the serving loop: started by the first
+    :meth:`ensure_started` (from a handler), stopped by :meth:`aclose`."""
+
+    def __init__(self, tick: Callable[[], Awaitable[Any]], period: Callable[[], float]) -> None:
+        self._tick = tick
+        self._period = period
+        self._task: asyncio.Task[None] | None = None
+
+    def ensure_started(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._period())
+            await self._tick()
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,56 @@
+"""The pool's published load snapshot: when the engine thread rebuilds it, and reads of it.
+
+Every command that changes the pool publishes; a step publishes when a turn started or
+ended (``Turns.changes`` moved) or when the last snapshot is older than
+:data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last published
+:class:`~mesh.engine.stats.Capture`, so ``load()`` never waits on the engine thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from mesh.engine.build import Built
+from mesh.engine.ledger import CellLedger
+from mesh.engine.session import SeqState
+from mesh.engine.stats import Capture, StepStats
+from mesh.engine.types import EngineConfig, PoolLoad
+
+__all__ = ["SNAPSHOT_INTERVAL_S", "Snapshots"]
+
+# Between turn starts and ends, the load snapshot is rebuilt at most this often (building
+# it touches every session; a step at N = 255 can take a few milliseconds).
+SNAPSHOT_INTERVAL_S = 0.05
+
+
+class Snapshots:
+    """Builds (engine thread) and serves (any thread) the pool's load snapshot."""
+
+    def __init__(self, stats: StepStats) -> None:
+        self._stats = stats
+        self._capture: Capture | None = None
+        self._at = 0.0
+        self._changes = -1
+
+    def publish(self, sessions: Iterable[SeqState], built: Built, ledger: CellLedger,
+                config: EngineConfig, changes: int | None, *, sessions_attached: int) -> None:
+        """Rebuild the snapshot; ``changes`` is the turns' counter it reflects and
+        ``sessions_attached`` the sessions attached since start."""
+        self._at = time.monotonic()
+        if changes is not None:
+            self._changes = changes
+        self._capture = self._stats.snapshot(
+            sessions, prefix_cells=built.shared_cells, prefix_len=len(built.prefix),
+            n_ctx=built.info.n_ctx, free_seq_ids=ledger.free_seq_ids,
+            max_sessions=config.max_sessions, session_budget=config.session_budget,
+            sessions_attached=sessions_attached)
+
+    def due(self, changes: int, now: float) -> bool:
+        """Whether a step that ends at ``now`` publishes (see the module docstring)."""
+        return changes != self._changes or now - self._at >= SNAPSHOT_INTERVAL_S
+
+    def load(self) -> PoolLoad:
+        if self._capture is None:
+            raise RuntimeError("the pool is not started")
+        return self._capture.load()

@@ -1,0 +1,129 @@
+"""One planned step on the engine thread: fill the batch, decode, sample.
+
+The pool plans (:mod:`mesh.engine.planner`), hands the plan to :meth:`StepRunner.decode`
+(one ``llama_decode``, through the native step when the library is loaded), then to
+:meth:`StepRunner.sample`, which books the decoded cells and samples every row that asked
+for logits before the next decode overwrites them (the pieces go to the turns' outbox),
+then to :meth:`StepRunner.record` for the step stats. Publishing the snapshot and posting
+the outbox stay with the pool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mesh.engine.batching import fill_batch
+from mesh.engine.build import Built
+from mesh.engine.ledger import CellLedger
+from mesh.engine.native import NativeBatch, NativeStepper
+from mesh.engine.planner import StepPlan
+from mesh.engine.session import SeqState
+from mesh.engine.stats import StepStats
+from mesh.engine.turns import Turns
+from mesh.engine.types import StepSample
+
+__all__ = ["DecodeFailed", "Decoded", "StepRunner"]
+
+
+@dataclass
+class Decoded:
+    """What one decode left to sample: the rows with logits, the tokens each sequence got,
+    the native step's draws (None on the Python step), when the step and llama_decode ran,
+    and the step's shape for the stats."""
+
+    rows: list[tuple[SeqState, int]]
+    counts: dict[int, int]
+    sampled: list[int] | None
+    step_started: float
+    started: float
+    ended: float
+    sum_context: int
+    cells_used: int
+
+
+@dataclass(frozen=True)
+class DecodeFailed:
+    """llama_decode refused the batch: the pool releases ``seqs`` with ``reason``."""
+
+    reason: str
+    seqs: list[int]
+
+
+class StepRunner:
+    """Decodes and samples one pool's planned steps (engine thread only)."""
+
+    def __init__(self, built: Built, ledger: CellLedger, turns: Turns,
+                 sessions: Mapping[int, SeqState], stepper: NativeStepper | None,
+                 native_batch: NativeBatch | None) -> None:
+        self._built = built
+        self._ledger = ledger
+        self._turns = turns
+        self._sessions = sessions
+        self.stepper = stepper
+        self._native_batch = native_batch
+        self._busy_changes = -1
+
+    def decode(self, plan: StepPlan, *, step_started: float,
+               cells_used: int) -> Decoded | DecodeFailed:
+        """Write the plan into the batch and run its one decode."""
+        ctx, stepper, nbatch = self._built.ctx, self.stepper, self._native_batch
+        batch = nbatch if nbatch is not None else self._built.batch
+        rows, counts = fill_batch(plan, self._sessions, self._ledger, batch)
+        sum_ctx = sum(self._sessions[s].pos + 1 for s in plan.decode)
+        sampled: list[int] | None = None
+        if stepper is not None and nbatch is not None:
+            samplers = [st.turn.sampler.handle if st.turn is not None else None
+                        for st, _ in rows]
+            t1 = time.monotonic()
+            rc, sampled, decode_s = stepper.step(ctx, nbatch, [i for _, i in rows], samplers)
+            t2 = t1 + decode_s
+        else:
+            t1 = time.monotonic()
+            rc = ctx.decode(self._built.batch)
+            t2 = time.monotonic()
+        if rc != 0:
+            reason = (f"llama_decode returned {rc} (no KV slot for the batch)" if rc == 1
+                      else f"llama_decode failed with status {rc}")
+            return DecodeFailed(reason, list(counts))
+        return Decoded(rows, counts, sampled, step_started, t1, t2, sum_ctx, cells_used)
+
+    def sample(self, plan: StepPlan, done: Decoded) -> None:
+        """Book the decoded cells, then sample (or accept the native draw of) every row."""
+        ctx = self._built.ctx
+        decoded = set(plan.decode)
+        for seq, n in done.counts.items():
+            st = self._sessions[seq]
+            st.private += n
+            if seq in decoded:
+                st.carry = None  # the carried token is now in the cache
+        for i, (st, idx) in enumerate(done.rows):
+            if i < len(plan.decode):
+                st.observe_decode(done.ended - done.step_started)
+            if done.sampled is not None:
+                turn = st.turn  # the native step drew from the chain; a grammar checks it
+                tok = (turn.sampler.constrain(ctx, idx, done.sampled[i]) if turn
+                       else done.sampled[i])
+                self._turns.accept(st, tok)
+            else:
+                self._turns.sample(st, ctx, idx)
+
+    def record(self, plan: StepPlan, done: Decoded, stats: StepStats) -> float:
+        """After sampling: mark busy/idle edges, record the step; returns its end time."""
+        now = time.monotonic()
+        if self._turns.changes != self._busy_changes:  # busy <-> idle only at turn edges
+            self._busy_changes = self._turns.changes
+            for st in self._sessions.values():
+                st.mark_busy(now)
+        stats.record(StepSample(num_decode=len(plan.decode),
+                                num_prefill_tokens=plan.num_prefill,
+                                sum_context=done.sum_context, step_s=now - done.step_started,
+                                cells_used=done.cells_used),
+                     decode_s=done.ended - done.started, now=now)
+        return now
+
+    def close(self) -> None:
+        if self.stepper is not None:
+            self.stepper.close()
+            self.stepper = None
