@@ -289,13 +289,17 @@ def run_tiny(num_tasks: int, num_clients: int, limit_s: float) -> dict[str, Any]
         env.pop("MESH_AUTH_TOKEN", None)
         argv = [sys.executable, "-m", "mesh", "serve", "--model", "tiny", "--port", str(port),
                 "--data-dir", str(Path(tmp) / "data"), "--project", str(project),
-                "--max-sessions", "8", "--max-queue", "16", "--threads", "2"]
+                "--max-sessions", "8", "--max-queue", "16", "--threads", "2",
+                # the random-weight planner's plans are noise (an `ask` stops a task at
+                # INPUT_REQUIRED, which this bench would count as not terminal)
+                "--plan", "never"]
         with child(argv, env) as proc:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, proc)
             result = asyncio.run(drive(url, num_tasks, num_clients,
                                        ["send", "stream", "cancel"], limit_s, proc.pid))
-    result["backend"] = "mesh serve --model tiny (real llama.cpp), 8 sessions, max_queue 16"
+    result["backend"] = ("mesh serve --model tiny --plan never (real llama.cpp), 8 sessions, "
+                         "max_queue 16")
     return result
 
 
