@@ -245,7 +245,10 @@ def plan_prompt(
 ) -> str:
     """The planning turn's suffix (after the shared project prefix)."""
     parts = [
-        "You are the coordinator. Plan how to answer the user's request about the project.",
+        "You are the coordinator. Plan how to answer the user's request about the project."
+        " You cannot open the project's files yourself: workers can, with their tools. A"
+        " request about the code, its files, names, values, errors or tests needs workers;"
+        " answer directly only when it needs nothing from the files.",
         f"Reply with one JSON object. To use workers: {{\"action\":\"delegate\",\"subtasks\":"
         f"[{{\"instructions\":...,\"files\":[...],\"tools\":[...]}}]}} with 1 to {max_subtasks}"
         " independent subtasks, one per part of the request. If no worker is needed: "
