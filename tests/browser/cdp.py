@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import queue
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -34,7 +35,10 @@ class Browser:
 
     def __init__(self, width: int = 1200, height: int = 900, timeout_s: float = 20.0) -> None:
         self._timeout = timeout_s
-        self._profile = tempfile.TemporaryDirectory(prefix="mesh-chromium-")
+        # Chromium's helper processes can still write the profile for a moment after the
+        # browser process exits; close() retries, and never fails a test on leftover files.
+        self._profile = tempfile.TemporaryDirectory(prefix="mesh-chromium-",
+                                                    ignore_cleanup_errors=True)
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
         # Copies above 10, so moving them onto fds 3 and 4 in the child cannot clobber one.
@@ -165,6 +169,11 @@ class Browser:
         for fd in (self._to_child, self._from_child):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        for _ in range(20):  # helper processes may still be writing the profile
+            shutil.rmtree(self._profile.name, ignore_errors=True)
+            if not os.path.exists(self._profile.name):
+                break
+            time.sleep(0.1)
         self._profile.cleanup()
 
     def __enter__(self) -> Browser:
