@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.backends import BackendConfig, OpenAIEngine
-from mesh.engine.llama import LlamaModel
+from mesh.backends import OpenAIEngine
 from mesh.engine.types import SamplingParams, Session, SessionFailed, TurnResult
-from tests.nodes.conftest import simulate, tiny_path
+from tests.nodes.conftest import simulate
 from tests.nodes.llama_server import LlamaServer
+from tests.nodes.tiny_engine import tiny_openai_engine
 from tests.reliability.serve_proc import TERMINAL, ServeProc, message, running, text_of
 
 pytestmark = pytest.mark.anyio
@@ -35,22 +35,11 @@ PREFIX = ("system: you are a worker agent of the project. Each task names a file
           "the file, write the code, test the result, and answer in one short line.\n") * 3
 
 
-@contextlib.asynccontextmanager
-async def started(server: LlamaServer, cache: Path) -> AsyncIterator[OpenAIEngine]:
+def started(
+    server: LlamaServer, cache: Path
+) -> contextlib.AbstractAsyncContextManager[OpenAIEngine]:
     """An :class:`OpenAIEngine` on ``server`` with the tiny model's tokenizer."""
-    vocab = LlamaModel(str(tiny_path(cache)), vocab_only=True)
-    eng = OpenAIEngine(
-        BackendConfig(url=server.url, max_sessions=4, session_budget=256),
-        PREFIX,
-        tokenize=lambda t: vocab.tokenize(t, add_bos=False),
-        prefix_ids=vocab.tokenize(PREFIX, add_bos=vocab.add_bos),
-        on_close=vocab.close,
-    )
-    await eng.start()
-    try:
-        yield eng
-    finally:
-        await eng.aclose()
+    return tiny_openai_engine(server.url, PREFIX, cache)
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from mesh.backends import BackendConfig, OpenAIEngine
-from mesh.engine.llama import LlamaModel
 from mesh.engine.types import ContextOverflow, ModelError, SamplingParams, Session, SessionState
-from tests.nodes.conftest import simulate, tiny_path
+from tests.nodes.conftest import simulate
+from tests.nodes.tiny_engine import tiny_openai_engine
 from tests.reliability.serve_proc import ServeProc, free_port, message, running
 
 pytestmark = pytest.mark.anyio
@@ -29,19 +29,8 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0, stop_at_eos=False)
 @pytest.fixture
 async def engine(backend: ServeProc, cache: Path) -> AsyncIterator[OpenAIEngine]:
     prefix = httpx.get(backend.url + "/v1/prefix", timeout=10).json()
-    vocab = LlamaModel(str(tiny_path(cache)), vocab_only=True)
-    eng = OpenAIEngine(
-        BackendConfig(url=backend.url, max_sessions=4, session_budget=256),
-        prefix["prefix_text"],
-        tokenize=lambda t: vocab.tokenize(t, add_bos=False),
-        prefix_ids=vocab.tokenize(prefix["prefix_text"], add_bos=vocab.add_bos),
-        on_close=vocab.close,
-    )
-    await eng.start()
-    try:
+    async with tiny_openai_engine(backend.url, prefix["prefix_text"], cache) as eng:
         yield eng
-    finally:
-        await eng.aclose()
 
 
 async def turn(session: Session, text: str, params: SamplingParams = GREEDY) -> Any:
