@@ -21,6 +21,8 @@ class BatchWriter(Protocol):
 
     def add(self, token: int, pos: int, seq: int, logits: bool) -> int: ...
 
+    def add_rows(self, tokens: list[int], pos: list[int], seqs: list[int]) -> int: ...
+
 
 def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candidate]:
     """The planner's view of every session in a turn."""
@@ -39,18 +41,20 @@ def plan(sessions: Iterable[SeqState], ledger: CellLedger, *, n_batch: int, outp
 
 
 def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLedger,
-               batch: BatchWriter) -> tuple[list[tuple[SeqState, int]], dict[int, int]]:
-    """Write the plan into ``batch`` (decode rows first, then prefill chunks, taking the
-    queued tokens from the ledger). Returns the sessions to sample with their logits row,
-    and the tokens each sequence gets in this step."""
+               batch: BatchWriter) -> tuple[list[tuple[SeqState, int]], dict[int, int], int]:
+    """Write the plan into ``batch`` (decode rows first, in one call, then prefill chunks,
+    taking the queued tokens from the ledger). Returns the sessions to sample with their
+    logits row, the tokens each sequence gets in this step, and the decode rows' summed
+    context (positions + 1)."""
     batch.clear()
-    rows: list[tuple[SeqState, int]] = []
-    counts: dict[int, int] = {}
-    for seq in plan.decode:
-        st = sessions[seq]
-        assert st.carry is not None
-        rows.append((st, batch.add(st.carry, st.pos, st.seq, True)))
-        counts[seq] = 1
+    states = [sessions[seq] for seq in plan.decode]
+    carries = [st.carry for st in states]
+    if None in carries:
+        raise AssertionError("a decoding session has no carry token")
+    pos = [st.prefix_len + st.private for st in states]
+    first = batch.add_rows(carries, pos, list(plan.decode))  # type: ignore[arg-type]
+    rows = [(st, first + i) for i, st in enumerate(states)]
+    counts = dict.fromkeys(plan.decode, 1)
     for chunk in plan.prefill:
         st = sessions[chunk.seq]
         toks = ledger.take(st, chunk.tokens)
@@ -60,4 +64,4 @@ def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLed
             if is_out:
                 rows.append((st, idx))
         counts[chunk.seq] = len(toks)
-    return rows, counts
+    return rows, counts, sum(pos) + len(pos)

@@ -193,6 +193,13 @@ class Batch:
         self.max_seq = max(self.max_seq, seq)
         return i
 
+    def add_rows(self, tokens: list[int], pos: list[int], seqs: list[int]) -> int:
+        """Append one output row per token; returns the first index."""
+        first = self.n_tokens
+        for tok, p, seq in zip(tokens, pos, seqs, strict=True):
+            self.add(tok, p, seq, True)
+        return first
+
     @property
     def raw(self) -> Any:
         self._batch.n_tokens = self.n_tokens

@@ -148,6 +148,20 @@ class NativeBatch:
             self.max_seq = seq
         return i
 
+    def add_rows(self, tokens: list[int], pos: list[int], seqs: list[int]) -> int:
+        """Append one output row per token (the decode rows); returns the first index."""
+        i, k = len(self.tokens), len(tokens)
+        if i + k > self.capacity:
+            raise ValueError(f"batch is full ({self.capacity} tokens)")
+        self.tokens += tokens
+        self.pos += pos
+        self.seq += seqs
+        self.logits += [1] * k
+        self.n_outputs += k
+        if k:
+            self.max_seq = max(self.max_seq, max(seqs))
+        return i
+
 
 class NativeStepper:
     """One native batch of ``capacity`` tokens and its step call (engine thread only)."""

@@ -86,11 +86,10 @@ def plan_step(sessions: Sequence[Candidate], budget: StepBudget) -> StepPlan:
     prefill_left = tokens if budget.prefill_tokens is None else min(tokens,
                                                                     budget.prefill_tokens)
     chunks: list[Chunk] = []
-    for c in sorted(sessions, key=lambda s: s.created):
+    waiting = [c for c in sessions if not c.decoding and c.ready > 0]
+    for c in sorted(waiting, key=lambda s: s.created) if len(waiting) > 1 else waiting:
         if prefill_left <= 0:
             break
-        if c.decoding or c.ready <= 0:
-            continue
         take = min(c.ready, prefill_left)
         ends = take == c.ready
         if ends and rows <= 0:

@@ -70,8 +70,7 @@ class StepRunner:
         """Write the plan into the batch and run its one decode."""
         ctx, stepper, nbatch = self._built.ctx, self.stepper, self._native_batch
         batch = nbatch if nbatch is not None else self._built.batch
-        rows, counts = fill_batch(plan, self._sessions, self._ledger, batch)
-        sum_ctx = sum(self._sessions[s].pos + 1 for s in plan.decode)
+        rows, counts, sum_ctx = fill_batch(plan, self._sessions, self._ledger, batch)
         sampled: list[int] | None = None
         if stepper is not None and nbatch is not None:
             samplers = [st.turn.sampler.handle if st.turn is not None else None
@@ -90,24 +89,29 @@ class StepRunner:
         return Decoded(rows, counts, sampled, step_started, t1, t2, sum_ctx, cells_used)
 
     def sample(self, plan: StepPlan, done: Decoded) -> None:
-        """Book the decoded cells, then sample (or accept the native draw of) every row."""
+        """Book the decoded cells, then sample (or accept the native draws of) every row."""
         ctx = self._built.ctx
-        decoded = set(plan.decode)
-        for seq, n in done.counts.items():
-            st = self._sessions[seq]
-            st.private += n
-            if seq in decoded:
-                st.carry = None  # the carried token is now in the cache
-        for i, (st, idx) in enumerate(done.rows):
-            if i < len(plan.decode):
-                st.observe_decode(done.ended - done.step_started)
-            if done.sampled is not None:
-                turn = st.turn  # the native step drew from the chain; a grammar checks it
-                tok = (turn.sampler.constrain(ctx, idx, done.sampled[i]) if turn
-                       else done.sampled[i])
-                self._turns.accept(st, tok)
-            else:
+        n_decode = len(plan.decode)
+        step_s = done.ended - done.step_started
+        for i, (st, _) in enumerate(done.rows):  # decode rows come first
+            if i >= n_decode:
+                break
+            st.private += 1
+            st.carry = None  # the carried token is now in the cache
+            st.observe_decode(step_s)
+        for chunk in plan.prefill:
+            self._sessions[chunk.seq].private += done.counts[chunk.seq]
+        if done.sampled is None:
+            for st, idx in done.rows:
                 self._turns.sample(st, ctx, idx)
+            return
+        # The native step drew every row from its turn's chain; a grammar checks its draw.
+        toks = done.sampled
+        for i, (st, idx) in enumerate(done.rows):
+            turn = st.turn
+            if turn is not None and turn.params.grammar is not None:
+                toks[i] = turn.sampler.constrain(ctx, idx, toks[i])
+        self._turns.accept_all(done.rows, toks)
 
     def record(self, plan: StepPlan, done: Decoded, stats: StepStats) -> float:
         """After sampling: mark busy/idle edges, record the step; returns its end time."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from mesh.engine.ledger import CellLedger
 from mesh.engine.llama import LlamaContext, LlamaModel, make_sampler
@@ -67,40 +67,48 @@ class Turns:
 
     def accept(self, st: SeqState, tok: int) -> None:
         """Take the token sampled for the session (here or by the native step)."""
-        turn = st.turn
-        if turn is None:
-            return
-        params = turn.params
-        if turn.first_token_at is None:
-            turn.first_token_at = time.monotonic()
-        eog = self._eog.get(tok)
-        if eog is None:
-            eog = self._eog[tok] = self._model.is_eog(tok)
-        if eog and (params.grammar is not None or params.stop_at_eos):
-            # Under a grammar, EOG is sampled only once the grammar is complete.
-            self.finish(st, "stop" if params.grammar is not None else "eos")
-            return
-        if not self._ledger.carry(st, tok):
-            self.finish(st, "context_full")
-            return
-        turn.num_generated += 1
-        st.num_generated += 1
-        out = turn.output
-        data = self._bytes.get(tok)
-        if data is None:
-            data = self._bytes[tok] = self._model.token_bytes(tok)
-        text = out.feed(data)
-        if out.matched is not None:
-            if text:
-                self._outbox.append((turn, Piece(token=tok, text=text)))
-            self.finish(st, "stop")
-            return
-        last = turn.num_generated >= params.max_tokens
-        if last:
-            text += out.finish()  # held text goes out with the last token
-        self._outbox.append((turn, Piece(token=tok, text=text)))
-        if last:
-            self.finish(st, "length")
+        self.accept_all(((st, 0),), (tok,))
+
+    def accept_all(self, rows: Iterable[tuple[SeqState, int]], toks: Sequence[int]) -> None:
+        """Take ``toks[i]`` for the session of ``rows[i]``: one step's draws in one loop
+        (this runs once per sampled row per step: locals are bound once)."""
+        eog_cache, bytes_cache, model = self._eog, self._bytes, self._model
+        carry, outbox, now = self._ledger.carry, self._outbox, None
+        for (st, _), tok in zip(rows, toks, strict=True):
+            turn = st.turn
+            if turn is None:
+                continue
+            params = turn.params
+            if turn.first_token_at is None:
+                turn.first_token_at = now = now or time.monotonic()
+            eog = eog_cache.get(tok)
+            if eog is None:
+                eog = eog_cache[tok] = model.is_eog(tok)
+            if eog and (params.grammar is not None or params.stop_at_eos):
+                # Under a grammar, EOG is sampled only once the grammar is complete.
+                self.finish(st, "stop" if params.grammar is not None else "eos")
+                continue
+            if not carry(st, tok):
+                self.finish(st, "context_full")
+                continue
+            turn.num_generated += 1
+            st.num_generated += 1
+            out = turn.output
+            data = bytes_cache.get(tok)
+            if data is None:
+                data = bytes_cache[tok] = model.token_bytes(tok)
+            text = out.feed(data)
+            if out.matched is not None:
+                if text:
+                    outbox.append((turn, Piece(token=tok, text=text)))
+                self.finish(st, "stop")
+                continue
+            if turn.num_generated >= params.max_tokens:
+                text += out.finish()  # held text goes out with the last token
+                outbox.append((turn, Piece(token=tok, text=text)))
+                self.finish(st, "length")
+            else:
+                outbox.append((turn, Piece(token=tok, text=text)))
 
     def finish_cancelled(self, states: Iterable[SeqState]) -> None:
         """End every turn its consumer cancelled (before planning: they take no room)."""

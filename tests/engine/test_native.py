@@ -201,3 +201,24 @@ def test_native_argmax_agrees_with_numpy_ties_included(n: int) -> None:
             row[-1] = 100.0  # the maximum in the scalar tail
         ptr = row.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         assert LIB.mesh_argmax(ptr, n) == int(np.argmax(row))
+
+
+def test_batch_rows_in_one_call_equal_rows_one_by_one() -> None:
+    """The decode rows go in with one ``add_rows``; the batch must read as if each row had
+    been added alone (indices, logits flags, output count, highest sequence id), and a
+    batch that would overflow is refused before anything is written."""
+    from mesh.engine.native import NativeBatch
+
+    one, many = NativeBatch(8), NativeBatch(8)
+    rows = [(11, 5, 3), (12, 9, 7), (13, 2, 1)]
+    idx = [one.add(t, p, s, True) for t, p, s in rows]
+    one.add(99, 10, 2, False)
+    first = many.add_rows([t for t, _, _ in rows], [p for _, p, _ in rows],
+                          [s for _, _, s in rows])
+    many.add(99, 10, 2, False)
+    assert [first + i for i in range(3)] == idx == [0, 1, 2]
+    for field in ("tokens", "pos", "seq", "logits", "n_outputs", "max_seq"):
+        assert getattr(many, field) == getattr(one, field), field
+    with pytest.raises(ValueError, match="batch is full"):
+        many.add_rows([1] * 5, [0] * 5, [1] * 5)
+    assert many.n_tokens == 4
