@@ -253,7 +253,8 @@ class AgentTask:
 
     async def _delegate(self, plan: Plan, history: str) -> None:
         subtasks = [
-            Subtask(id=f"{self.task_id}/p{i + 1}", instructions=s.worker_instructions())
+            Subtask(id=f"{self.task_id}/p{i + 1}",
+                    instructions=s.worker_instructions(self.message))
             for i, s in enumerate(plan.subtasks)
         ]
         outcomes = list(await asyncio.gather(*(self._settle(s) for s in subtasks)))

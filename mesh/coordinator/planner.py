@@ -56,13 +56,18 @@ class PlannedSubtask:
     files: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
 
-    def worker_instructions(self) -> str:
-        """The instructions a worker gets, the files and tools spelled out."""
+    def worker_instructions(self, request: str = "") -> str:
+        """The instructions a worker gets, the files and tools spelled out. With the
+        user's ``request`` the worker also sees what its part belongs to (a plan's
+        instructions, a small model's above all, may leave out what the user asked)."""
         lines = [self.instructions]
         if self.files:
             lines.append("Files to look at: " + ", ".join(self.files))
         if self.tools:
             lines.append("Tools to use: " + ", ".join(self.tools))
+        request = request.strip()
+        if request and request != self.instructions:
+            lines.append(f"This is part of the user's request: {request}")
         return "\n".join(lines)
 
 

@@ -142,6 +142,7 @@ class Probe:
     """Thread-safe view of what the fake workers did (the server runs in another thread)."""
 
     started: list[str] = field(default_factory=list)
+    instructions: dict[str, str] = field(default_factory=dict)  # what each worker was given
     detached: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     unblock: threading.Event = field(default_factory=threading.Event)
@@ -155,6 +156,7 @@ class ScriptedWorker:
     async def run(self, subtask: Subtask, emit: Any) -> WorkerResult:
         text = subtask.instructions
         self.probe.started.append(subtask.id)
+        self.probe.instructions[subtask.id] = text
         try:
             await emit(WorkerEvent(EventKind.TURN_STARTED, "turn 1", turn=1))
             if text.startswith("fail"):

@@ -65,6 +65,11 @@ async def test_plan_delegates_to_workers_and_synthesizes_one_answer(tmp_path: Pa
     assert data["subtasks"][0]["instructions"] == "find the weight check"
     assert MessageToDict(artifact(task, "plan").parts[0].data)["action"] == "delegate"
     assert text_of(artifact(task, "stream-p1").parts) == "hello world"
+    # Each worker gets its part first, then the request it belongs to.
+    assert served.probe.instructions[f"{task_id}/p2"] == (
+        "say what 40 kg does\nFiles to look at: routes.py\nTools to use: read_file\n"
+        "This is part of the user's request: "
+        "where is the weight checked, and 40 kg?")
     assert "delegate" in text_of(artifact(task, "stream-plan").parts)
 
 
