@@ -105,6 +105,7 @@ async def _send(args: argparse.Namespace) -> int:
         task_id = ""
         state = pb.TaskState.TASK_STATE_UNSPECIFIED
         streamed = False
+        current = ""  # the stream whose chunks were written last
         try:
             async for response in client.send_message(request):
                 if response.HasField("message"):
@@ -125,6 +126,12 @@ async def _send(args: argparse.Namespace) -> int:
                         end = "\n" if response.artifact_update.last_chunk else ""
                         sys.stderr.write(_text(artifact.parts) + end)
                     elif artifact.artifact_id.startswith("stream-"):
+                        # Workers stream at once: each switch of stream starts a new line
+                        # under its label, so interleaved chunks stay readable.
+                        if artifact.artifact_id != current:
+                            label = artifact.artifact_id.removeprefix("stream-")
+                            sys.stdout.write(("\n" if current else "") + f"[{label}] ")
+                            current = artifact.artifact_id
                         sys.stdout.write(_text(artifact.parts))
                         sys.stdout.flush()
                         streamed = True

@@ -51,7 +51,7 @@ def test_send_stream_prints_chunks_and_statuses(server: Served,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert run("send", server.url, "streamed", "--stream") == 0
     out, err = capsys.readouterr()
-    assert out.splitlines() == ["hello world", "echo: streamed"]
+    assert out.splitlines() == ["[s1] hello world", "echo: streamed"]
     assert "[working] [s1] turn 1" in err and "[completed]" in err
 
 

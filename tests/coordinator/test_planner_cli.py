@@ -34,6 +34,10 @@ def test_send_answers_a_question_with_task_and_follows_up_with_context(
         out, err = capsys.readouterr()
         assert '"action": "delegate"' in err  # the plan forming goes to stderr
         assert out.strip().endswith("Express takes 30 kg.")
+        # each stream's text under its own label, one line per switch of stream
+        streams = [line.split("] ", 1)[0] + "]" for line in out.splitlines()
+                   if line.startswith("[")]
+        assert streams[0] == "[p1]" and "[synthesis]" in streams, out
     last_plan = [p for p, params in engine.turns if params.grammar][-1]
     assert "Coordinator answered: Express takes 30 kg." in last_plan
     assert "User: express" in last_plan
