@@ -40,6 +40,7 @@ from mesh.coordinator.planner import (
     plan_schema,
     schema_to_gbnf,
 )
+from mesh.coordinator.request_parts import request_parts
 from mesh.coordinator.synthesis import (
     Outcome,
     joined_answers,
@@ -52,11 +53,22 @@ from mesh.gate.types import Admission
 from mesh.worker.loop import WorkerFailed, release, stream_turn
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 
-__all__ = ["PLAN_ARTIFACT", "PLAN_MODES", "Agent", "AgentConfig", "AgentTask", "plain_turn"]
+__all__ = [
+    "PLAN_ARTIFACT",
+    "PLAN_MODES",
+    "PLAN_STYLES",
+    "Agent",
+    "AgentConfig",
+    "AgentTask",
+    "plain_turn",
+]
 
 logger = logging.getLogger(__name__)
 
 PLAN_MODES = ("auto", "always", "never")
+# free: the model writes each subtask's instructions; guided: each subtask is one part of
+# the request (mesh.coordinator.request_parts) and the model adds files, tools and detail.
+PLAN_STYLES = ("free", "guided")
 PLAN_ARTIFACT = "plan"
 ANSWER_ARTIFACT = "answer"
 S = pb.TaskState
@@ -71,9 +83,13 @@ def plain_turn(prompt: str) -> str:
 @dataclass(frozen=True)
 class AgentConfig:
     """How the coordinator plans. ``history_tokens`` bounds what a follow-up's plan sees
-    of the earlier conversation; ``text_max`` bounds each string of a plan (characters)."""
+    of the earlier conversation; ``text_max`` bounds each string of a plan (characters);
+    ``style`` is one of :data:`PLAN_STYLES`; ``files`` (the project's, as the prefix names
+    them) are the only file names a plan may give, when there are any."""
 
     plan: str = "auto"
+    style: str = "free"
+    files: tuple[str, ...] = ()
     max_subtasks: int = 4
     text_max: int = 240
     history_tokens: int = 512
@@ -85,13 +101,22 @@ class AgentConfig:
     def validate(self) -> None:
         if self.plan not in PLAN_MODES:
             raise ValueError(f"plan must be one of {PLAN_MODES}, got {self.plan!r}")
+        if self.style not in PLAN_STYLES:
+            raise ValueError(f"style must be one of {PLAN_STYLES}, got {self.style!r}")
         if self.max_subtasks < 1:
             raise ValueError(f"max_subtasks must be >= 1, got {self.max_subtasks}")
         if self.history_tokens < 0:
             raise ValueError(f"history_tokens must be >= 0, got {self.history_tokens}")
         if self.synthesis_max_tokens < 1:
             raise ValueError("synthesis_max_tokens must be >= 1")
-        plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max)  # checks
+        plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
+                    files=self.files)  # checks
+
+    def schema(self, message: str) -> dict[str, Any]:
+        """The plan schema for ``message``: guided plans follow the request's parts."""
+        parts = request_parts(message, self.max_subtasks) if self.style == "guided" else ()
+        return plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
+                           files=self.files, parts=parts)
 
 
 class TextSink(Protocol):
@@ -129,14 +154,14 @@ class Agent:
         self.config = config
         self.render = render
         self.conversations = Conversations(engine.count_tokens)
-        self.schema = plan_schema(config.max_subtasks, config.tools, config.actions,
-                                  config.text_max)
-        self.grammar = schema_to_gbnf(self.schema)
-        self.plan_max_tokens = max_plan_chars(self.schema)
 
-    def plan_params(self) -> SamplingParams:
-        return SamplingParams(max_tokens=self.plan_max_tokens,
-                              temperature=self.config.temperature, grammar=self.grammar)
+    def plan_params(self, message: str = "") -> SamplingParams:
+        """Sampling for the planning turn of ``message``: under the plan's grammar, within
+        the longest plan it admits."""
+        schema = self.config.schema(message)
+        return SamplingParams(max_tokens=max_plan_chars(schema),
+                              temperature=self.config.temperature,
+                              grammar=schema_to_gbnf(schema))
 
     def synthesis_params(self) -> SamplingParams:
         return SamplingParams(max_tokens=self.config.synthesis_max_tokens,
@@ -225,9 +250,10 @@ class AgentTask:
 
     async def _plan(self, history: str) -> Plan | None:
         cfg = self.agent.config
-        prompt = plan_prompt(self.message, history, cfg.tools, cfg.max_subtasks)
+        parts = request_parts(self.message, cfg.max_subtasks) if cfg.style == "guided" else ()
+        prompt = plan_prompt(self.message, history, cfg.tools, cfg.max_subtasks, parts)
         try:
-            turn = await self._admitted_turn("plan", prompt, self.agent.plan_params())
+            turn = await self._admitted_turn("plan", prompt, self.agent.plan_params(self.message))
             return parse_plan(turn.text, cfg.max_subtasks)
         except (PlanError, EngineError) as e:
             if cfg.plan == "always":
@@ -254,7 +280,7 @@ class AgentTask:
     async def _delegate(self, plan: Plan, history: str) -> None:
         subtasks = [
             Subtask(id=f"{self.task_id}/p{i + 1}",
-                    instructions=s.worker_instructions(self.message))
+                    instructions=s.worker_instructions(self.message, history))
             for i, s in enumerate(plan.subtasks)
         ]
         outcomes = list(await asyncio.gather(*(self._settle(s) for s in subtasks)))

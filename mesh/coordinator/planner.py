@@ -18,9 +18,16 @@ noise cannot plan ", ". Everything here is pure.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from mesh.coordinator.plan_grammar import (
+    LETTER_FIRST,
+    STARTS_WITH,
+    max_plan_chars,
+    schema_to_gbnf,
+)
 
 __all__ = [
     "ACTIONS",
@@ -41,7 +48,11 @@ _FILES_MAX = 4
 # An instruction starts with a letter and is at least this long (capped by text_max): small
 # models otherwise write instructions like ", ". The grammar makes anything else impossible.
 INSTRUCTIONS_MIN = 12
-_LETTER_FIRST = "^[A-Za-z]"
+# Guided plans: a subtask's instructions are one part of the request, then at most this
+# many characters the model adds (files and tools come from their lists).
+GUIDED_EXTRA = 80
+# A project with more files than this plans with free file names, not an enum of them.
+FILES_ENUM_MAX = 256
 
 
 class PlanError(ValueError):
@@ -56,10 +67,11 @@ class PlannedSubtask:
     files: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
 
-    def worker_instructions(self, request: str = "") -> str:
+    def worker_instructions(self, request: str = "", history: str = "") -> str:
         """The instructions a worker gets, the files and tools spelled out. With the
         user's ``request`` the worker also sees what its part belongs to (a plan's
-        instructions, a small model's above all, may leave out what the user asked)."""
+        instructions, a small model's above all, may leave out what the user asked), and
+        with ``history`` the conversation a follow-up request continues."""
         lines = [self.instructions]
         if self.files:
             lines.append("Files to look at: " + ", ".join(self.files))
@@ -68,6 +80,8 @@ class PlannedSubtask:
         request = request.strip()
         if request and request != self.instructions:
             lines.append(f"This is part of the user's request: {request}")
+        if history:
+            lines.append("Earlier in this conversation:\n" + history)
         return "\n".join(lines)
 
 
@@ -107,7 +121,7 @@ def _string(max_len: int, min_len: int = 1) -> dict[str, Any]:
 def _instructions(max_len: int) -> dict[str, Any]:
     """A subtask's instructions: a letter first, a non-blank last, at least
     ``INSTRUCTIONS_MIN`` characters in all."""
-    return {**_string(max_len, min(INSTRUCTIONS_MIN, max_len)), "pattern": _LETTER_FIRST}
+    return {**_string(max_len, min(INSTRUCTIONS_MIN, max_len)), "pattern": LETTER_FIRST}
 
 
 def plan_schema(
@@ -115,35 +129,51 @@ def plan_schema(
     tools: Sequence[str] = (),
     actions: Sequence[str] = ACTIONS,
     text_max: int = 240,
+    *,
+    files: Sequence[str] = (),
+    parts: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The JSON schema of a plan; ``actions`` narrows which shapes are allowed.
 
     Instructions are at most ``text_max`` characters (at least ``min(INSTRUCTIONS_MIN,
     text_max)``, the first a letter), a direct answer or a question twice that, a file name
-    ``min(80, text_max)``.
+    ``min(80, text_max)``. With ``files`` (at most :data:`FILES_ENUM_MAX`) a plan names
+    only those. With ``parts`` (guided: :func:`mesh.coordinator.request_parts.request_parts`)
+    a delegate plan has exactly one subtask per part, each one's instructions opening with
+    its part, then at most :data:`GUIDED_EXTRA` characters of the model's own.
     """
     if text_max < 8:
         raise ValueError(f"text_max must be >= 8, got {text_max}")
     if max_subtasks < 1:
         raise ValueError(f"max_subtasks must be >= 1, got {max_subtasks}")
+    if len(parts) > max_subtasks:
+        raise ValueError(f"{len(parts)} request parts but at most {max_subtasks} subtasks")
     bad = [a for a in actions if a not in ACTIONS]
     if bad or not actions:
         raise ValueError(f"actions must be a non-empty subset of {ACTIONS}, got {list(actions)}")
     name = min(_NAME_MAX, text_max)
     tool_item: dict[str, Any] = {"enum": list(tools)} if tools else _string(name)
-    subtask = {
-        "type": "object",
-        "properties": {
-            "instructions": _instructions(text_max),
-            "files": {"type": "array", "items": _string(name), "maxItems": _FILES_MAX},
+    file_item: dict[str, Any] = (
+        {"enum": list(files)} if files and len(files) <= FILES_ENUM_MAX else _string(name))
+
+    def subtask(instructions: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object", "properties": {
+            "instructions": instructions,
+            "files": {"type": "array", "items": file_item, "maxItems": _FILES_MAX},
             "tools": {"type": "array", "items": tool_item, "maxItems": max(1, len(tools))},
-        },
-    }
+        }}
+
+    subtasks: dict[str, Any]
+    if parts:
+        subtasks = {"type": "array", "prefixItems": [
+            subtask({"type": "string", STARTS_WITH: part, "maxLength": len(part) + GUIDED_EXTRA})
+            for part in parts]}
+    else:
+        subtasks = {"type": "array", "items": subtask(_instructions(text_max)), "minItems": 1,
+                    "maxItems": max_subtasks}
     shapes = {
         "delegate": {"type": "object", "properties": {
-            "action": {"const": "delegate"},
-            "subtasks": {"type": "array", "items": subtask, "minItems": 1,
-                         "maxItems": max_subtasks}}},
+            "action": {"const": "delegate"}, "subtasks": subtasks}},
         "answer": {"type": "object", "properties": {
             "action": {"const": "answer"}, "answer": _string(2 * text_max)}},
         "ask": {"type": "object", "properties": {
@@ -152,120 +182,44 @@ def plan_schema(
     return {"oneOf": [shapes[a] for a in actions]}
 
 
-# --------------------------------------------------------------------------- grammar
-
-
-class _Gbnf:
-    """Schema → GBNF for the subset :func:`plan_schema` uses (every property required, in
-    order; strings without escapes and bounded; arrays bounded; const/enum; oneOf)."""
-
-    def __init__(self) -> None:
-        self.rules: dict[str, str] = {}
-
-    def add(self, name: str, body: str) -> str:
-        self.rules.setdefault(name, body)
-        return name
-
-    def visit(self, node: Mapping[str, Any], name: str) -> str:
-        if "oneOf" in node:
-            alts = [self.visit(n, f"{name}-{i}") for i, n in enumerate(node["oneOf"])]
-            return self.add(name, " | ".join(alts))
-        if "const" in node:
-            return self.add(name, _literal(json.dumps(node["const"])))
-        if "enum" in node:
-            return self.add(name, " | ".join(_literal(json.dumps(v)) for v in node["enum"]))
-        kind = node.get("type")
-        if kind == "string":
-            lo, hi = int(node.get("minLength", 0)), int(node["maxLength"])
-            self.add("char", r'[^"\\\x00-\x1f]')
-            pattern = node.get("pattern")
-            if pattern is not None:
-                if pattern != _LETTER_FIRST:
-                    raise ValueError(f"the plan grammar supports only the pattern "
-                                     f"{_LETTER_FIRST!r}, got {pattern!r}")
-                # a letter, then a last char that is not blank: stripped, still >= lo
-                self.add("letter", "[A-Za-z]")
-                self.add("char0", r'[^"\\\x00-\x20]')
-                mid = f"char{{{max(lo, 2) - 2},{hi - 2}}}"
-                return self.add(name, f'"\\"" letter {mid} char0 "\\""')
-            self.add("char0", r'[^"\\\x00-\x20]')  # a first char that is not blank
-            if lo >= 1:
-                body = f'"\\"" char0 char{{0,{hi - 1}}} "\\""'
-            else:
-                body = f'"\\"" char{{0,{hi}}} "\\""'
-            return self.add(name, body)
-        if kind == "array":
-            item = self.visit(node["items"], f"{name}-item")
-            lo, hi = int(node.get("minItems", 0)), int(node["maxItems"])
-            more = f'("," {item}){{0,{hi - 1}}}'
-            body = f'"[" {item} {more} "]"' if lo >= 1 else f'"[" ({item} {more})? "]"'
-            return self.add(name, body)
-        if kind == "object":
-            pieces = []
-            for i, (key, sub) in enumerate(node["properties"].items()):
-                rule = self.visit(sub, f"{name}-{key}")
-                sep = "{" if i == 0 else ","
-                pieces.append(f"{_literal(sep + json.dumps(key) + ':')} {rule}")
-            return self.add(name, " ".join(pieces) + ' "}"')
-        raise ValueError(f"schema node not supported by the plan grammar: {node}")
-
-
-def _literal(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def schema_to_gbnf(schema: Mapping[str, Any]) -> str:
-    """A GBNF grammar (root rule ``root``) accepting exactly the JSON texts of ``schema``."""
-    g = _Gbnf()
-    top = g.visit(schema, "plan")
-    lines = [f"root ::= {top}"] + [f"{name} ::= {body}" for name, body in g.rules.items()]
-    return "\n".join(lines) + "\n"
-
-
-def max_plan_chars(schema: Mapping[str, Any]) -> int:
-    """An upper bound of a plan's length in characters (so in tokens: every token the
-    grammar accepts writes at least one character)."""
-
-    def size(node: Mapping[str, Any]) -> int:
-        if "oneOf" in node:
-            return max(size(n) for n in node["oneOf"])
-        if "const" in node:
-            return len(json.dumps(node["const"]))
-        if "enum" in node:
-            return max(len(json.dumps(v)) for v in node["enum"])
-        if node.get("type") == "string":
-            return int(node["maxLength"]) + 2
-        if node.get("type") == "array":
-            return 2 + int(node["maxItems"]) * (size(node["items"]) + 1)
-        return 2 + sum(len(json.dumps(k)) + 2 + size(v) for k, v in node["properties"].items())
-
-    return size(schema)
-
-
 # --------------------------------------------------------------------------- prompt, parse
 
 
 def plan_prompt(
-    message: str, history: str, tools: Sequence[str], max_subtasks: int
+    message: str,
+    history: str,
+    tools: Sequence[str],
+    max_subtasks: int,
+    parts: Sequence[str] = (),
 ) -> str:
-    """The planning turn's suffix (after the shared project prefix)."""
-    parts = [
+    """The planning turn's suffix (after the shared project prefix). With ``parts``
+    (guided planning) it lists the request's parts, one subtask each."""
+    if parts:
+        numbered = "\n".join(f"{i + 1}. {p}" for i, p in enumerate(parts))
+        how = (f"The request has {len(parts)} part(s); a worker takes each one:\n{numbered}\n"
+               "Reply with one JSON object: {\"action\":\"delegate\",\"subtasks\":[...]}, "
+               "one subtask per part in this order, each with the part as its instructions "
+               "(add what to look for if it helps), the project files a worker should read "
+               "for it, and the tools it needs.")
+    else:
+        how = (f"Reply with one JSON object. To use workers: {{\"action\":\"delegate\","
+               f"\"subtasks\":[{{\"instructions\":...,\"files\":[...],\"tools\":[...]}}]}} "
+               f"with 1 to {max_subtasks} independent subtasks, one per part of the request. "
+               "If no worker is needed: {\"action\":\"answer\",\"answer\":...}. If you need "
+               "something from the user first: {\"action\":\"ask\",\"question\":...}.")
+    parts_out = [
         "You are the coordinator. Plan how to answer the user's request about the project."
         " You cannot open the project's files yourself: workers can, with their tools. A"
         " request about the code, its files, names, values, errors or tests needs workers;"
         " answer directly only when it needs nothing from the files.",
-        f"Reply with one JSON object. To use workers: {{\"action\":\"delegate\",\"subtasks\":"
-        f"[{{\"instructions\":...,\"files\":[...],\"tools\":[...]}}]}} with 1 to {max_subtasks}"
-        " independent subtasks, one per part of the request. If no worker is needed: "
-        "{\"action\":\"answer\",\"answer\":...}. If you need something from the user first: "
-        "{\"action\":\"ask\",\"question\":...}.",
+        how,
         f"Tools workers have: {', '.join(tools) if tools else '(none)'}.",
     ]
     if history:
-        parts.append("Earlier in this conversation:\n" + history)
-    parts.append("User request:\n" + message)
-    parts.append("Plan:")
-    return "\n\n".join(parts) + "\n"
+        parts_out.append("Earlier in this conversation:\n" + history)
+    parts_out.append("User request:\n" + message)
+    parts_out.append("Plan:")
+    return "\n\n".join(parts_out) + "\n"
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:

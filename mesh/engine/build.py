@@ -114,7 +114,7 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
         n_seq_max=n_seq_max, max_sessions=cfg.max_sessions,
         session_budget=cfg.session_budget, n_vocab=model.n_vocab,
         prefix_tokens=len(tokens), prefix_hash=prefix_hash, warm_started=warm_started,
-        build_s=time.monotonic() - t0,
+        build_s=time.monotonic() - t0, n_params=model.n_params,
     )
     shared = len(tokens) if cfg.share_prefix else 0  # naive: no shared prefix sequence
     return Built(model=model, ctx=ctx, batch=batch, prefix=tokens, info=info,

@@ -103,6 +103,7 @@ class LlamaModel:
         self.n_vocab: int = ll.llama_vocab_n_tokens(vocab)
         self.n_ctx_train: int = ll.llama_model_n_ctx_train(handle)
         self.n_swa: int = ll.llama_model_n_swa(handle)
+        self.n_params: int = int(ll.llama_model_n_params(handle))
         self.bos: int = ll.llama_vocab_bos(vocab)
         self.eos: int = ll.llama_vocab_eos(vocab)
         self.add_bos: bool = bool(ll.llama_vocab_get_add_bos(vocab))

@@ -232,6 +232,7 @@ class PoolInfo:
     # Which engine runs the sessions: "llama.cpp" (the local pool) or "openai:URL" (a
     # serving cluster behind an OpenAI-compatible API, mesh.backends.openai).
     engine: str = "llama.cpp"
+    n_params: int = 0  # the model's parameter count; 0 where the engine cannot tell
 
 
 # --------------------------------------------------------------------------- load

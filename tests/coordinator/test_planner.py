@@ -149,3 +149,68 @@ def test_synthesis_record_is_camel_case_and_failures_are_named() -> None:
     assert rows[1]["finishReason"] == "failed" and rows[1]["error"] == "tool exploded"
     assert missing_note([ok]) == ""
     assert "[p2] read it: tool exploded" in missing_note([ok, bad])
+
+
+GUIDED_PARTS = ("Which file checks the weight?", 'What does "heavy" mean?')
+PROJECT_FILES = ("courier/parcels.py", "courier/routes.py")
+
+
+def _guided(instructions: list[str], files: list[list[str]] | None = None) -> str:
+    files = files or [[] for _ in instructions]
+    return json.dumps({"action": "delegate", "subtasks": [
+        {"instructions": i, "files": f, "tools": []} for i, f in zip(instructions, files,
+                                                                       strict=True)]},
+        separators=(",", ":"), ensure_ascii=False)
+
+
+def test_a_guided_grammar_admits_one_subtask_per_part_opening_with_it() -> None:
+    import re
+
+    schema = plan_schema(3, ("read_file",), ("delegate",), 60, files=PROJECT_FILES,
+                         parts=GUIDED_PARTS)
+    language = re.compile(grammar_regex(schema_to_gbnf(schema)))
+    good = [
+        _guided(list(GUIDED_PARTS)),
+        _guided([GUIDED_PARTS[0] + " Look at parcels.py.", GUIDED_PARTS[1]],
+                [["courier/parcels.py"], ["courier/routes.py", "courier/parcels.py"]]),
+    ]
+    for text in good:
+        assert language.fullmatch(text), text
+        plan = parse_plan(text, 3)
+        assert [s.instructions[:len(p)] for s, p in zip(plan.subtasks, GUIDED_PARTS,
+                                                        strict=True)] == list(GUIDED_PARTS)
+    bad = [
+        _guided([GUIDED_PARTS[0]]),  # a part left out
+        _guided(list(reversed(GUIDED_PARTS))),  # out of order
+        _guided([*GUIDED_PARTS, GUIDED_PARTS[1]]),  # one too many
+        _guided(["This is a test.", GUIDED_PARTS[1]]),  # instructions of its own
+        _guided(list(GUIDED_PARTS), [["courier/nowhere.py"], []]),  # not a project file
+        _guided([GUIDED_PARTS[0] + "x" * 81, GUIDED_PARTS[1]]),  # past GUIDED_EXTRA
+    ]
+    for text in bad:
+        assert not language.fullmatch(text), text
+
+
+def test_the_length_bound_covers_the_longest_guided_plan() -> None:
+    schema = plan_schema(3, ("read_file", "grep"), ("delegate",), 60, files=PROJECT_FILES,
+                         parts=GUIDED_PARTS)
+    # every string and list at its longest: the longer file name four times, and so on
+    longest = _guided([p + "x" * 80 for p in GUIDED_PARTS], [[PROJECT_FILES[0]] * 4] * 2)
+    longest = longest.replace('"tools":[]', '"tools":["read_file","read_file"]')
+    assert len(longest.encode()) <= max_plan_chars(schema)
+    assert max_plan_chars(schema) - len(longest.encode()) < 16
+
+
+def test_guided_schemas_follow_the_request() -> None:
+    cfg = AgentConfig(style="guided", max_subtasks=2, files=PROJECT_FILES,
+                      actions=("delegate",))
+    schema = cfg.schema("Who calls plan_route, and what does dispatch raise? Also why?")
+    (delegate,) = schema["oneOf"]
+    items = delegate["properties"]["subtasks"]["prefixItems"]
+    assert [i["properties"]["instructions"]["x-startsWith"] for i in items] == [
+        "Who calls plan_route?", "What does dispatch raise? Also why?"]
+    assert cfg.schema("")["oneOf"][0]["properties"]["subtasks"]["items"]  # nothing to split
+    with pytest.raises(ValueError, match="style"):
+        AgentConfig(style="creative").validate()
+    with pytest.raises(ValueError, match="3 request parts"):
+        plan_schema(2, parts=("a", "b", "c"))

@@ -52,7 +52,15 @@ def test_serve_plan_actions_flag() -> None:
 
     parser = argparse.ArgumentParser(prog="mesh")
     serve_cli.register(parser.add_subparsers(dest="command"))
-    assert parser.parse_args(["serve"]).plan_actions == ("delegate", "answer", "ask")
+    assert parser.parse_args(["serve"]).plan_actions is None  # chosen by the plan style
+    assert parser.parse_args(["serve"]).plan_style == "auto"
+    assert serve_cli.default_plan_actions("free") == ("delegate", "answer", "ask")
+    assert serve_cli.default_plan_actions("guided") == ("delegate",)
+    # auto: guided for a model known to be under 1B parameters (the embedded ones)
+    assert serve_cli.plan_style("auto", 134_515_008) == "guided"
+    assert serve_cli.plan_style("auto", 7_000_000_000) == "free"
+    assert serve_cli.plan_style("auto", 0) == "free"  # unknown (a remote engine)
+    assert serve_cli.plan_style("free", 1000) == "free"
     args = parser.parse_args(["serve", "--plan-actions", "ask, delegate"])
     assert args.plan_actions == ("delegate", "ask")  # the planner's order
     for bad in ("delegate,shout", ""):

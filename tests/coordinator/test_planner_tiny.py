@@ -190,6 +190,40 @@ async def test_a_planned_task_runs_workers_and_synthesizes(
     assert all(f"[p{i + 1}]" in stack.prompts[-1] for i in range(n))
 
 
+async def test_noise_under_a_guided_grammar_keeps_every_part_of_the_request(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Guided planning: whatever the noise, one subtask per part, each opening with its
+    part, in order, naming only the project's files."""
+    message = "Which function checks the weight, and what does a parcel of 40 kg do?"
+    parts = ("Which function checks the weight?", "What does a parcel of 40 kg do?")
+    files = ("courier/parcels.py", "courier/routes.py")
+    async with tiny_stack(tiny_model_path, tmp_path, actions=("delegate",), style="guided",
+                          files=files, temperature=1.0) as stack:
+        agent = stack.agent
+        p = agent.plan_params(message)
+        named: set[str] = set()
+        for seed in range(12):
+            params = SamplingParams(max_tokens=p.max_tokens, temperature=1.0, seed=seed,
+                                    grammar=p.grammar)
+            turn = await agent.turn(f"{message}\nPlan:\n", params, _Sink())
+            assert turn.finish_reason == "stop", turn
+            plan = parse_plan(turn.text, agent.config.max_subtasks)
+            assert [s.instructions[:len(part)] for s, part in
+                    zip(plan.subtasks, parts, strict=True)] == list(parts), plan
+            named |= {f for s in plan.subtasks for f in s.files}
+        assert named <= set(files)
+        # through A2A: the plan's two parts ran as two workers, then one synthesis
+        task = await stack.send(message)
+        assert stack.pool.load().sessions == ()
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
+    plan_data = _artifact(task, "plan")["parts"][0]["data"]
+    assert [s["instructions"][:len(part)] for s, part in
+            zip(plan_data["subtasks"], parts, strict=True)] == list(parts)
+    for stream in ("stream-p1", "stream-p2", "stream-synthesis"):
+        assert _artifact(task, stream)["parts"] is not None
+
+
 async def test_a_failed_worker_gives_a_partial_answer_or_fails_alone(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:
