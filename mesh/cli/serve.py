@@ -10,13 +10,16 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mesh.cli.engine_flags import add_engine_flags, apply_engine_flags
 from mesh.cli.engines import add_engine_args, build_engine, prefix_cache_dir
 from mesh.cli.nodes import build_nodes
 from mesh.cli.project import build_project_prefix
 from mesh.engine.types import EngineConfig, EngineError
+
+if TYPE_CHECKING:
+    from mesh.template.project import ProjectScan
 
 __all__ = ["register"]
 
@@ -130,6 +133,15 @@ def default_plan_actions(style: str) -> tuple[str, ...]:
     return ("delegate",) if style == "guided" else ("delegate", "answer", "ask")
 
 
+def _project_paths(template: Any, project: Path) -> ProjectScan:
+    """The project's files and folders as the prefix's scan sees them: the names a plan
+    and a worker's tool call may give."""
+    from mesh.template.project import scan_project
+
+    spec = template.manifest.prefix
+    return scan_project(Path(project).resolve(), tuple(spec.exclude), spec.include_hidden)
+
+
 def run(args: argparse.Namespace) -> int:
     from mesh.coordinator.app import run_server
 
@@ -164,6 +176,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.calibrate import seed_model
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
+    from mesh.worker.grammar import ProjectPaths
 
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth_token:
         print(f"warning: binding {args.host} without --auth-token: anyone who can reach "
@@ -227,6 +240,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         tools["delegate"] = delegate_tool(peers.send)
     board = TaskBoard()
     sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
+    scan = _project_paths(template, project)
+    paths = ProjectPaths.of(scan.files, scan.dirs)
     style = plan_style(args.plan_style, info.n_params)
     actions = args.plan_actions or default_plan_actions(style)
     print(f"planner: {coord.plan}, {style} plans ({', '.join(actions)})"
@@ -234,7 +249,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
           file=sys.stderr)
     agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
                                     text_max=160, actions=actions, style=style,
-                                    files=tuple(f.path for f in prefix.included),
+                                    files=scan.files,
                                     tools=tuple(sorted(tools))),
                   # planner and synthesis turns in the model's own chat format
                   render=lambda prompt: chat.continuation(
@@ -243,7 +258,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     app = build_app(
         coord,
         worker_factory=lambda: DispatchWorker(pool, template, tools, chat,
-                                              simulation=args.simulation),
+                                              simulation=args.simulation,
+                                              paths=paths),
         admission=gate,
         pool_info=info,
         extra_routes=[*api_routes(pool, gate, sessions), *dashboard_routes(gate, tasks=board),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from mesh.engine.types import Engine
 from mesh.template.chat import ChatFormat
 from mesh.template.loader import Template
+from mesh.worker.grammar import ProjectPaths
 from mesh.worker.loop import AgentWorker, WorkerFailed
 from mesh.worker.simulated import ScenarioWorker
 from mesh.worker.tools import ToolFn
@@ -33,6 +34,7 @@ class DispatchWorker:
     tools: Mapping[str, ToolFn]
     chat: ChatFormat | None = None  # the model's chat format (default: plain)
     simulation: bool = False
+    paths: ProjectPaths | None = None  # the project's paths tool calls may name
 
     async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
         worker: Worker
@@ -44,5 +46,6 @@ class DispatchWorker:
                 )
             worker = ScenarioWorker(self.engine, self.template)
         else:
-            worker = AgentWorker(self.engine, self.template, self.tools, chat=self.chat)
+            worker = AgentWorker(self.engine, self.template, self.tools, chat=self.chat,
+                                 paths=self.paths)
         return await worker.run(subtask, emit)

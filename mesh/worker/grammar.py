@@ -16,29 +16,69 @@ Lengths are capped so that a whole sentence fits ``max_tokens``: with ASCII only
 token the grammar admits carries at least one character, so a sentence of at most
 ``max_tokens`` characters cannot be cut by ``length`` half-way through a call.
 
-Argument keys and types (:data:`TOOL_ARGS`) mirror what :mod:`mesh.worker.tools` accepts.
-A tool this module does not know gets no arguments in the grammar.
+Argument keys and types (:data:`TOOL_ARGS`) mirror what :mod:`mesh.worker.tools` accepts:
+numbers within the tools' own ranges (``start`` >= 1, ``lines`` 1-999, ``depth`` 1-6,
+``max_matches`` 1-99) and, given the project's :class:`ProjectPaths`, a ``path`` that names
+one of them (a file for ``read_file``, a folder for ``list_files``, either for ``grep``),
+so a small model cannot ask for a file that is not there. A tool this module does not know
+gets no arguments in the grammar.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from mesh.template.manifest import ToolCallSyntax
 
-__all__ = ["TOOL_ARGS", "turn_grammar"]
+__all__ = ["PATHS_MAX", "TOOL_ARGS", "ProjectPaths", "turn_grammar"]
 
-ArgType = str  # "str" | "int" | "bool"
+# "str" | "bool" | a path kind ("file", "dir", "place": either) | a number kind (_NUMBERS)
+ArgType = str
 
 TOOL_ARGS: Mapping[str, tuple[tuple[str, ArgType], ...]] = {
-    "list_files": (("path", "str"), ("depth", "int")),
-    "read_file": (("path", "str"), ("start", "int"), ("lines", "int")),
-    "grep": (("text", "str"), ("path", "str"), ("ignore_case", "bool"), ("max_matches", "int")),
+    "list_files": (("path", "dir"), ("depth", "depth")),
+    "read_file": (("path", "file"), ("start", "line"), ("lines", "count")),
+    "grep": (("text", "str"), ("path", "place"), ("ignore_case", "bool"),
+             ("max_matches", "matches")),
     "delegate": (("peer", "str"), ("text", "str")),
 }
+# number kinds: (GBNF, most characters), within what mesh.worker.tools accepts
+_NUMBERS = {
+    "line": ("[1-9] [0-9]{0,4}", 5),
+    "count": ("[1-9] [0-9]{0,2}", 3),
+    "depth": ("[1-6]", 1),
+    "matches": ("[1-9] [0-9]?", 2),
+}
+_PATH_KINDS = ("file", "dir", "place")
+PATHS_MAX = 512  # past this many names, paths are free strings
+_PATH_OK = re.compile(r"[ !#-\[\]-~]+")  # what a grammar string may hold (_STR_CHAR)
 
-_INT_DIGITS = 6  # sign included: -9999 .. 99999
+
+@dataclass(frozen=True)
+class ProjectPaths:
+    """The project's files and folders (relative, as its scan lists them) that a call may
+    name; see the module doc."""
+
+    files: tuple[str, ...]
+    dirs: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, files: Sequence[str], dirs: Sequence[str] = ()) -> ProjectPaths | None:
+        """The names a grammar can hold (printable ASCII, no quote or backslash), or None
+        when there are none or more than :data:`PATHS_MAX` (free strings then)."""
+        ok = [f for f in files if _PATH_OK.fullmatch(f)]
+        folders = [d for d in dirs if _PATH_OK.fullmatch(d)]
+        if not ok or len(ok) + len(folders) > PATHS_MAX:
+            return None
+        return cls(tuple(ok), tuple(folders))
+
+    def choices(self, kind: ArgType) -> tuple[str, ...]:
+        folders = (".", *self.dirs)
+        return {"file": self.files, "dir": folders, "place": (*folders, *self.files)}[kind]
+
 _STR_CAPS = (48, 32, 16, 8, 4)
 _MIN_FREE = 16  # reasoning room the string caps leave
 _MAX_FREE = 160
@@ -54,39 +94,48 @@ def _rule_name(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower())
 
 
-def _value_len(kind: ArgType, max_str: int) -> int:
-    if kind == "int":
-        return _INT_DIGITS + 1
+def _value_len(kind: ArgType, max_str: int, paths: ProjectPaths | None) -> int:
+    if kind in _NUMBERS:
+        return _NUMBERS[kind][1]
     if kind == "bool":
         return 5
+    if kind in _PATH_KINDS and paths is not None:
+        return max(len(p) for p in paths.choices(kind)) + 2
     return max_str + 2
 
 
-def _call_len(name: str, syntax: ToolCallSyntax, max_str: int) -> int:
+def _call_len(
+    name: str, syntax: ToolCallSyntax, max_str: int, paths: ProjectPaths | None = None
+) -> int:
     """The longest call this grammar admits for a tool (all arguments, tags included)."""
     args = TOOL_ARGS.get(name, ())
-    pieces = [len(key) + 4 + _value_len(kind, max_str) for key, kind in args]
+    pieces = [len(key) + 4 + _value_len(kind, max_str, paths) for key, kind in args]
     body = len(name) + sum(pieces) + 2 * max(len(pieces) - 1, 0)
     body += 32 if syntax.style == "json" else 2
     return body + len(syntax.open) + len(syntax.close)
 
 
-def turn_grammar(syntax: ToolCallSyntax, tools: Iterable[str], max_tokens: int) -> str:
+def turn_grammar(
+    syntax: ToolCallSyntax,
+    tools: Iterable[str],
+    max_tokens: int,
+    paths: ProjectPaths | None = None,
+) -> str:
     """The GBNF grammar of one turn of at most ``max_tokens`` tokens (see the module doc).
 
     String values get up to 48 characters, fewer when the budget is small; a tool whose
     longest call still does not fit is left out of this turn's grammar, and a budget too
-    small for any call leaves only the answer.
+    small for any call leaves only the answer. With ``paths``, a ``path`` is one of them.
     """
     names = sorted(set(tools))
     style = syntax.style
     room = max_tokens - _MIN_FREE
     max_str = next(
-        (n for n in _STR_CAPS if all(_call_len(t, syntax, n) <= room for t in names)),
+        (n for n in _STR_CAPS if all(_call_len(t, syntax, n, paths) <= room for t in names)),
         _STR_CAPS[-1],
     )
-    names = [t for t in names if _call_len(t, syntax, max_str) <= room]
-    longest = max((_call_len(t, syntax, max_str) for t in names), default=0)
+    names = [t for t in names if _call_len(t, syntax, max_str, paths) <= room]
+    longest = max((_call_len(t, syntax, max_str, paths) for t in names), default=0)
     tags = len(syntax.answer_open) + len(syntax.answer_close)
     max_free = max(0, min(_MAX_FREE, max_tokens - max(longest, tags + _MIN_FREE)))
     max_answer = max(1, max_tokens - max_free - tags)
@@ -95,18 +144,32 @@ def turn_grammar(syntax: ToolCallSyntax, tools: Iterable[str], max_tokens: int) 
         "free": f"{_TEXT_CHAR}{{0,{max_free}}}",
         "answer": f"{_lit(syntax.answer_open)} {_TEXT_CHAR}{{1,{max_answer}}} "
         f"{_lit(syntax.answer_close)}",
-        "str": f'"\\"" {_STR_CHAR}{{0,{max_str}}} "\\""',
-        "int": f'"0" | "-"? [1-9] [0-9]{{0,{_INT_DIGITS - 2}}}',
-        "bool": '"true" | "false"' if style == "json" else '"True" | "False"',
     }
     if names:
         alts = " | ".join("t-" + _rule_name(n) for n in names)
         rules["call"] = f"{_lit(syntax.open)} ({alts}) {_lit(syntax.close)}"
-    else:
-        del rules["str"], rules["int"], rules["bool"]
+    kinds = {_kind(k, paths) for n in names for _, k in TOOL_ARGS.get(n, ())}
+    for kind in sorted(kinds):
+        rules[kind] = _value_rule(kind, style, max_str, paths)
     for name in names:
-        rules.update(_tool_rules(name, TOOL_ARGS.get(name, ()), style))
+        args = tuple((key, _kind(k, paths)) for key, k in TOOL_ARGS.get(name, ()))
+        rules.update(_tool_rules(name, args, style))
     return "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n"
+
+
+def _kind(kind: ArgType, paths: ProjectPaths | None) -> ArgType:
+    """A path kind is a free string without the project's paths."""
+    return "str" if kind in _PATH_KINDS and paths is None else kind
+
+
+def _value_rule(kind: ArgType, style: str, max_str: int, paths: ProjectPaths | None) -> str:
+    if kind in _NUMBERS:
+        return _NUMBERS[kind][0]
+    if kind == "bool":
+        return '"true" | "false"' if style == "json" else '"True" | "False"'
+    if kind in _PATH_KINDS and paths is not None:
+        return " | ".join(_lit(json.dumps(p)) for p in paths.choices(kind))
+    return f'"\\"" {_STR_CHAR}{{0,{max_str}}} "\\""'
 
 
 def _tool_rules(name: str, args: tuple[tuple[str, ArgType], ...], style: str) -> dict[str, str]:

@@ -35,7 +35,7 @@ from mesh.engine.types import TurnResult as EngineTurn
 from mesh.template.chat import ChatFormat, ChatFormatError, Message
 from mesh.template.loader import Template
 from mesh.template.prefix import truncate
-from mesh.worker.grammar import turn_grammar
+from mesh.worker.grammar import ProjectPaths, turn_grammar
 from mesh.worker.toolcalls import ToolCall, parse_turn
 from mesh.worker.tools import ToolError, ToolFn
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
@@ -130,8 +130,10 @@ class AgentWorker:
         *,
         limits: WorkerLimits | None = None,
         chat: ChatFormat | None = None,
+        paths: ProjectPaths | None = None,
     ) -> None:
         self._engine = engine
+        self._paths = paths  # the project's paths a call may name (None: any string)
         self._template = template
         self._chat = chat or ChatFormat.plain()
         enabled = set(template.manifest.tools.enabled)
@@ -239,7 +241,8 @@ class AgentWorker:
         """The turn's GBNF grammar, or None when the template turns it off."""
         if not self._template.manifest.turns.grammar:
             return None
-        return turn_grammar(self._template.manifest.tool_calls, self._tool_names, budget)
+        return turn_grammar(self._template.manifest.tool_calls, self._tool_names, budget,
+                            self._paths)
 
     async def _call(self, call: ToolCall, emit: Emit, turn: int) -> tuple[str, bool]:
         data = {"name": call.name, "arguments": dict(call.arguments)}

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from mesh.template import load_template
 from mesh.template.manifest import ToolCallSyntax
-from mesh.worker.grammar import TOOL_ARGS, turn_grammar
+from mesh.worker.grammar import PATHS_MAX, TOOL_ARGS, ProjectPaths, turn_grammar
 from mesh.worker.toolcalls import parse_turn
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[a-z][a-z0-9-]*|\{\d+,\d+\}|[()|?*]')
@@ -100,3 +100,54 @@ def test_every_sentence_parses_to_one_call_or_an_answer(
     for call in parsed.calls:
         assert call.name in tools
         assert set(call.arguments) <= {k for k, _ in TOOL_ARGS[call.name]}
+
+
+PATHS = ProjectPaths.of(["README.md", "courier/parcels.py", "tests/test_sample.py"],
+                        ["courier", "tests"])
+
+
+@pytest.mark.parametrize(("syntax", "tools", "budget"), FULL)
+def test_with_the_projects_paths_a_call_names_only_them(
+    syntax: ToolCallSyntax, tools: list[str], budget: int
+) -> None:
+    pattern = re.compile(grammar_regex(turn_grammar(syntax, tools, budget, PATHS)))
+
+    def ok(name: str, args: dict[str, object]) -> bool:
+        return bool(pattern.fullmatch(syntax.format(name, args).replace("'", '"')))
+
+    assert ok("read_file", {"path": "courier/parcels.py", "start": 10, "lines": 40})
+    assert ok("list_files", {"path": "courier", "depth": 2}) and ok("list_files", {"path": "."})
+    assert ok("grep", {"text": "def f", "path": "tests"})
+    assert ok("grep", {"text": "def f", "path": "README.md", "max_matches": 20})
+    assert not ok("read_file", {"path": "./test_sample_courier.py"})  # not in the project
+    assert not ok("read_file", {"path": "courier"})  # a folder is not a file
+    assert not ok("list_files", {"path": "README.md"})  # nor a file a folder
+    # numbers within the tools' ranges
+    assert not ok("read_file", {"path": "README.md", "start": 0})
+    assert not ok("read_file", {"path": "README.md", "lines": 1000})
+    assert not ok("list_files", {"depth": 7})
+    assert not ok("grep", {"text": "x", "max_matches": -1})
+
+
+@pytest.mark.parametrize(("syntax", "tools", "budget"), FULL)
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_sentences_with_paths_parse_and_name_project_paths(
+    syntax: ToolCallSyntax, tools: list[str], budget: int, data: st.DataObject
+) -> None:
+    assert PATHS is not None
+    text = data.draw(st.from_regex(grammar_regex(turn_grammar(syntax, tools, budget, PATHS)),
+                                   fullmatch=True))
+    assert len(text) <= budget
+    parsed = parse_turn(text, syntax)
+    assert not parsed.errors, text
+    for call in parsed.calls:
+        if "path" in call.arguments:
+            assert call.arguments["path"] in PATHS.choices("place"), text
+
+
+def test_paths_a_grammar_cannot_hold_or_too_many_are_free_strings() -> None:
+    assert ProjectPaths.of([]) is None
+    assert ProjectPaths.of([f"f{i}.py" for i in range(PATHS_MAX + 1)]) is None
+    odd = ProjectPaths.of(['say "hi".txt', "back\\slash.py", "ok.py", "é.py"])
+    assert odd is not None and odd.files == ("ok.py",)
