@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import Generation, SamplingParams, StepSample
 from tests.engine.test_pool import make_pool, run
 
@@ -30,23 +31,39 @@ def steps_with_a_late_prefill(model: Path, cap: Cap | None) -> tuple[list[StepSa
         try:
             a, b = await pool.attach(), await pool.attach()
             a.append("hi")
-            gen_a = a.generate(SamplingParams(max_tokens=60, stop_at_eos=False))
+            # A's turn is long enough (200 steps) that it is still decoding when B arrives, however
+            # far the engine runs ahead of this consumer.
+            gen_a = a.generate(SamplingParams(max_tokens=200, stop_at_eos=False))
             it = gen_a.__aiter__()
             for _ in range(3):
                 await it.__anext__()  # A is decoding now
             n_b = pool.count_tokens(LONG)
-            b.append(LONG)
             gen_b = b.generate(SamplingParams(max_tokens=4, stop_at_eos=False))
+            async with pool.held():  # B's text and turn reach the engine between two steps
+                b.append(LONG)
+                await gen_b.start()
             task_b = asyncio.ensure_future(_drain(gen_b))
-            rest = [p async for p in it]
             pieces_b = await task_b
-            assert len(rest) == 57 and pieces_b == 4
-            return list(pool.load().recent_steps), n_b
+            steps = await _steps_with_prefill(pool, n_b)
+            rest = [p async for p in it]
+            assert len(rest) == 197 and pieces_b == 4
+            return steps, n_b
         finally:
             await pool.aclose()
 
     got: tuple[list[StepSample], int] = run(body())
     return got
+
+
+async def _steps_with_prefill(pool: SharedKVPool, n: int) -> list[StepSample]:
+    """The recent steps once the published snapshot holds ``n`` prefilled tokens (it is
+    republished when B's turn ends, a few steps after B's text went in)."""
+    for _ in range(400):
+        steps = list(pool.load().recent_steps)
+        if sum(s.num_prefill_tokens for s in steps) >= n:
+            return steps
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"no snapshot shows {n} prefilled tokens")
 
 
 async def _drain(gen: Generation) -> int:
