@@ -231,7 +231,12 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     # Seed the gate's throughput model with a few timed steps (cached per model+machine),
     # so the first admissions are projected from this hardware, not from a prior. The
     # seed lives beside the prefix snapshots: a shared --prefix-cache shares it too.
-    source = await seed_model(gate.model, pool, Path(cfg.cache_dir or data_dir) / "gate")
+    def timing() -> None:
+        print("gate: timing steps of 1 to 16 sessions to seed the throughput model (first "
+              "start with this model on this machine; cached after)...", file=sys.stderr)
+
+    source = await seed_model(gate.model, pool, Path(cfg.cache_dir or data_dir) / "gate",
+                              announce=timing)
     pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor
     print(f"gate: policy {gate_cfg.policy}, floor {gate_cfg.floor_tps:g} tok/s, "
           f"throughput model seeded from {source}", file=sys.stderr)

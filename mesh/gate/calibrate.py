@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -157,8 +157,10 @@ async def seed_model(
     cache_dir: str | os.PathLike[str] | None,
     *,
     refresh: bool = False,
+    announce: Callable[[], None] | None = None,
 ) -> str:
-    """Seed ``model`` from the cache, else from a micro-benchmark (then cached).
+    """Seed ``model`` from the cache, else from a micro-benchmark (then cached);
+    ``announce`` is called just before a benchmark starts (it takes seconds to a minute).
 
     Returns where the seed came from: ``"cache"`` or ``"benchmark"``.
     """
@@ -168,6 +170,8 @@ async def seed_model(
         if cached:
             model.seed(cached)
             return "cache"
+    if announce is not None:
+        announce()
     samples = await micro_benchmark(engine)
     model.seed(samples)
     if path is not None and samples:

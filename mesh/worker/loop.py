@@ -16,6 +16,11 @@ Turn loop (formats come from the template):
    read their results) or ``max_total_tokens``; a session that outgrows its context budget
    ends with ``max_tokens`` too.
 
+Under the grammar the last turn offers no tools (only the answer), and so does the turn
+after a call that repeats an earlier one word for word: that call is not run again (its
+result is already in the context) and the model is told to answer. Small models otherwise
+loop on one call until ``max_turns``.
+
 The session is detached in every case, shielded from cancellation. Engine failures become
 :class:`WorkerFailed` naming the subtask and turn; tool refusals (:class:`ToolError`) are
 reported to the model, not raised.
@@ -161,6 +166,8 @@ class AgentWorker:
         chat = self._chat
         first = self._template.instructions(subtask.id, subtask.instructions).strip("\n")
         messages: list[Message] = [{"role": "user", "content": first}]
+        seen: dict[str, int] = {}  # each call made (name and arguments) -> its turn
+        answer_now = False  # the next turn offers only the answer
         try:
             session.append(chat.continuation(SESSION_SYSTEM, messages))
             for turn in range(1, lim.max_turns + 1):
@@ -171,7 +178,8 @@ class AgentWorker:
                     max_tokens=budget,
                     temperature=self._template.manifest.turns.temperature,
                     stop=(syntax.close, syntax.answer_close),
-                    grammar=self._grammar(budget),
+                    grammar=self._grammar(budget, answer_only=answer_now
+                                          or turn == lim.max_turns),
                 )
                 result = await stream_turn(session, params, emit, turn)
                 state.generated += result.num_generated
@@ -203,6 +211,19 @@ class AgentWorker:
                         )
                     )
                 for call in parsed.calls if not cut else ():
+                    key = call.display()
+                    if key in seen:
+                        answer_now = True
+                        state.repeated_calls += 1
+                        output = (f"you already called {key} on turn {seen[key]}; its result "
+                                  f"is above. Do not call it again: write the answer now "
+                                  f"between {syntax.answer_open} and {syntax.answer_close}")
+                        await emit(WorkerEvent(EventKind.TOOL_RESULT, output, turn,
+                                               {"error": True, "repeated": True}))
+                        results.append(self._template.tool_result(
+                            call=key, output=output, is_error=True, turn=turn))
+                        continue
+                    seen[key] = turn
                     output, is_error = await self._call(call, emit, turn)
                     state.tool_calls += 1
                     results.append(
@@ -237,12 +258,13 @@ class AgentWorker:
             raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
         return state.result(state.last_text.strip(), "max_turns")
 
-    def _grammar(self, budget: int) -> str | None:
-        """The turn's GBNF grammar, or None when the template turns it off."""
+    def _grammar(self, budget: int, *, answer_only: bool = False) -> str | None:
+        """The turn's GBNF grammar (no tools with ``answer_only``), or None when the
+        template turns it off."""
         if not self._template.manifest.turns.grammar:
             return None
-        return turn_grammar(self._template.manifest.tool_calls, self._tool_names, budget,
-                            self._paths)
+        tools = () if answer_only else self._tool_names
+        return turn_grammar(self._template.manifest.tool_calls, tools, budget, self._paths)
 
     async def _call(self, call: ToolCall, emit: Emit, turn: int) -> tuple[str, bool]:
         data = {"name": call.name, "arguments": dict(call.arguments)}
@@ -287,6 +309,7 @@ class _Tally:
     generated: int = 0
     tool_calls: int = 0
     parse_errors: int = 0
+    repeated_calls: int = 0
     last_text: str = ""
     finishes: list[str] = field(default_factory=list)
 
@@ -300,6 +323,7 @@ class _Tally:
             data={
                 "session_id": self.session_id,
                 "parse_errors": self.parse_errors,
+                "repeated_calls": self.repeated_calls,
                 "turn_finishes": list(self.finishes),
                 **extra,
             },

@@ -40,6 +40,11 @@ def run(worker: AgentWorker, instructions: str, emit: Recorder | None = None) ->
 
 
 async def looping_tool(args: Mapping[str, Any]) -> str:
+    """Names a new call each time (a repeated call would end the loop early)."""
+    return f"again <call>grep(text='{args.get('text', '')}x')</call>"
+
+
+async def same_call_tool(args: Mapping[str, Any]) -> str:
     return "again <call>grep(text='x')</call>"
 
 
@@ -72,7 +77,7 @@ def test_stops_at_max_turns_without_running_the_last_call() -> None:
 
     async def grep(args: Mapping[str, Any]) -> str:
         calls.append(args)
-        return await looping_tool(args)
+        return f"again <call>grep(text='x{len(calls)}')</call>"  # a new call each time
 
     engine = FakeEngine()
     worker = AgentWorker(engine, LIGHT, {"grep": grep}, limits=WorkerLimits(max_turns=3))
@@ -80,7 +85,57 @@ def test_stops_at_max_turns_without_running_the_last_call() -> None:
     assert result.finish_reason == "max_turns"
     assert result.num_turns == 3
     assert result.num_tool_calls == len(calls) == 2
+    assert result.data["repeated_calls"] == 0
     assert engine.sessions == {}
+
+
+class GrammarLog(FakeEngine):
+    """The fake engine, keeping each turn's grammar (the fake itself ignores it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grammars: list[str | None] = []
+
+    async def attach(self) -> Any:
+        session = await super().attach()
+        generate = session.generate
+
+        def logged(params: Any) -> Any:
+            self.grammars.append(params.grammar)
+            return generate(params)
+
+        session.generate = logged  # type: ignore[method-assign]
+        return session
+
+
+def test_a_repeated_call_is_not_run_again_and_the_next_turn_must_answer() -> None:
+    calls: list[Mapping[str, Any]] = []
+
+    async def grep(args: Mapping[str, Any]) -> str:
+        calls.append(args)
+        return await same_call_tool(args)  # names the same call again
+
+    engine = GrammarLog()
+    emit = Recorder()
+    worker = AgentWorker(engine, LIGHT, {"grep": grep}, limits=WorkerLimits(max_turns=6))
+    run(worker, "<call>grep(text='x')</call>", emit)
+    assert len(calls) == 1  # the repeat on turn 2 was answered from the context, not run
+    repeated = [e for e in emit.kinds(EventKind.TOOL_RESULT) if e.data.get("repeated")]
+    assert repeated and "already called grep(text='x') on turn 1" in repeated[0].text
+    # Turn 1 and 2 offer the tool; turn 3 (after the repeat) offers only the answer.
+    assert engine.grammars[0] is not None and "t-grep" in engine.grammars[0]
+    assert "t-grep" in (engine.grammars[1] or "")
+    assert "t-grep" not in (engine.grammars[2] or "t-grep")
+
+
+def test_the_last_turn_offers_only_the_answer() -> None:
+    engine = GrammarLog()
+    worker = AgentWorker(engine, LIGHT, {"grep": looping_tool},
+                         limits=WorkerLimits(max_turns=1))
+    run(worker, "<call>grep(text='x')</call>")
+    assert len(engine.grammars) == 1
+    assert engine.grammars[0] is not None and "t-grep" not in engine.grammars[0]
+    assert "answer ::=" in engine.grammars[0]
 
 
 def test_stops_at_the_token_limit() -> None:
