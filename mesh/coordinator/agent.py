@@ -47,6 +47,7 @@ from mesh.coordinator.synthesis import (
     missing_note,
     summary,
     synthesis_prompt,
+    without_repeats,
 )
 from mesh.engine.types import Engine, EngineError, SamplingParams, TurnResult
 from mesh.gate.types import Admission
@@ -320,7 +321,7 @@ class AgentTask:
                                      f"synthesis failed ({e}); answering with the reports",
                                      {"event": "synthesis_fallback"})
             return joined_answers(outcomes)
-        return turn.text.strip() or joined_answers(outcomes)
+        return without_repeats(turn.text) or joined_answers(outcomes)
 
     async def _complete(self, plan: Plan, answer: str, outcomes: list[Outcome]) -> None:
         self.agent.conversations.add(self.conversation, "answer", answer)

@@ -15,7 +15,8 @@ from typing import Any
 from mesh.coordinator.planner import Plan
 from mesh.worker.types import WorkerResult
 
-__all__ = ["Outcome", "joined_answers", "missing_note", "summary", "synthesis_prompt"]
+__all__ = ["Outcome", "joined_answers", "missing_note", "summary", "synthesis_prompt",
+           "without_repeats"]
 
 _ANSWER_CHARS = 4_000  # one worker answer, as the synthesis turn reads it
 
@@ -61,6 +62,21 @@ def missing_note(outcomes: Sequence[Outcome]) -> str:
         return ""
     lines = [f"- [{o.id}] {o.instructions[:120]}: {o.error}" for o in failed]
     return "Missing from this answer (the worker failed):\n" + "\n".join(lines)
+
+
+def without_repeats(text: str) -> str:
+    """``text`` without the paragraphs (blank-line separated) that repeat an earlier one,
+    whitespace aside. Small models under greedy decoding fall into such loops; an answer
+    never needs the same paragraph twice."""
+    seen: set[str] = set()
+    kept: list[str] = []
+    for para in text.strip().split("\n\n"):
+        key = " ".join(para.split())
+        if not key or key in seen:
+            continue
+        seen.add(key)
+        kept.append(para.strip("\n"))
+    return "\n\n".join(kept)
 
 
 def joined_answers(outcomes: Sequence[Outcome]) -> str:
