@@ -3,7 +3,7 @@
 :func:`resolve_model` picks, in order:
 
 1. the explicit spec (``--model PATH``, or a word: ``smollm2``, ``gemma``, ``tiny`` /
-   ``tiny:gemma3``);
+   ``tiny:gemma3``, ``tiny:262k``);
 2. the ``MESH_MODEL`` environment variable (same forms; empty means unset);
 3. the default model: ``smollm2`` when its package is installed (``scripts/install.sh``
    installs it), else ``gemma``. Nothing is downloaded.
@@ -52,7 +52,10 @@ __all__ = [
 
 ENV_VAR = "MESH_MODEL"
 GGUF_MAGIC = b"GGUF"
-_TINY_WORDS: dict[str, TinyVariant] = {"tiny": "llama", "tiny:gemma3": "gemma3"}
+# word -> (variant, n_vocab); tiny:262k has Gemma 3's vocabulary size (for benchmarks).
+_TINY_WORDS: dict[str, tuple[TinyVariant, int | None]] = {
+    "tiny": ("llama", None), "tiny:gemma3": ("gemma3", None), "tiny:262k": ("llama", 262144),
+}
 _FIX = "pass --model PATH or set MESH_MODEL"
 
 ModelSource = Literal["flag", "env", "default", "tiny"]
@@ -96,12 +99,13 @@ def resolve_model(
 def _from_spec(spec: str, source: ModelSource, cache: Path) -> ResolvedModel:
     word = spec.strip().lower()
     if word in _TINY_WORDS:
-        variant = _TINY_WORDS[word]
+        variant, n_vocab = _TINY_WORDS[word]
         try:
-            path = tiny_model_path(cache, variant=variant)
+            path = tiny_model_path(cache, variant=variant, n_vocab=n_vocab)
         except OSError as exc:
             raise ModelError(f"cannot write the tiny model into {cache}: {exc}") from exc
-        return ResolvedModel(path=path, name=f"mesh-tiny-{variant}", source="tiny")
+        name = f"mesh-tiny-{variant}" + (f"-{n_vocab}" if n_vocab else "")
+        return ResolvedModel(path=path, name=name, source="tiny")
     if word == "smollm2":
         path = smollm2_path()
         return ResolvedModel(path=path, name=path.stem, source=source)

@@ -14,8 +14,10 @@ Two variants:
 
 Both carry the same SentencePiece ("llama") vocabulary: ``<unk> <s> </s>``, 256 byte tokens,
 printable ASCII, and a few hundred common English pieces, so English text tokenizes to
-roughly one token per short word. The file is a pure function of its arguments: the same
-arguments give the same bytes.
+roughly one token per short word. ``n_vocab`` pads it with unused pieces (``▁⟨pad12⟩``) to
+a real model's size (``tiny:262k``: Gemma 3's 262,144), so a benchmark sees the host cost of
+that many logits per row with a decode that still takes microseconds. The file is a pure
+function of its arguments: the same arguments give the same bytes.
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ nt se ve le me de co ro ri ra ce li ne ma io ta si la il ca el ur ch sh wh qu ck
 """
 
 
-def _vocab() -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and types of the SPM vocabulary (identical for every variant/seed)."""
+def _vocab(n_vocab: int | None = None) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types of the SPM vocabulary (identical for every variant/seed),
+    padded to ``n_vocab`` entries when that is given."""
     T = gguf.TokenType
     tokens = ["<unk>", "<s>", "</s>"]
     types = [T.UNKNOWN, T.CONTROL, T.CONTROL]
@@ -94,6 +97,13 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
     tokens += ordered
     types += [T.NORMAL] * len(ordered)
     scores = [0.0] * (3 + 256) + [-float(i) for i in range(len(ordered))]
+    if n_vocab is not None:
+        if n_vocab < len(tokens):
+            raise ValueError(f"n_vocab must be at least {len(tokens)}, got {n_vocab}")
+        pad = n_vocab - len(tokens)
+        tokens += [f"{_SPACE}\u27e8pad{i}\u27e9" for i in range(pad)]
+        types += [T.NORMAL] * pad
+        scores += [-float(len(scores) + i) for i in range(pad)]
     return tokens, scores, [int(t) for t in types]
 
 
@@ -108,6 +118,7 @@ def write_tiny_model(
     n_head_kv: int = 2,
     n_ff: int = 128,
     n_ctx_train: int = 131072,  # random weights: any prefix the tests build fits
+    n_vocab: int | None = None,  # None: the base vocabulary (a few thousand pieces)
 ) -> Path:
     """Write a tiny random-weight GGUF to ``path`` (overwriting it) and return the path.
 
@@ -121,7 +132,7 @@ def write_tiny_model(
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
     path = Path(path)
-    tokens, scores, types = _vocab()
+    tokens, scores, types = _vocab(n_vocab)
     n_vocab, head_dim = len(tokens), n_embd // n_head
     rng = np.random.default_rng(seed)
 
@@ -198,7 +209,8 @@ def write_tiny_model(
 
 
 def tiny_model_path(
-    cache_dir: str | os.PathLike[str] | None = None, variant: TinyVariant = "llama"
+    cache_dir: str | os.PathLike[str] | None = None, variant: TinyVariant = "llama",
+    n_vocab: int | None = None,
 ) -> Path:
     """Path of the tiny model (seed 0, default shapes), written into ``cache_dir`` once.
 
@@ -210,14 +222,15 @@ def tiny_model_path(
     if cache_dir is None:
         cache_dir = default_cache_dir()
     directory = Path(cache_dir)
-    target = directory / f"mesh-tiny-{variant}-v{TINY_FORMAT_VERSION}.gguf"
+    vocab = f"-{n_vocab}" if n_vocab is not None else ""
+    target = directory / f"mesh-tiny-{variant}{vocab}-v{TINY_FORMAT_VERSION}.gguf"
     if target.is_file():
         return target
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
-        write_tiny_model(tmp, variant=variant)
+        write_tiny_model(tmp, variant=variant, n_vocab=n_vocab)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

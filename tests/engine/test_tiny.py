@@ -183,3 +183,24 @@ def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(OSError, match="disk full"):
         tiny.tiny_model_path(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_padded_vocabulary_tokenizes_as_the_base_one(tiny_model_path: Path,
+                                                       tmp_path: Path) -> None:
+    # tiny:262k pads the vocabulary to a real model's size; here 5,000 to stay quick.
+    padded = tiny.write_tiny_model(tmp_path / "padded.gguf", n_vocab=5000)
+    text = "the worker will read the file"
+    with open_model(tiny_model_path) as base, open_model(padded) as big:
+        assert big.n_vocab == 5000 and base.n_vocab < 5000
+        assert big.tokenize(text, add_bos=False) == base.tokenize(text, add_bos=False)
+    with pytest.raises(ValueError, match="n_vocab must be at least"):
+        tiny.write_tiny_model(tmp_path / "small.gguf", n_vocab=10)
+
+
+def test_tiny_262k_resolves_to_a_gemma_sized_vocabulary(tmp_path: Path) -> None:
+    from mesh.engine.models import resolve_model
+
+    model = resolve_model("tiny:262k", cache_dir=tmp_path)
+    assert model.name == "mesh-tiny-llama-262144" and "262144" in model.path.name
+    with open_model(model.path) as m:
+        assert m.n_vocab == 262144
