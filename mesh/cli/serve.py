@@ -175,6 +175,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.coordinator.taskboard import TaskBoard
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.calibrate import seed_model
+    from mesh.gate.projection import lone_worker_tps
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
     from mesh.worker.grammar import ProjectPaths
 
@@ -240,6 +241,12 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor
     print(f"gate: policy {gate_cfg.policy}, floor {gate_cfg.floor_tps:g} tok/s, "
           f"throughput model seeded from {source}", file=sys.stderr)
+    lone = lone_worker_tps(gate.model, info.prefix_tokens, gate_cfg.new_worker_cells)
+    if str(gate_cfg.policy) == "floor" and lone < gate_cfg.floor_tps:
+        print(f"warning: one worker alone is projected at {lone:.1f} tok/s on this machine, "
+              f"below the floor ({gate_cfg.floor_tps:g} tok/s): the gate will run one worker "
+              f"at a time, under the floor; lower --floor-tps (below {lone:.1f}) or pick one "
+              f"with `mesh sweep`", file=sys.stderr)
     tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)

@@ -40,6 +40,7 @@ __all__ = [
     "WorkerTps",
     "count_quantile",
     "live_scale",
+    "lone_worker_tps",
     "prefill_ratio",
     "project",
 ]
@@ -95,6 +96,14 @@ class Projection:
 
 
 _SCALE_STEPS = 32  # latest decoding steps the live correction looks at
+
+
+def lone_worker_tps(model: ThroughputModel, prefix_cells: int, private_cells: int) -> float:
+    """Tokens/s one worker alone in the pool is projected to get: a step of one row over the
+    prefix plus its own ``private_cells``. Below the floor, no admission can help: the
+    gate runs one worker at a time and every sample is under the floor."""
+    cells = prefix_cells + private_cells
+    return 1.0 / model.step_s(1, cells, 0, cells)
 
 
 def live_scale(steps: Sequence[StepSample], cost: StepCost) -> float:
