@@ -12,7 +12,7 @@
 #       --implementation cp --platform manylinux_2_17_x86_64 -d .whl \
 #       diskcache==5.6.3 gguf==0.18.0 pydantic pydantic-core annotated-types typing-inspection
 #
-# and either a CUDA wheel of llama-cpp-python built here (bench/gpu_wheel.sh: nvcc and the
+# and either a CUDA build of llama-cpp-python made here (bench/gpu_wheel.sh: nvcc and the
 # cuBLAS wheel are enough, no GPU; ~40 min on 2 cores, 0 device minutes) or its sdist, slimmed
 # below the 64 MiB a call carries (then the CUDA build runs there, ~4 of the 10 minutes).
 # Then run there:   bash bench/gpu_check.sh
@@ -39,6 +39,12 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     say "installing the carried wheels into $site"
     "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
         .whl/*.whl >>"$log" 2>&1 || say "wheel install failed (see $log)"
+fi
+# A CUDA build of llama_cpp made here by bench/gpu_wheel.sh, as a tarball of the installed
+# package (its libraries once each, with their symlinks; a wheel would hold each 8 times).
+if [ -f .whl/llama_cpp_cuda_site.tar.xz ]; then
+    say "unpacking the carried CUDA build of llama_cpp into $site"
+    mkdir -p "$site" && rm -rf "$site/llama_cpp" && tar xJf .whl/llama_cpp_cuda_site.tar.xz -C "$site"
 fi
 export PYTHONPATH="$site:$PWD"
 
