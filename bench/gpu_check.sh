@@ -45,6 +45,7 @@ fi
 if [ -f .whl/llama_cpp_cuda_site.tar.xz ]; then
     say "unpacking the carried CUDA build of llama_cpp into $site"
     mkdir -p "$site" && rm -rf "$site/llama_cpp" && tar xJf .whl/llama_cpp_cuda_site.tar.xz -C "$site"
+    [ -f .whl/llama_cpp_dist_info.tar.gz ] && tar xzf .whl/llama_cpp_dist_info.tar.gz -C "$site"
 fi
 export PYTHONPATH="$site:$PWD"
 
@@ -97,17 +98,23 @@ for budget, want in ((2048, 128), (4096, 255)):
         print(choose_tier(gemma, int(free - 2 * GIB), prefix_tokens=28672,
                           session_budget=budget, want_sessions=want).describe())
 EOF
-# The issue's shape first (a 32K-token heavy prefix at N = 8, 32, 128), then the CPU
-# table's (P = 512, N up to 255), then Gemma 3's vocabulary size, then the pool benchmark.
-run "overhead, tiny, 32K heavy prefix" 150 "$py" bench/overhead_bench.py --model tiny \
-    --template heavy --prefix 32000 --ns 8,32,128 --tokens 64 --flash-attn on \
-    --out "$out/overhead_tiny_32k.json"
-run "overhead, tiny, P=512" 120 "$py" bench/overhead_bench.py \
-    --model tiny --ns 1,16,64,128,255 --tokens 64 --out "$out/overhead_tiny.json"
-run "overhead, tiny:262k (Gemma 3's vocabulary), P=512" 100 "$py" bench/overhead_bench.py \
-    --model tiny:262k --ns 8,32,128 --tokens 32 --out "$out/overhead_tiny262k.json"
-run "pool bench, tiny, quick" 90 "$py" bench/pool_bench.py --model tiny --quick \
-    --out "$out/pool_tiny.json"
+# The default tiny model has heads of 16, which CUDA's flash attention does not take (the
+# op falls back to the CPU), and its non-flash path aborted at N >= 32 on the first run
+# (bench/results/gpu/run1): so that abort is logged with llama.cpp's own message first, and
+# the rows are measured on tiny:hd64 (heads of 64; the same vocabulary) and tiny:262k.
+run "the N=64 abort of the default tiny model, with llama.cpp's log" 40 bash -c \
+    "MESH_LLAMA_VERBOSE=1 $py bench/overhead_bench.py --model tiny --ns 64 --modes python \
+    --repeat 1 --tokens 8 --out /tmp/diag.json >$out/crash_diag.log 2>&1; \
+    grep -n -i -E 'error|flash_attn|graph splits|fallback' $out/crash_diag.log | head -30"
+# The issue's shape (a 32K-token heavy prefix at N = 8, 32, 128), then the CPU table's
+# (P = 512, N up to 255), then Gemma 3's vocabulary size.
+run "overhead, tiny:hd64, 32K heavy prefix" 150 "$py" bench/overhead_bench.py \
+    --model tiny:hd64 --template heavy --prefix 32000 --ns 8,32,128 --tokens 64 \
+    --flash-attn on --out "$out/overhead_hd64_32k.json"
+run "overhead, tiny:hd64, P=512" 110 "$py" bench/overhead_bench.py --model tiny:hd64 \
+    --ns 1,16,64,128,255 --tokens 64 --flash-attn on --out "$out/overhead_hd64.json"
+run "overhead, tiny:262k (Gemma 3's vocabulary), P=512" 90 "$py" bench/overhead_bench.py \
+    --model tiny:262k --ns 8,32,128 --tokens 32 --flash-attn on --out "$out/overhead_262k.json"
 if [ -n "${MESH_MODEL:-}" ] && [ -f "${MESH_MODEL}" ]; then
     run "overhead, $MESH_MODEL, 32K heavy prefix" 150 "$py" bench/overhead_bench.py \
         --model "$MESH_MODEL" --template heavy --prefix 30000 --ns 8,32,128 --tokens 32 \

@@ -3,7 +3,7 @@
 :func:`resolve_model` picks, in order:
 
 1. the explicit spec (``--model PATH``, or a word: ``smollm2``, ``gemma``, ``tiny`` /
-   ``tiny:gemma3``, ``tiny:262k``);
+   ``tiny:gemma3``, ``tiny:262k``, ``tiny:hd64``);
 2. the ``MESH_MODEL`` environment variable (same forms; empty means unset);
 3. the default model: ``smollm2`` when its package is installed (``scripts/install.sh``
    installs it), else ``gemma``. Nothing is downloaded.
@@ -52,9 +52,11 @@ __all__ = [
 
 ENV_VAR = "MESH_MODEL"
 GGUF_MAGIC = b"GGUF"
-# word -> (variant, n_vocab); tiny:262k has Gemma 3's vocabulary size (for benchmarks).
-_TINY_WORDS: dict[str, tuple[TinyVariant, int | None]] = {
-    "tiny": ("llama", None), "tiny:gemma3": ("gemma3", None), "tiny:262k": ("llama", 262144),
+# word -> (variant, n_vocab, shape); for benchmarks, tiny:262k has Gemma 3's vocabulary
+# size and tiny:hd64 heads of 64 (flash attention on a GPU); both have both.
+_TINY_WORDS: dict[str, tuple[TinyVariant, int | None, str | None]] = {
+    "tiny": ("llama", None, None), "tiny:gemma3": ("gemma3", None, None),
+    "tiny:262k": ("llama", 262144, "hd64"), "tiny:hd64": ("llama", None, "hd64"),
 }
 _FIX = "pass --model PATH or set MESH_MODEL"
 
@@ -99,12 +101,13 @@ def resolve_model(
 def _from_spec(spec: str, source: ModelSource, cache: Path) -> ResolvedModel:
     word = spec.strip().lower()
     if word in _TINY_WORDS:
-        variant, n_vocab = _TINY_WORDS[word]
+        variant, n_vocab, shape = _TINY_WORDS[word]
         try:
-            path = tiny_model_path(cache, variant=variant, n_vocab=n_vocab)
+            path = tiny_model_path(cache, variant=variant, n_vocab=n_vocab, shape=shape)
         except OSError as exc:
             raise ModelError(f"cannot write the tiny model into {cache}: {exc}") from exc
-        name = f"mesh-tiny-{variant}" + (f"-{n_vocab}" if n_vocab else "")
+        name = (f"mesh-tiny-{variant}" + (f"-{n_vocab}" if n_vocab else "")
+                + (f"-{shape}" if shape else ""))
         return ResolvedModel(path=path, name=name, source="tiny")
     if word == "smollm2":
         path = smollm2_path()

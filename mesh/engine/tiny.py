@@ -208,9 +208,14 @@ def write_tiny_model(
     return path
 
 
+# Named shapes besides the default one. "hd64": 2 heads of 64 (GPU flash-attention kernels
+# take head sizes of 64 and up; the default's 16 would send attention to the CPU).
+TINY_SHAPES: dict[str, dict[str, int]] = {"hd64": {"n_embd": 128, "n_head": 2, "n_head_kv": 1}}
+
+
 def tiny_model_path(
     cache_dir: str | os.PathLike[str] | None = None, variant: TinyVariant = "llama",
-    n_vocab: int | None = None,
+    n_vocab: int | None = None, shape: str | None = None,
 ) -> Path:
     """Path of the tiny model (seed 0, default shapes), written into ``cache_dir`` once.
 
@@ -222,15 +227,19 @@ def tiny_model_path(
     if cache_dir is None:
         cache_dir = default_cache_dir()
     directory = Path(cache_dir)
+    if shape is not None and shape not in TINY_SHAPES:
+        raise ValueError(f"unknown tiny model shape {shape!r}; use one of {sorted(TINY_SHAPES)}")
     vocab = f"-{n_vocab}" if n_vocab is not None else ""
-    target = directory / f"mesh-tiny-{variant}{vocab}-v{TINY_FORMAT_VERSION}.gguf"
+    tag = f"-{shape}" if shape is not None else ""
+    target = directory / f"mesh-tiny-{variant}{vocab}{tag}-v{TINY_FORMAT_VERSION}.gguf"
     if target.is_file():
         return target
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
-        write_tiny_model(tmp, variant=variant, n_vocab=n_vocab)
+        write_tiny_model(tmp, variant=variant, n_vocab=n_vocab,
+                         **(TINY_SHAPES[shape] if shape is not None else {}))
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -201,6 +201,13 @@ def test_tiny_262k_resolves_to_a_gemma_sized_vocabulary(tmp_path: Path) -> None:
     from mesh.engine.models import resolve_model
 
     model = resolve_model("tiny:262k", cache_dir=tmp_path)
-    assert model.name == "mesh-tiny-llama-262144" and "262144" in model.path.name
+    assert model.name == "mesh-tiny-llama-262144-hd64" and "262144" in model.path.name
     with open_model(model.path) as m:
         assert m.n_vocab == 262144
+    hd64 = resolve_model("tiny:hd64", cache_dir=tmp_path)
+    reader = gguf.GGUFReader(hd64.path)
+    fields = {f.name: f.parts[-1][0] for f in reader.fields.values()
+              if f.name.endswith((".embedding_length", ".attention.head_count"))}
+    assert fields == {"llama.embedding_length": 128, "llama.attention.head_count": 2}
+    with pytest.raises(ValueError, match="unknown tiny model shape"):
+        tiny.tiny_model_path(tmp_path, shape="hd7")
