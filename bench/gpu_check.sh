@@ -81,6 +81,8 @@ cuda_ok && say "llama_cpp offloads to the GPU" || say "llama_cpp has NO GPU offl
 
 run() {  # name, seconds at most, command...
     local name="$1" limit="$2" t; shift 2
+    # GPU_CHECK_ROWS: a regex; only the runs whose names match (a re-run of a few rows)
+    if [ -n "${GPU_CHECK_ROWS:-}" ] && ! [[ "$name" =~ $GPU_CHECK_ROWS ]]; then return; fi
     t=$(left); [ "$t" -lt "$limit" ] && limit="$t"
     if [ "$limit" -lt 15 ]; then say "$name: skipped, out of time"; return; fi
     say "$name (at most ${limit}s)"

@@ -21,15 +21,84 @@
 /* Below this many logits (rows x vocabulary) a step samples on the calling thread. */
 #define MESH_PARALLEL_MIN (1 << 22)
 
-/* A reusable batch of up to `capacity` tokens, one sequence id each, and per-thread
- * candidate buffers for sampler chains. */
+struct mesh_stepper;
+
+/* One sampling job: rows first, first + step, ... of the step's output rows. */
+typedef struct work {
+    struct mesh_stepper *s;
+    const float **rows;
+    struct llama_sampler **samplers;
+    int32_t *out;
+    int32_t n_rows, first, step, tid;
+} work;
+
+/* A reusable batch of up to `capacity` tokens, one sequence id each, per-thread
+ * candidate buffers for sampler chains, and the sampling threads: started on the first
+ * step that needs them and kept (creating threads every step cost more than the
+ * sampling they did, under gVisor most of all). Worker i (1-based) runs jobs[i] each
+ * time `gen` moves while i < active; the caller runs jobs[0] and waits for `pending`. */
 typedef struct mesh_stepper {
     struct llama_batch batch;
     int32_t capacity;
     int32_t n_vocab;
     llama_token_data *cand[MESH_MAX_THREADS];
     int32_t cand_cap[MESH_MAX_THREADS];
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    pthread_t th[MESH_MAX_THREADS];
+    int32_t n_workers; /* threads started: workers 1..n_workers */
+    int32_t active, pending, quit;
+    uint32_t gen;
+    work jobs[MESH_MAX_THREADS];
 } mesh_stepper;
+
+typedef struct worker_arg {
+    mesh_stepper *s;
+    int32_t idx;
+    uint32_t seen; /* gen when the worker was created: a job posted after that is its */
+} worker_arg;
+
+static void *sample_rows(void *arg);
+
+static void *worker_main(void *arg) {
+    worker_arg a = *(worker_arg *)arg;
+    free(arg);
+    mesh_stepper *s = a.s;
+    uint32_t seen = a.seen;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->gen == seen && !s->quit) pthread_cond_wait(&s->go, &s->mu);
+        if (s->quit) break;
+        seen = s->gen;
+        if (a.idx < s->active) {
+            work job = s->jobs[a.idx];
+            pthread_mutex_unlock(&s->mu);
+            sample_rows(&job);
+            pthread_mutex_lock(&s->mu);
+            if (--s->pending == 0) pthread_cond_signal(&s->done);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Start workers up to `want` - 1 (the caller is the first); returns how many threads,
+ * the caller included, can run jobs now. */
+static int32_t ensure_workers(mesh_stepper *s, int32_t want) {
+    while (s->n_workers + 1 < want) {
+        worker_arg *a = (worker_arg *)malloc(sizeof(worker_arg));
+        if (a == NULL) break;
+        a->s = s;
+        a->idx = s->n_workers + 1;
+        a->seen = s->gen; /* only this (the stepping) thread moves gen */
+        if (pthread_create(&s->th[s->n_workers + 1], NULL, worker_main, a) != 0) {
+            free(a);
+            break;
+        }
+        s->n_workers++;
+    }
+    return s->n_workers + 1;
+}
 
 int32_t mesh_native_abi(void) { return MESH_NATIVE_ABI; }
 
@@ -39,11 +108,22 @@ mesh_stepper *mesh_stepper_new(int32_t capacity) {
     if (s == NULL) return NULL;
     s->batch = llama_batch_init(capacity, 0, 1);
     s->capacity = capacity;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->go, NULL);
+    pthread_cond_init(&s->done, NULL);
     return s;
 }
 
 void mesh_stepper_free(mesh_stepper *s) {
     if (s == NULL) return;
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_broadcast(&s->go);
+    pthread_mutex_unlock(&s->mu);
+    for (int32_t t = 1; t <= s->n_workers; t++) pthread_join(s->th[t], NULL);
+    pthread_cond_destroy(&s->go);
+    pthread_cond_destroy(&s->done);
+    pthread_mutex_destroy(&s->mu);
     llama_batch_free(s->batch);
     for (int i = 0; i < MESH_MAX_THREADS; i++) free(s->cand[i]);
     free(s);
@@ -194,14 +274,6 @@ static llama_token sample_chain(struct llama_sampler *smpl, const float *row, in
     return tok;
 }
 
-typedef struct work {
-    mesh_stepper *s;
-    const float **rows;
-    struct llama_sampler **samplers;
-    int32_t *out;
-    int32_t n_rows, first, step, tid;
-} work;
-
 static void *sample_rows(void *arg) {
     work *w = (work *)arg;
     for (int32_t r = w->first; r < w->n_rows; r += w->step) {
@@ -286,22 +358,26 @@ int32_t mesh_step(mesh_stepper *s, struct llama_context *ctx, int32_t n_tokens,
             }
         }
     }
-    work w[MESH_MAX_THREADS];
-    pthread_t th[MESH_MAX_THREADS];
-    int started[MESH_MAX_THREADS] = {0};
-    for (int32_t t = 0; t < nt; t++) {
-        w[t] = (work){s, row_ptr, samplers, out, n_rows, t, nt, t};
-    }
-    for (int32_t t = 1; t < nt; t++) {
-        started[t] = pthread_create(&th[t], NULL, sample_rows, &w[t]) == 0;
-    }
-    sample_rows(&w[0]);
-    for (int32_t t = 1; t < nt; t++) {
-        if (started[t]) {
-            pthread_join(th[t], NULL);
-        } else {
-            sample_rows(&w[t]); /* no thread: this one does its rows */
+    if (nt > 1) nt = ensure_workers(s, nt); /* fewer if a thread could not start */
+    if (nt == 1) {
+        work w = {s, row_ptr, samplers, out, n_rows, 0, 1, 0};
+        sample_rows(&w);
+    } else {
+        pthread_mutex_lock(&s->mu);
+        for (int32_t t = 0; t < nt; t++) {
+            s->jobs[t] = (work){s, row_ptr, samplers, out, n_rows, t, nt, t};
         }
+        s->active = nt;
+        s->pending = nt - 1;
+        s->gen++;
+        pthread_cond_broadcast(&s->go);
+        pthread_mutex_unlock(&s->mu);
+        work mine = s->jobs[0];
+        sample_rows(&mine);
+        pthread_mutex_lock(&s->mu);
+        while (s->pending > 0) pthread_cond_wait(&s->done, &s->mu);
+        s->active = 0;
+        pthread_mutex_unlock(&s->mu);
     }
     free(row_ptr);
     timing[2] = now_s();
