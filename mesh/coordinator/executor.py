@@ -10,6 +10,9 @@ subscribers and pushed)::
               ─▶ completed with the ``answer`` artifact │ failed with the reason │
                  rejected (bad subtasks, queue full) │ canceled
 
+A worker that fails does not cancel its siblings: the task completes with the answers it
+has and says which subtasks are missing and why; it fails only when every worker failed.
+
 Contract with the SDK (``AgentExecutor``): ``execute`` enqueues the ``Task`` first when
 ``context.current_task`` is None and always ends in a terminal state unless it is
 cancelled. ``cancel`` writes the canceled state itself and then the SDK cancels the
@@ -234,7 +237,14 @@ class CoordinatorExecutor(AgentExecutor):
         except _SubtaskFailed as e:
             await run.finish(pb.TaskState.TASK_STATE_FAILED, str(e))
             return
-        answers = [(local_id(s), r.answer) for s, r in zip(subtasks, results, strict=True)]
+        failed = [(s, r) for s, r in zip(subtasks, results, strict=True)
+                  if isinstance(r, _SubtaskFailed)]
+        if len(failed) == len(subtasks):
+            await run.finish(pb.TaskState.TASK_STATE_FAILED,
+                             "; ".join(str(r) for _, r in failed))
+            return
+        answers = [(local_id(s), r.answer) for s, r in zip(subtasks, results, strict=True)
+                   if isinstance(r, WorkerResult)]
         summary = [
             {
                 "id": local_id(s),
@@ -244,31 +254,50 @@ class CoordinatorExecutor(AgentExecutor):
                 "numGenerated": r.num_generated,
                 "numToolCalls": r.num_tool_calls,
                 "finishReason": r.finish_reason,
-            }
+            } if isinstance(r, WorkerResult) else
+            {"id": local_id(s), "answer": "", "finishReason": "failed", "error": str(r)}
             for s, r in zip(subtasks, results, strict=True)
         ]
+        text = join_answers(answers)
+        if failed:
+            text += "\n\nMissing from this answer (the worker failed):\n" + "\n".join(
+                f"- {r}" for _, r in failed)
         data = pb.Part()
         data.data.struct_value.update({"subtasks": summary})
         await run.artifact(
-            [pb.Part(text=join_answers(answers)), data],
+            [pb.Part(text=text), data],
             artifact_id=ANSWER_ARTIFACT,
             name=ANSWER_ARTIFACT,
             last_chunk=True,
         )
+        done = len(subtasks) - len(failed)
         await run.finish(
-            pb.TaskState.TASK_STATE_COMPLETED, f"completed {len(subtasks)} subtask(s)"
+            pb.TaskState.TASK_STATE_COMPLETED,
+            f"completed {len(subtasks)} subtask(s)" if not failed
+            else f"completed {done} of {len(subtasks)} subtask(s); {len(failed)} failed",
         )
 
-    async def _run_all(self, run: _Run, subtasks: list[Subtask]) -> list[WorkerResult]:
+    async def _run_all(
+        self, run: _Run, subtasks: list[Subtask]
+    ) -> list[WorkerResult | _SubtaskFailed]:
+        """Every subtask's result, or how its worker failed (a worker's failure is its own;
+        its siblings go on). Anything else (the gate breaking, a full queue) cancels the
+        rest and is raised."""
         if len(subtasks) == 1:
             return [await self._run_one(run, subtasks[0])]
+
+        async def one(s: Subtask) -> WorkerResult | _SubtaskFailed:
+            try:
+                return await self._run_one(run, s)
+            except _SubtaskFailed as e:
+                return e
+
         try:
             async with asyncio.TaskGroup() as group:
-                jobs = [group.create_task(self._run_one(run, s)) for s in subtasks]
+                jobs = [group.create_task(one(s)) for s in subtasks]
         except BaseExceptionGroup as eg:
-            # The first real failure decides; siblings were cancelled by the group.
             for exc in eg.exceptions:
-                if isinstance(exc, QueueFull | _SubtaskFailed):
+                if isinstance(exc, QueueFull):
                     raise exc from None
             raise
         return [job.result() for job in jobs]
