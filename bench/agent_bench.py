@@ -317,7 +317,7 @@ class Server:
     """A ``mesh serve`` child process; stopped (and waited for) on exit."""
 
     def __init__(self, model: str, template: str, data_dir: Path, prefix_tokens: int | None,
-                 plan: str = "never"):
+                 plan: str = "never", extra: tuple[str, ...] = ()):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "mesh", "serve", "--port", str(self.port),
@@ -329,6 +329,7 @@ class Server:
             cmd += ["--model", model]
         if prefix_tokens is not None:
             cmd += ["--prefix-tokens", str(prefix_tokens)]
+        cmd += list(extra)
         self.log = data_dir / "serve.log"
         data_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "MESH_MODEL": ""}
@@ -442,8 +443,9 @@ async def run_pair(model: str, template: str, args: argparse.Namespace, tmp: Pat
                    plan: str = "never") -> PairResult:
     result = PairResult(model, template, plan)
     spec = _template_copy(template, tmp / f"{model}-{template}-{plan}", args)
+    extra = ("--first-turn", args.first_turn) if args.first_turn else ()
     server = Server(model, spec, tmp / f"{model}-{template}-{plan}-data", args.prefix_tokens,
-                    plan)
+                    plan, extra)
     try:
         await server.wait_ready()
         result.chat_format = server.chat_format()
@@ -527,6 +529,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-tokens-per-turn", type=int, default=None)
     p.add_argument("--prefix-tokens", type=int, default=None)
+    p.add_argument("--first-turn", choices=("any", "call"), default=None,
+                   help="mesh serve --first-turn (default: the server's own, any)")
     p.add_argument("--concurrency", type=int, default=4,
                    help="tasks in flight; 1 also measures each task's sessions and prefill")
     p.add_argument("--task-timeout", type=float, default=600)

@@ -52,12 +52,14 @@ CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
 # The wheel holds each library 8 times (wheels have no symlinks: 263 MB); what travels is
 # the installed package with each library once and its symlinks, xz-compressed (~40 MB).
 rm -rf "$work/site" && mkdir -p "$work/site"
-(cd "$work/site" && unzip -q "$work"/out/llama_cpp_python-0.3.36-*.whl 'llama_cpp/*' 'include/*')
+(cd "$work/site" && unzip -q "$work"/out/llama_cpp_python-0.3.36-*.whl 'llama_cpp/*' 'include/*' \
+    'llama_cpp_python-0.3.36.dist-info/*')  # the metadata: benches read its version
 rm -rf "$work/site/llama_cpp/server"
 (cd "$work/site/llama_cpp/lib" && for base in libllama libggml libggml-base libggml-cpu libggml-cuda; do
     real="$(ls "$base".so.0.* | head -1)"
     rm -f "$base.so" "$base.so.0" && ln -s "$real" "$base.so.0" && ln -s "$base.so.0" "$base.so"
 done)
-tar cJf .whl/llama_cpp_cuda_site.tar.xz -C "$work/site" llama_cpp include
+tar cJf .whl/llama_cpp_cuda_site.tar.xz -C "$work/site" llama_cpp include \
+    llama_cpp_python-0.3.36.dist-info
 rm -f .whl/llama_cpp_python-0.3.36.tar.gz  # the sdist would not fit beside it in one call
 ls -la .whl/

@@ -67,6 +67,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="free: the model writes each subtask; guided: one subtask per part "
                         "of the request, the model adds files, tools and detail (for small "
                         "models); auto (default): guided under 1B parameters, else free")
+    p.add_argument("--first-turn", choices=("any", "call"), default="any",
+                   help="any (default): a worker's first turn may call a tool or answer; "
+                        "call: it must call a tool (on SmolLM2 this did not raise the agent "
+                        "benchmark's success: 1/32 vs 2/32)")
     p.add_argument("--plan-actions", default=None, type=plan_actions,
                    help="what a plan may do, comma-separated from delegate, answer, ask "
                         "(default: all three for free plans, delegate for guided ones: a "
@@ -257,6 +261,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     style = plan_style(args.plan_style, info.n_params)
     actions = args.plan_actions or default_plan_actions(style)
     print(f"planner: {coord.plan}, {style} plans ({', '.join(actions)})"
+          + ("; workers' first turn must call a tool" if args.first_turn == "call" else "")
           + (f"; {info.n_params / 1e6:.0f}M parameters" if info.n_params else ""),
           file=sys.stderr)
     agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
@@ -271,7 +276,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         coord,
         worker_factory=lambda: DispatchWorker(pool, template, tools, chat,
                                               simulation=args.simulation,
-                                              paths=paths),
+                                              paths=paths, first_call=args.first_turn == "call"),
         admission=gate,
         pool_info=info,
         extra_routes=[*api_routes(pool, gate, sessions), *dashboard_routes(gate, tasks=board),

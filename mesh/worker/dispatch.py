@@ -35,6 +35,7 @@ class DispatchWorker:
     chat: ChatFormat | None = None  # the model's chat format (default: plain)
     simulation: bool = False
     paths: ProjectPaths | None = None  # the project's paths tool calls may name
+    first_call: bool = False  # a worker's first turn must call a tool
 
     async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
         worker: Worker
@@ -47,5 +48,5 @@ class DispatchWorker:
             worker = ScenarioWorker(self.engine, self.template)
         else:
             worker = AgentWorker(self.engine, self.template, self.tools, chat=self.chat,
-                                 paths=self.paths)
+                                 paths=self.paths, first_call=self.first_call)
         return await worker.run(subtask, emit)

@@ -120,12 +120,15 @@ def turn_grammar(
     tools: Iterable[str],
     max_tokens: int,
     paths: ProjectPaths | None = None,
+    *,
+    call_only: bool = False,
 ) -> str:
     """The GBNF grammar of one turn of at most ``max_tokens`` tokens (see the module doc).
 
     String values get up to 48 characters, fewer when the budget is small; a tool whose
     longest call still does not fit is left out of this turn's grammar, and a budget too
     small for any call leaves only the answer. With ``paths``, a ``path`` is one of them.
+    ``call_only``: the turn must call a tool (no answer), when any tool fits.
     """
     names = sorted(set(tools))
     style = syntax.style
@@ -140,7 +143,8 @@ def turn_grammar(
     max_free = max(0, min(_MAX_FREE, max_tokens - max(longest, tags + _MIN_FREE)))
     max_answer = max(1, max_tokens - max_free - tags)
     rules = {
-        "root": "free (call | answer)" if names else "free answer",
+        "root": ("free call" if call_only else "free (call | answer)") if names
+        else "free answer",
         "free": f"{_TEXT_CHAR}{{0,{max_free}}}",
         "answer": f"{_lit(syntax.answer_open)} {_TEXT_CHAR}{{1,{max_answer}}} "
         f"{_lit(syntax.answer_close)}",

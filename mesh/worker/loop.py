@@ -16,7 +16,9 @@ Turn loop (formats come from the template):
    read their results) or ``max_total_tokens``; a session that outgrows its context budget
    ends with ``max_tokens`` too.
 
-Under the grammar the last turn offers no tools (only the answer), and so does the turn
+With ``first_call`` the first turn's grammar offers only tool calls (small models
+otherwise answer from the prompt without looking). Under the grammar the last turn offers
+no tools (only the answer), and so does the turn
 after a call that repeats an earlier one word for word: that call is not run again (its
 result is already in the context) and the model is told to answer. Small models otherwise
 loop on one call until ``max_turns``.
@@ -136,8 +138,10 @@ class AgentWorker:
         limits: WorkerLimits | None = None,
         chat: ChatFormat | None = None,
         paths: ProjectPaths | None = None,
+        first_call: bool = False,
     ) -> None:
         self._engine = engine
+        self._first_call = first_call  # turn 1 must call a tool (under the grammar)
         self._paths = paths  # the project's paths a call may name (None: any string)
         self._template = template
         self._chat = chat or ChatFormat.plain()
@@ -179,7 +183,8 @@ class AgentWorker:
                     temperature=self._template.manifest.turns.temperature,
                     stop=(syntax.close, syntax.answer_close),
                     grammar=self._grammar(budget, answer_only=answer_now
-                                          or turn == lim.max_turns),
+                                          or turn == lim.max_turns,
+                                          call_only=self._first_call and turn == 1),
                 )
                 result = await stream_turn(session, params, emit, turn)
                 state.generated += result.num_generated
@@ -258,13 +263,15 @@ class AgentWorker:
             raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
         return state.result(state.last_text.strip(), "max_turns")
 
-    def _grammar(self, budget: int, *, answer_only: bool = False) -> str | None:
-        """The turn's GBNF grammar (no tools with ``answer_only``), or None when the
-        template turns it off."""
+    def _grammar(self, budget: int, *, answer_only: bool = False,
+                 call_only: bool = False) -> str | None:
+        """The turn's GBNF grammar (no tools with ``answer_only``; no answer with
+        ``call_only``), or None when the template turns it off."""
         if not self._template.manifest.turns.grammar:
             return None
         tools = () if answer_only else self._tool_names
-        return turn_grammar(self._template.manifest.tool_calls, tools, budget, self._paths)
+        return turn_grammar(self._template.manifest.tool_calls, tools, budget, self._paths,
+                            call_only=call_only and not answer_only)
 
     async def _call(self, call: ToolCall, emit: Emit, turn: int) -> tuple[str, bool]:
         data = {"name": call.name, "arguments": dict(call.arguments)}

@@ -61,6 +61,11 @@ def test_serve_plan_actions_flag() -> None:
     assert serve_cli.plan_style("auto", 7_000_000_000) == "free"
     assert serve_cli.plan_style("auto", 0) == "free"  # unknown (a remote engine)
     assert serve_cli.plan_style("free", 1000) == "free"
+    # --first-turn: any by default (forcing a call did not help SmolLM2), call on request
+    assert parser.parse_args(["serve"]).first_turn == "any"
+    assert parser.parse_args(["serve", "--first-turn", "call"]).first_turn == "call"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--first-turn", "auto"])
     args = parser.parse_args(["serve", "--plan-actions", "ask, delegate"])
     assert args.plan_actions == ("delegate", "ask")  # the planner's order
     for bad in ("delegate,shout", ""):

@@ -151,3 +151,23 @@ def test_paths_a_grammar_cannot_hold_or_too_many_are_free_strings() -> None:
     assert ProjectPaths.of([f"f{i}.py" for i in range(PATHS_MAX + 1)]) is None
     odd = ProjectPaths.of(['say "hi".txt', "back\\slash.py", "ok.py", "é.py"])
     assert odd is not None and odd.files == ("ok.py",)
+
+
+@pytest.mark.parametrize(("syntax", "tools", "budget"), FULL)
+def test_a_call_only_turn_admits_calls_and_no_answer(
+    syntax: ToolCallSyntax, tools: list[str], budget: int
+) -> None:
+    pattern = re.compile(grammar_regex(turn_grammar(syntax, tools, budget, call_only=True)))
+    call = syntax.format("read_file", {"path": "README.md"}).replace("'", '"')
+    assert pattern.fullmatch("Let me look.\n" + call) if syntax.style == "call" else True
+    assert pattern.fullmatch(syntax.format("list_files", {}))
+    assert not pattern.fullmatch(f"{syntax.answer_open}42{syntax.answer_close}")
+
+
+
+def test_a_call_only_turn_with_no_tool_that_fits_can_still_answer() -> None:
+    # light at 30 tokens fits no call (see CASES): the language is never empty
+    syntax = LIGHT.tool_calls
+    tiny = turn_grammar(syntax, LIGHT.tools.enabled, 30, call_only=True)
+    assert re.compile(grammar_regex(tiny)).fullmatch(
+        f"{syntax.answer_open}42{syntax.answer_close}")

@@ -244,3 +244,14 @@ def test_heavy_template_json_calls(tmp_path: Path) -> None:
     result = run(worker, call, emit)
     assert result.num_tool_calls == 1
     assert "1\tx = 1" in emit.kinds(EventKind.TOOL_RESULT)[0].text
+
+
+def test_with_first_call_the_first_turn_must_call_a_tool(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("<answer>hello</answer>\n")
+    engine = GrammarLog()
+    worker = AgentWorker(engine, LIGHT, ProjectTools(tmp_path).as_tools(), first_call=True)
+    result = run(worker, "<call>read_file(path='notes.txt')</call>")
+    assert result.answer == "hello" and len(engine.grammars) == 2
+    first, second = (g or "" for g in engine.grammars)
+    assert "root ::= free call\n" in first  # turn 1: a call, no answer
+    assert "root ::= free (call | answer)\n" in second
