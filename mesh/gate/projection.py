@@ -207,6 +207,10 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
 
     scale = live_scale(load.recent_steps, cost)
     ratio = prefill_ratio(load.recent_steps)
+    # The correction was measured at up to ``seen`` decoding rows; a faster-than-modelled
+    # regime there says nothing about more rows (a lone worker's steps are cheap, and
+    # extrapolating that over-admitted on SmolLM2), so beyond it only a slower one counts.
+    seen = max((s.num_decode for s in list(load.recent_steps)[-_SCALE_STEPS:]), default=0)
 
     # Cells in use with ``k`` more workers: every row attends over all of them.
     base_cells = float(load.cells_used + inp.num_pending * config.new_worker_cells)
@@ -219,7 +223,7 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
         rows = n * (1.0 + ratio)
         t = (cost.a + (cost.b + cost.d * ratio) * n + cost.c * sum_ctx
              + cost.e * rows * cells(k))
-        return max(t * scale, 1e-9)
+        return max(t * (scale if n <= seen else max(scale, 1.0)), 1e-9)
 
     def slowest_step(k: int) -> float:
         """Step time of the slowest worker with ``k >= 1`` more workers."""

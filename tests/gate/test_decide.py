@@ -375,9 +375,15 @@ def test_live_scale_corrects_a_model_that_is_off() -> None:
     cfg = GateConfig.create(policy="floor", floor_tps=12.0)
     model = model_of(cost)
     stale = decide(GateInput(load=load([]), num_tickets=1), cfg, model, 0.0)
-    live = decide(GateInput(load=load(fast), num_tickets=1), cfg, model, 0.0)
     assert not stale.admitted
+    # Measured with two rows decoding, the correction holds for the two rows projected.
+    fast2 = [StepSample(num_decode=2, num_prefill_tokens=0, sum_context=3200,
+                        step_s=cost.step_s(2, 3200) / 2.5) for _ in range(16)]
+    live = decide(GateInput(load=load(fast2), num_tickets=1), cfg, model, 0.0)
     assert live.admitted and live.projection.scale < 1.0
+    # Measured with one row only, a faster regime is not extrapolated to two rows.
+    lone = decide(GateInput(load=load(fast), num_tickets=1), cfg, model, 0.0)
+    assert not lone.admitted and lone.projection.scale < 1.0
 
 
 @pytest.mark.parametrize(("margin", "admitted"), [(0.0, True), (0.1, False)])
