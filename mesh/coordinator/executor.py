@@ -42,6 +42,7 @@ from mesh.coordinator.agent import Agent, AgentTask
 from mesh.coordinator.peers import CURRENT_HOPS, hops_of
 from mesh.coordinator.store import owner_of
 from mesh.coordinator.subtasks import join_answers, local_id, message_text, subtasks_from_message
+from mesh.coordinator.synthesis import Outcome, missing_note
 from mesh.gate.types import Admission, QueueFull
 from mesh.worker.types import EventKind, Subtask, Worker, WorkerEvent, WorkerResult
 
@@ -259,9 +260,9 @@ class CoordinatorExecutor(AgentExecutor):
             for s, r in zip(subtasks, results, strict=True)
         ]
         text = join_answers(answers)
-        if failed:
-            text += "\n\nMissing from this answer (the worker failed):\n" + "\n".join(
-                f"- {r}" for _, r in failed)
+        if failed:  # the same note a planned task's answer carries
+            text += "\n\n" + missing_note(
+                [Outcome(local_id(st), st.instructions, error=str(r)) for st, r in failed])
         data = pb.Part()
         data.data.struct_value.update({"subtasks": summary})
         await run.artifact(
