@@ -9,14 +9,22 @@ Confinement rules (every path argument, every call):
 * walks (``list_files`` with depth, ``grep`` on a folder) never follow symlinked folders.
 
 A refused or malformed call raises :class:`ToolError`: the worker reports it to the model
-as an error result, it does not fail the subtask. Outputs are capped in characters here and
-in tokens by the worker. (The project is assumed not to be rewritten while a tool runs;
+as an error result, it does not fail the subtask. So does every file-system error a tool
+meets (a symlink loop, permission denied, a file that vanished between the walk and the
+read): each tool raises :class:`ToolError` and nothing else, and ``grep`` skips a file it
+cannot read (counting it) instead of failing the search. A file is opened once, without
+blocking (a FIFO swapped in is refused, not waited on), and its size and kind are taken
+from that open file. Hard links placed in the project are read like any file: only someone
+who can write the project can make one. Outputs are capped in characters here and in
+tokens by the worker. (The project is assumed not to be rewritten while a tool runs;
 a symlink swapped between the check and the read is outside this threat model.)
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import stat
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +56,33 @@ def _check_args(args: Mapping[str, Any], allowed: set[str]) -> None:
     unknown = set(args) - allowed
     if unknown:
         raise ToolError(f"unknown arguments {sorted(unknown)}; allowed: {sorted(allowed)}")
+
+
+#: What the file system raises under a tool: OSError (permission, vanished, ELOOP...),
+#: RuntimeError (pathlib's "Symlink loop from ..." before Python 3.13).
+_FS_ERRORS = (OSError, RuntimeError)
+
+
+def _fs_error_text(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _tool(fn: Callable[[ProjectTools, Mapping[str, Any]], str]) -> Callable[
+    [ProjectTools, Mapping[str, Any]], str
+]:
+    """A tool method that raises only :class:`ToolError`: any file-system error left
+    becomes one (the worker reports it to the model; the subtask goes on)."""
+
+    @functools.wraps(fn)
+    def call(self: ProjectTools, args: Mapping[str, Any]) -> str:
+        try:
+            return fn(self, args)
+        except _FS_ERRORS as exc:
+            raise ToolError(f"{fn.__name__} failed: {_fs_error_text(exc)}") from None
+
+    return call
 
 
 def _cap(text: str, limit: int) -> str:
@@ -129,6 +164,7 @@ class ProjectTools:
 
     # ------------------------------------------------------------------ tools
 
+    @_tool
     def list_files(self, args: Mapping[str, Any]) -> str:
         _check_args(args, {"path", "depth"})
         top = self.resolve(_arg(args, "path", str, "."))
@@ -144,6 +180,7 @@ class ProjectTools:
             lines.append(rel + suffix)
         return _cap("\n".join(lines) or "(empty folder)", self.max_output_chars)
 
+    @_tool
     def read_file(self, args: Mapping[str, Any]) -> str:
         _check_args(args, {"path", "start", "lines"})
         real = self.resolve(_arg(args, "path", str))
@@ -159,6 +196,7 @@ class ProjectTools:
         footer = f"({self._rel(real)}: lines {start}-{end} of {len(lines)})"
         return _cap(body, self.max_output_chars) + "\n" + footer
 
+    @_tool
     def grep(self, args: Mapping[str, Any]) -> str:
         _check_args(args, {"text", "path", "ignore_case", "max_matches"})
         needle = _arg(args, "text", str)
@@ -172,16 +210,20 @@ class ProjectTools:
         wanted = needle.lower() if ignore_case else needle
         files = [top] if top.is_file() else [p for p, d in self._walk(top, 64) if not d]
         matches: list[str] = []
-        searched = 0
+        searched = unreadable = 0
         for path in files:
-            real = path.resolve()
+            try:
+                real = path.resolve(strict=True)
+            except _FS_ERRORS:  # a symlink loop or dangling link, or gone since the walk
+                unreadable += 1
+                continue
             # A symlinked file in the walk is followed only to a visible file in the root.
             if not self._is_visible(real) or not real.is_file():
                 continue
             try:
                 text = self._text(real)
             except ToolError:
-                continue  # binary or too large: not searched
+                continue  # binary, too large, unreadable or vanished: not searched
             searched += 1
             for no, line in enumerate(text.splitlines(), 1):
                 if wanted in (line.lower() if ignore_case else line):
@@ -191,22 +233,43 @@ class ProjectTools:
                         break
             if len(matches) >= max_matches:
                 break
-        summary = f"({len(matches)} matches in {searched} files searched)"
+        skipped = (f"; {unreadable} skipped: symlink loop, dangling or vanished"
+                   if unreadable else "")
+        summary = f"({len(matches)} matches in {searched} files searched{skipped})"
         return _cap("\n".join([*matches, summary]), self.max_output_chars)
 
     def _text(self, real: Path) -> str:
-        if not real.is_file():
-            raise ToolError(f"{self._rel(real)!r} is not a file")
-        size = real.stat().st_size
-        if size > self.max_file_bytes:
-            raise ToolError(f"{self._rel(real)!r} is too large ({size} bytes)")
-        data = real.read_bytes()
+        """The UTF-8 text of ``real``, or :class:`ToolError` (never an OSError)."""
+        rel = self._rel(real)
+        try:
+            # Checked before opening: a device node or FIFO is never opened at all.
+            if not real.is_file():
+                raise ToolError(f"{rel!r} is not a file")
+            # O_NONBLOCK: a FIFO put here opens at once (then is refused) instead of
+            # hanging the thread; size and kind come from the open file, not a second stat.
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))
+        except FileNotFoundError:
+            raise ToolError(f"{rel!r}: no such file (it vanished)") from None
+        except OSError as exc:
+            raise ToolError(f"{rel!r}: cannot open ({_fs_error_text(exc)})") from None
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                info = os.fstat(fh.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise ToolError(f"{rel!r} is not a file")
+                if info.st_size > self.max_file_bytes:
+                    raise ToolError(f"{rel!r} is too large ({info.st_size} bytes)")
+                data = fh.read(self.max_file_bytes + 1)
+        except OSError as exc:
+            raise ToolError(f"{rel!r}: cannot read ({_fs_error_text(exc)})") from None
+        if len(data) > self.max_file_bytes:  # grew since the fstat
+            raise ToolError(f"{rel!r} is too large (over {self.max_file_bytes} bytes)")
         if b"\x00" in data[:8192]:
-            raise ToolError(f"{self._rel(real)!r} is a binary file")
+            raise ToolError(f"{rel!r} is a binary file")
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
-            raise ToolError(f"{self._rel(real)!r} is not UTF-8 text") from None
+            raise ToolError(f"{rel!r} is not UTF-8 text") from None
 
     def as_tools(self) -> dict[str, ToolFn]:
         """The three tools as async callables (file I/O runs in a worker thread)."""
