@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from mesh.engine.ledger import CellLedger
-from mesh.engine.planner import Candidate, StepPlan, plan_step, step_budget
+from mesh.engine.planner import Candidate, StepPlan, admit_turns, plan_step, step_budget
 from mesh.engine.session import SeqState
-from mesh.engine.types import PrefillBudget
+from mesh.engine.types import PrefillBudget, StepSample, TurnAdmission
 
 __all__ = ["BatchWriter", "candidates", "fill_batch", "plan"]
 
@@ -26,17 +26,32 @@ class BatchWriter(Protocol):
 
 def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candidate]:
     """The planner's view of every session in a turn."""
-    return [Candidate(st.seq, st.created, st.carry is not None and not ready, ready)
-            for st, ready in ledger.pending_in_turns(sessions)]
+    out = []
+    for st, ready in ledger.pending_in_turns(sessions):
+        turn = st.turn
+        assert turn is not None
+        out.append(Candidate(st.seq, st.created, st.carry is not None and not ready, ready,
+                             turn.admitted_at is not None, turn.started))
+    return out
 
 
 def plan(sessions: Iterable[SeqState], ledger: CellLedger, *, n_batch: int, output_rows: int,
-         cells_used: int, prefill_budget: PrefillBudget | None) -> StepPlan:
-    """The next step's plan over the live sessions (the planner's budget from the pool's)."""
+         cells_used: int, prefill_budget: PrefillBudget | None,
+         turn_admission: TurnAdmission | None = None,
+         recent: Sequence[StepSample] = ()) -> StepPlan:
+    """The next step's plan over the live sessions (the planner's budget from the pool's;
+    the decode gate is asked only while a turn waits, and always lets one run when none
+    does)."""
     cands = candidates(sessions, ledger)
-    budget = step_budget(n_batch=n_batch, output_rows=output_rows,
-                         num_decode=sum(c.decoding for c in cands), cells_used=cells_used,
-                         prefill_budget=prefill_budget)
+    room = None
+    if turn_admission is not None and not all(c.running for c in cands):
+        num_running = sum(c.running for c in cands)
+        room = max(0, int(turn_admission.turn_room(num_running, cells_used, recent)))
+        if num_running == 0:
+            room = max(room, 1)
+    num_decode = sum(c.decoding for c in admit_turns(cands, room))
+    budget = step_budget(n_batch=n_batch, output_rows=output_rows, num_decode=num_decode,
+                         cells_used=cells_used, prefill_budget=prefill_budget, turn_room=room)
     return plan_step(cands, budget)
 
 

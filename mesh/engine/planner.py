@@ -5,7 +5,11 @@ pool's engine thread builds the batch from the plan, decodes, samples and publis
 
 Rules:
 
-* every decoding session gets its one row (``n_batch`` exceeds ``max_sessions``);
+* a turn runs once the decode gate has let it in: turns that wait are let in first come
+  first served (oldest ``asked`` first), at most ``turn_room`` of them this step (None: all);
+  a waiting turn is neither decoded nor prefilled;
+* every decoding session of a running turn gets its one row (``n_batch`` exceeds
+  ``max_sessions``);
 * queued text of sessions in a turn is prefilled oldest session first, under the token
   budget left; while sessions decode, a :class:`~mesh.engine.types.PrefillBudget` caps the
   prefill tokens of the step (chunked prefill: the rest waits for later steps); with nothing
@@ -22,7 +26,8 @@ from typing import NamedTuple
 
 from mesh.engine.types import PrefillBudget
 
-__all__ = ["Candidate", "Chunk", "StepBudget", "StepPlan", "plan_step", "step_budget"]
+__all__ = ["Candidate", "Chunk", "StepBudget", "StepPlan", "admit_turns", "plan_step",
+           "step_budget"]
 
 
 class Candidate(NamedTuple):
@@ -32,16 +37,20 @@ class Candidate(NamedTuple):
     created: float  # attach time: older sessions' text is prefilled first
     decoding: bool  # in a turn, with a carry token and nothing queued
     ready: int  # queued tokens it may prefill now (0 unless in a turn)
+    running: bool = True  # False: its turn waits for the decode gate
+    asked: float = 0.0  # when its turn was asked for: waiting turns run oldest first
 
 
 @dataclass(frozen=True)
 class StepBudget:
     """What one step may carry: ``tokens`` in the batch, ``output_rows`` logits rows and
-    ``prefill_tokens`` of queued text (None: no cap beyond ``tokens``)."""
+    ``prefill_tokens`` of queued text (None: no cap beyond ``tokens``); at most
+    ``turn_room`` waiting turns start running (None: every one)."""
 
     tokens: int
     output_rows: int
     prefill_tokens: int | None = None
+    turn_room: int | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class Chunk:
 class StepPlan:
     decode: tuple[int, ...]  # sequence ids with one decode row each
     prefill: tuple[Chunk, ...]
+    started: tuple[int, ...] = ()  # sequence ids whose waiting turn runs from this step
 
     @property
     def num_prefill(self) -> int:
@@ -67,17 +77,37 @@ class StepPlan:
 
 def step_budget(
     *, n_batch: int, output_rows: int, num_decode: int, cells_used: int,
-    prefill_budget: PrefillBudget | None,
+    prefill_budget: PrefillBudget | None, turn_room: int | None = None,
 ) -> StepBudget:
     """The budget of the next step; ``prefill_budget`` is asked only while sessions decode."""
     cap = None
     if prefill_budget is not None and num_decode > 0:
         cap = max(0, int(prefill_budget(num_decode, cells_used)))
-    return StepBudget(tokens=n_batch, output_rows=output_rows, prefill_tokens=cap)
+    return StepBudget(tokens=n_batch, output_rows=output_rows, prefill_tokens=cap,
+                      turn_room=turn_room)
+
+
+def admit_turns(sessions: Sequence[Candidate], room: int | None) -> list[Candidate]:
+    """The candidates that run this step: the running ones, plus up to ``room`` waiting
+    turns, oldest ``asked`` first (the decode gate's FIFO), marked running."""
+    waiting = [c for c in sessions if not c.running]
+    if not waiting:
+        return list(sessions)
+    if room is not None and room < len(waiting):
+        waiting.sort(key=lambda c: c.asked)
+        waiting = waiting[:max(0, room)]
+    let_in = {c.seq for c in waiting}
+    return [c._replace(running=True) if c.seq in let_in else c
+            for c in sessions if c.running or c.seq in let_in]
 
 
 def plan_step(sessions: Sequence[Candidate], budget: StepBudget) -> StepPlan:
     """Plan one step over ``sessions`` within ``budget``; see the module docstring."""
+    started = tuple(c.seq for c in sessions if not c.running)
+    sessions = admit_turns(sessions, budget.turn_room)
+    if started:
+        running = {c.seq for c in sessions}
+        started = tuple(seq for seq in started if seq in running)
     decode = tuple(c.seq for c in sessions if c.decoding)
     tokens = budget.tokens - len(decode)
     rows = budget.output_rows - len(decode)
@@ -101,4 +131,4 @@ def plan_step(sessions: Sequence[Candidate], budget: StepBudget) -> StepPlan:
             rows -= 1
         chunks.append(Chunk(seq=c.seq, tokens=take, logits=ends))
         prefill_left -= take
-    return StepPlan(decode=decode, prefill=tuple(chunks))
+    return StepPlan(decode=decode, prefill=tuple(chunks), started=started)

@@ -48,6 +48,7 @@ from mesh.engine.types import (
     PrefillBudget,
     SamplingParams,
     SessionFailed,
+    TurnAdmission,
 )
 
 __all__ = ["MAX_SEQUENCES", "SNAPSHOT_INTERVAL_S", "SharedKVPool", "Tokenizer",
@@ -84,6 +85,7 @@ class SharedKVPool:
         self._outbox: Outbox = []
         self._sessions: dict[int, SeqState] = {}
         self._prefill_budget: PrefillBudget | None = None
+        self._turn_admission: TurnAdmission | None = None
         self.stats = StepStats()
         self._snapshots = Snapshots(self.stats)
 
@@ -160,6 +162,11 @@ class SharedKVPool:
         ``n_batch``, today's behaviour). Read by the engine thread once per step."""
         self._prefill_budget = budget
 
+    def set_turn_admission(self, gate: TurnAdmission | None) -> None:
+        """The decode gate (None: every turn runs as soon as it is asked for). Read by
+        the engine thread once per step while a turn waits."""
+        self._turn_admission = gate
+
     # ------------------------------------------------------------------ commands
 
     def wake(self) -> None:
@@ -211,7 +218,14 @@ class SharedKVPool:
 
     async def start_turn(self, st: SeqState, params: SamplingParams) -> Turn:
         loop = asyncio.get_running_loop()
-        return await self._call(lambda: self._p().turns.open(st, params, loop))
+
+        def do() -> Turn:
+            turn = self._p().turns.open(st, params, loop)
+            if self._turn_admission is None:  # no decode gate: the turn runs at once
+                turn.admitted_at = turn.started
+            return turn
+
+        return await self._call(do)
 
     async def detach(self, st: SeqState) -> None:
         if st.detached:
@@ -255,7 +269,10 @@ class SharedKVPool:
         cells = p.registry.cells_used()
         plan = batching.plan(self._sessions.values(), p.ledger, n_batch=self.config.n_batch,
                              output_rows=p.built.ctx.n_outputs_max, cells_used=cells,
-                             prefill_budget=self._prefill_budget)
+                             prefill_budget=self._prefill_budget,
+                             turn_admission=self._turn_admission, recent=self.stats.recent)
+        if plan.started:
+            p.turns.admit(self._sessions[seq] for seq in plan.started)
         if plan.empty:
             self._publish()  # cancellations above changed states
             return

@@ -54,6 +54,7 @@ class Turn:
     queue: asyncio.Queue[Piece | TurnResult | BaseException]
     num_prompt: int
     started: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None  # first step that ran it (None: waits for the gate)
     first_token_at: float | None = None
     num_generated: int = 0
     cancelled: bool = False
@@ -114,13 +115,15 @@ class SeqState:
     def state(self) -> SessionState:
         if self.turn is None:
             return SessionState.IDLE  # queued text waits for the next turn
+        if self.turn.admitted_at is None:
+            return SessionState.WAITING  # the decode gate holds the turn
         if self.carry is not None and not self.pending:
             return SessionState.DECODING
         return SessionState.PREFILLING
 
     def mark_busy(self, now: float) -> None:
         """Account busy time for the duty cycle (called by the engine thread per step)."""
-        busy = self.state is not SessionState.IDLE
+        busy = self.state not in (SessionState.IDLE, SessionState.WAITING)
         if busy and self._busy_since is None:
             self._busy_since = now
         elif not busy and self._busy_since is not None:

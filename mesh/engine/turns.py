@@ -52,7 +52,7 @@ class Turns:
         # An invalid grammar raises ValueError here, on the caller's await.
         sampler = make_sampler(temperature=params.temperature, top_k=params.top_k,
                                top_p=params.top_p, seed=seed, grammar=params.grammar,
-                               model=self._model)
+                               model=self._model, rep=params)
         turn = Turn(params=params, sampler=sampler, loop=loop, queue=asyncio.Queue(),
                     num_prompt=num_prompt, output=TurnOutput(params.stop))
         st.turn = turn
@@ -110,6 +110,14 @@ class Turns:
             else:
                 outbox.append((turn, Piece(token=tok, text=text)))
 
+    def admit(self, states: Iterable[SeqState]) -> None:
+        """The decode gate let these sessions' waiting turns run from this step."""
+        now = time.monotonic()
+        for st in states:
+            if st.turn is not None and st.turn.admitted_at is None:
+                st.turn.admitted_at = now
+                self.changes += 1
+
     def finish_cancelled(self, states: Iterable[SeqState]) -> None:
         """End every turn its consumer cancelled (before planning: they take no room)."""
         for st in list(states):
@@ -128,10 +136,16 @@ class Turns:
         self._outbox.append((turn, TurnResult(
             text=out.text, num_prompt_tokens=turn.num_prompt, num_generated=turn.num_generated,
             finish_reason=reason, decode_s=now - (turn.first_token_at or turn.started),
-            stop=out.matched)))
+            stop=out.matched, wait_s=_wait_s(turn, now))))
         turn.sampler.close()
         st.turn = None
         self.changes += 1
         # An undecoded carry token goes back to the queue: the next turn decodes it first,
         # so the conversation keeps every token the session generated.
         self._ledger.requeue_carry(st)
+
+
+def _wait_s(turn: Turn, now: float) -> float:
+    """How long the turn waited for the decode gate (all of its life if it never ran)."""
+    ran = turn.admitted_at if turn.admitted_at is not None else now
+    return max(0.0, ran - turn.started)

@@ -41,6 +41,7 @@ def prefill_budget(
     scale: float = 1.0,
     context_per_row: float | None = None,
     min_chunk: int = MIN_CHUNK,
+    at_floor: int | None = None,
 ) -> int:
     """Prefill tokens a step may carry beside ``num_decode`` decoding rows over
     ``cells_used`` cells so that the projected step time ``scale·cost.step_s(...)`` stays
@@ -49,7 +50,9 @@ def prefill_budget(
     When the decode rows alone are already projected past ``1/floor_tps``, no chunk size
     can keep the floor this step, and tiny chunks only stretch the prefill over many slow
     steps (each paying every row's cost again). The step may then at most double: the
-    budget is as many tokens as the decode rows cost (``fixed / per_token``).
+    budget is as many tokens as the decode rows cost (``fixed / per_token``) — or, with
+    ``at_floor`` set (the decode gate's budget), ``at_floor`` tokens: the decode gate keeps
+    such steps rare, and prefill then only has to progress.
 
     With ``num_decode == 0`` nobody can be stalled: the budget is unbounded (the pool
     takes its full ``n_batch``). Raises ``ValueError`` on negative counts, a floor that is
@@ -75,6 +78,8 @@ def prefill_budget(
     room = target - fixed
     if per_token <= 0:
         return _MAX_TOKENS
+    if room <= 0 and at_floor is not None:
+        return max(1, at_floor)
     if room <= 0:  # over the floor already: let the step at most double (see above)
         return max(min_chunk, min(_MAX_TOKENS, int(fixed / per_token)))
     return max(min_chunk, min(_MAX_TOKENS, int(room / per_token)))

@@ -2,8 +2,12 @@
 
 ``policy`` is one of:
 
-* ``floor`` — admit only if, with one more decoding worker, every worker's *projected*
-  tokens/s stays at or above ``floor_tps`` (see :mod:`mesh.gate.decide`).
+* ``floor`` — the decode gate (:mod:`mesh.gate.decode_gate`): every *turn* waits until
+  the measured step can take one more row within ``1/floor_tps``; workers are admitted by
+  memory only (sessions and cells), since a worker between turns costs no step time.
+* ``projection`` — the previous floor gate, kept for comparison: admit a worker for its
+  life only if, with one more, every worker's *projected* tokens/s stays at or above
+  ``floor_tps`` (see :mod:`mesh.gate.decide`).
 * ``legacy`` — reactive: admit while the slowest currently *measured* worker is at or above
   ``floor_tps``. Kept for comparison; it over-subscribes on bursts.
 * ``static:N`` — at most N workers, whatever their speed.
@@ -11,6 +15,12 @@
 
 Every policy is also bound by hard limits: ``max_workers`` (default: the pool's session
 slots) and the pool's free sequence ids.
+
+The wait queue is bounded twice, in places (one per subtask or session waiting): ``max_queue``
+in all, and ``max_queue_per_caller`` per caller (default: half of ``max_queue``), so one
+caller filling its share leaves the rest of the queue to the others (see
+:mod:`mesh.gate.shares`). With auth off every request is the one anonymous caller, whose
+share is the whole queue.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ __all__ = ["GateConfig", "Policy", "PolicyKind"]
 
 class PolicyKind(enum.StrEnum):
     FLOOR = "floor"
+    PROJECTION = "projection"
     LEGACY = "legacy"
     STATIC = "static"
     NONE = "none"
@@ -38,14 +49,16 @@ class Policy:
 
     @classmethod
     def parse(cls, text: str) -> Policy:
-        """Parse ``floor``, ``legacy``, ``static:N`` or ``none`` (case-insensitive)."""
+        """Parse ``floor``, ``projection``, ``legacy``, ``static:N`` or ``none``
+        (case-insensitive)."""
         raw = text.strip().lower()
         name, sep, arg = raw.partition(":")
         try:
             kind = PolicyKind(name)
         except ValueError:
             raise ValueError(
-                f"unknown gate policy {text!r}; expected floor, legacy, static:N or none"
+                f"unknown gate policy {text!r}; expected floor, projection, legacy, "
+                "static:N or none"
             ) from None
         if kind is PolicyKind.STATIC:
             if not sep or not arg:
@@ -83,6 +96,9 @@ class GateConfig:
     floor_tps: float = 5.0
     policy: Policy = field(default_factory=Policy)
     max_queue: int = 64  # waiters beyond this are refused (HTTP 429)
+    # Places one authenticated caller may hold in the queue (None: max_queue // 2, at
+    # least 1); past it that caller is refused while the others still queue.
+    max_queue_per_caller: int | None = None
     max_workers: int | None = None  # None: the pool's max_sessions
     use_idle_estimate: bool = True  # count workers by their observed duty cycle
     idle_quantile: float = 0.9  # share of steps in which the floor must hold
@@ -110,12 +126,24 @@ class GateConfig:
         config.validate()
         return config
 
+    @property
+    def queue_share(self) -> int:
+        """Places one authenticated caller may hold in the wait queue."""
+        if self.max_queue_per_caller is not None:
+            return self.max_queue_per_caller
+        return max(1, self.max_queue // 2)
+
     def validate(self) -> None:
         if not (math.isfinite(self.floor_tps) and self.floor_tps > 0):
             raise ValueError(f"floor_tps must be a finite number > 0, got {self.floor_tps}")
         self.policy.validate()
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_queue_per_caller is not None and not (
+                1 <= self.max_queue_per_caller <= max(1, self.max_queue)):
+            raise ValueError(
+                f"max_queue_per_caller must be between 1 and max_queue ({self.max_queue}), "
+                f"got {self.max_queue_per_caller}")
         if self.max_workers is not None and self.max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
         if not 0.0 <= self.margin < 1.0:

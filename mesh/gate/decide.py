@@ -50,6 +50,9 @@ def _policy_room(inp: GateInput, config: GateConfig, proj: Projection) -> tuple[
     if inp.attach_block:
         return 0, f"the pool cannot attach now: {inp.attach_block}"
     if kind is PolicyKind.FLOOR:
+        # The decode gate holds the floor turn by turn; a worker is admitted by memory.
+        return proj.hard_room, ""
+    if kind is PolicyKind.PROJECTION:
         if proj.headroom > 0:
             return proj.headroom, ""
         if inp.num_workers == 0:
@@ -91,7 +94,7 @@ def decide(inp: GateInput, config: GateConfig, model: ThroughputModel, now: floa
     proj = project(inp, config, model)
     room, why = _policy_room(inp, config, proj)
     reasons: list[str] = [why] if why else []
-    if room > 0 and config.policy.kind is PolicyKind.FLOOR and config.slow_start:
+    if room > 0 and config.policy.kind is PolicyKind.PROJECTION and config.slow_start:
         # Slow start: a worker cannot be taken back, so new workers join at most as many
         # at a time as are already measured (1, 2, 4, ...) and the projection is checked
         # against real steps before the next wave, instead of trusting it for a burst.

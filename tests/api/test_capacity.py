@@ -65,7 +65,8 @@ async def test_capacity_follows_the_pool(
         r = await client.post(f"/v1/sessions/{sid}/turns", json={"text": "a b c", "max_tokens": 5})
         assert r.status_code == 200
     after = (await client.get("/capacity")).json()
-    assert after["sessions"] == {"total": 3, "prefilling": 0, "decoding": 0, "idle": 3}
+    assert after["sessions"] == {"total": 3, "prefilling": 0, "decoding": 0, "idle": 3,
+                                 "waiting": 0}
     kv = after["kv_cells"]
     assert kv["used"] == 100 + 3 * 8 and kv["naive_equivalent"] == 3 * 108
     assert kv["reduction"] == pytest.approx(kv["naive_equivalent"] / kv["used"])

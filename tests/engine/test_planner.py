@@ -89,3 +89,33 @@ def test_with_nothing_decoding_a_step_takes_the_full_batch() -> None:
                          prefill_budget=Recorder(8))
     plan = plan_step([pre(1, 2000)], budget)
     assert plan.prefill == (Chunk(1, 512, False),)
+
+
+def wait(seq: int, asked: float, ready: int = 0) -> Candidate:
+    """A session whose turn waits for the decode gate (decoding if nothing is queued)."""
+    return Candidate(seq=seq, created=float(seq), decoding=ready == 0, ready=ready,
+                     running=False, asked=asked)
+
+
+def test_waiting_turns_neither_decode_nor_prefill_without_room() -> None:
+    plan = plan_step([dec(1), wait(2, 1.0), wait(3, 0.5, ready=20)],
+                     StepBudget(512, 17, turn_room=0))
+    assert plan.decode == (1,) and plan.prefill == () and plan.started == ()
+
+
+def test_waiting_turns_start_oldest_asked_first_up_to_the_room() -> None:
+    sessions = [dec(1), wait(2, 3.0), wait(3, 1.0, ready=20), wait(4, 2.0)]
+    plan = plan_step(sessions, StepBudget(512, 17, turn_room=2))
+    assert set(plan.started) == {3, 4}
+    assert plan.decode == (1, 4) and plan.prefill == (Chunk(3, 20, True),)
+
+
+def test_no_turn_room_cap_starts_every_waiting_turn() -> None:
+    plan = plan_step([wait(1, 1.0), wait(2, 2.0)], StepBudget(512, 17))
+    assert plan.started == (1, 2) and plan.decode == (1, 2)
+
+
+def test_a_started_turn_is_started_even_when_the_prefill_budget_is_spent() -> None:
+    plan = plan_step([dec(1), wait(2, 1.0, ready=10)],
+                     StepBudget(512, 17, prefill_tokens=0, turn_room=1))
+    assert plan.started == (2,) and plan.prefill == ()

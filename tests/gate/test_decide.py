@@ -74,7 +74,7 @@ def gate_input(sessions: list[SessionLoad], **kw: Any) -> GateInput:
     return GateInput(load=pool(sessions, max_sessions, free), **kw)
 
 
-def run(inp: GateInput, policy: str = "floor", cost: StepCost = LINEAR, **cfg: Any) -> Any:
+def run(inp: GateInput, policy: str = "projection", cost: StepCost = LINEAR, **cfg: Any) -> Any:
     cfg.setdefault("floor_tps", 10.0)
     cfg.setdefault("new_worker_cells", 100)
     config = GateConfig.create(policy=policy, **{"slow_start": False, **cfg})
@@ -159,7 +159,7 @@ def test_other_policies(policy: str, tps: list[float | None], verdict: Verdict) 
 def test_legacy_oversubscribes_where_floor_waits() -> None:
     inp = gate_input([session(i, tps=11.0) for i in range(6)])
     assert run(inp, policy="legacy").admitted
-    assert not run(inp, policy="floor").admitted
+    assert not run(inp, policy="projection").admitted
 
 
 @pytest.mark.parametrize(
@@ -245,6 +245,7 @@ floors = st.floats(0.5, 60.0)
 
 
 def config_of(floor: float, **kw: Any) -> GateConfig:
+    kw.setdefault("policy", "projection")
     return GateConfig.create(floor_tps=floor, max_queue=4, **{"slow_start": False, **kw})
 
 
@@ -294,7 +295,7 @@ def test_more_load_never_increases_headroom(
     ss: list[SessionLoad], cost: StepCost, floor: float, more: list[SessionLoad], tickets: int
 ) -> None:
     grown = ss + [dataclasses.replace(s, id=f"new{i}") for i, s in enumerate(more)]
-    for policy in ("floor", "legacy", "static:5", "none"):
+    for policy in ("floor", "projection", "legacy", "static:5", "none"):
         config, model = config_of(floor, policy=policy), model_of(cost)
         before = decide(inp_of(ss), config, model, 0.0)
         after = decide(inp_of(grown, tickets), config, model, 0.0)
@@ -331,7 +332,7 @@ def test_floor_above_solo_speed_still_admits_one_worker_when_none_runs() -> None
     empty = PoolLoad(taken_at=0.0, sessions=(), step_ms=None, agg_tps=0.0, cells_used=100,
                      cells_total=10_000, prefix_cells=100, naive_cells=0, free_seq_ids=8,
                      max_sessions=8, session_budget=512)
-    cfg = GateConfig.create(policy="floor", floor_tps=10_000.0)
+    cfg = GateConfig.create(policy="projection", floor_tps=10_000.0)
     first = decide(GateInput(load=empty), cfg, ThroughputModel(), now=0.0)
     assert first.verdict is Verdict.ADMIT
     assert any("none is running" in r for r in first.reasons)
@@ -372,7 +373,7 @@ def test_live_scale_corrects_a_model_that_is_off() -> None:
                         naive_cells=1600, free_seq_ids=15, max_sessions=16,
                         session_budget=2048, recent_steps=tuple(steps))
 
-    cfg = GateConfig.create(policy="floor", floor_tps=12.0)
+    cfg = GateConfig.create(policy="projection", floor_tps=12.0)
     model = model_of(cost)
     stale = decide(GateInput(load=load([]), num_tickets=1), cfg, model, 0.0)
     assert not stale.admitted
@@ -396,7 +397,7 @@ def test_margin_is_spent_above_the_floor(margin: float, admitted: bool) -> None:
     load = PoolLoad(taken_at=0.0, sessions=(one,), step_ms=None, agg_tps=100.0,
                     cells_used=20, cells_total=10_000, prefix_cells=10, naive_cells=20,
                     free_seq_ids=7, max_sessions=8, session_budget=512)
-    cfg = dataclasses.replace(GateConfig.create(policy="floor", floor_tps=50 / 1.05),
+    cfg = dataclasses.replace(GateConfig.create(policy="projection", floor_tps=50 / 1.05),
                               margin=margin)
     d = decide(GateInput(load=load, num_tickets=1), cfg, model_of(cost), 0.0)
     assert d.admitted is admitted
@@ -404,7 +405,7 @@ def test_margin_is_spent_above_the_floor(margin: float, admitted: bool) -> None:
 
 def test_young_sessions_count_as_always_decoding() -> None:
     """A duty cycle seen over a second or two is noise: it frees no capacity yet."""
-    cfg = GateConfig.create(policy="floor", floor_tps=5.0)
+    cfg = GateConfig.create(policy="projection", floor_tps=5.0)
     old = [session(i, S.IDLE, duty=0.1) for i in range(4)]
     young = [session(i, S.IDLE, duty=0.1, age=1.0) for i in range(4)]
     d_old = decide(GateInput(load=pool(old), num_tickets=4), cfg, model_of(), 0.0)
@@ -423,7 +424,7 @@ def test_prefill_the_workers_bring_is_priced_per_worker() -> None:
     steps = [StepSample(4, 6, 4000, 0.05)] * 8  # 6 prefill tokens per 4 decoded
     assert abs(prefill_ratio(steps) - 1.5) < 1e-9
     cost = StepCost(0.01, 0.02, 0.0, 0.004)
-    cfg = GateConfig.create(policy="floor", floor_tps=5.0, slow_start=False)
+    cfg = GateConfig.create(policy="projection", floor_tps=5.0, slow_start=False)
     busy = [session(i, S.DECODING, duty=1.0) for i in range(4)]
     quiet = project(GateInput(load=pool(busy), num_tickets=4), cfg, model_of(cost))
     loud_load = dataclasses.replace(pool(busy), recent_steps=tuple(
@@ -434,7 +435,7 @@ def test_prefill_the_workers_bring_is_priced_per_worker() -> None:
 
 def test_slow_start_counts_short_workers_measured_by_tokens() -> None:
     """Workers too short-lived to reach slow_start_s still count once they generated."""
-    cfg = GateConfig.create(policy="floor", floor_tps=1.0, slow_start=True)
+    cfg = GateConfig.create(policy="projection", floor_tps=1.0, slow_start=True)
     young = dataclasses.replace(session(0, S.DECODING, tps=30.0, age=0.5), num_generated=20)
     fresh = dataclasses.replace(session(0, S.DECODING, tps=30.0, age=0.5), num_generated=2)
     assert decide(GateInput(load=pool([young]), num_tickets=1), cfg, model_of(), 0.0).admitted
@@ -446,7 +447,7 @@ def test_slow_start_ages_sessions_past_the_snapshot() -> None:
     """An idle, never-measured session (an API conversation left open) stops holding the
     gate once it is older than min_duty_age_s, even when no step refreshed the snapshot:
     the pool takes no new one while nothing decodes."""
-    cfg = GateConfig.create(policy="floor", floor_tps=1.0, slow_start=True)
+    cfg = GateConfig.create(policy="projection", floor_tps=1.0, slow_start=True)
     idle = session(0, S.IDLE, age=0.5)  # snapshot taken at t = 0
     load = pool([idle])
     early = decide(GateInput(load=load, num_tickets=1), cfg, model_of(), 0.1)

@@ -1,0 +1,89 @@
+"""The decode gate on the real pool: a turn waits until the gate lets it run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from mesh.engine.types import SamplingParams, SessionState, StepSample, TurnResult
+from tests.engine.test_pool import make_pool, run
+
+
+class OneAtATime:
+    """A decode gate that lets a turn run only when none does; it records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def turn_room(self, num_running: int, cells_used: int,
+                  recent: Sequence[StepSample]) -> int:
+        self.calls.append(num_running)
+        return 0
+
+
+def test_a_waiting_turn_runs_only_when_the_gate_lets_it(tiny_model_path: Path) -> None:
+    async def body() -> tuple[TurnResult, TurnResult, list[int], list[SessionState], int]:
+        pool = await make_pool(tiny_model_path, max_sessions=4, session_budget=256)
+        gate = OneAtATime()
+        pool.set_turn_admission(gate)
+        try:
+            a, b = await pool.attach(), await pool.attach()
+            a.append("hello there")
+            b.append("and you")
+            params = SamplingParams(max_tokens=40, stop_at_eos=False)
+            gen_a, gen_b = a.generate(params), b.generate(params)
+            async with pool.held():  # both turns are asked for before any step
+                await gen_a.start()
+                await gen_b.start()
+            seen: list[SessionState] = []
+            pieces_b = 0
+            it_a = gen_a.__aiter__()
+            await it_a.__anext__()  # A runs now; B waits
+            seen = [s.state for s in pool.load().sessions]
+            max_decoding = 0
+            async for _ in it_a:
+                max_decoding = max(max_decoding, *(s.num_decode for s in
+                                                   pool.load().recent_steps))
+            async for _ in gen_b:
+                pieces_b += 1
+                max_decoding = max(max_decoding, *(s.num_decode for s in
+                                                   pool.load().recent_steps))
+            assert gen_a.result is not None and gen_b.result is not None
+            assert pieces_b == 40
+            return gen_a.result, gen_b.result, gate.calls, seen, max_decoding
+        finally:
+            await pool.aclose()
+
+    res_a, res_b, calls, seen, max_decoding = run(body())
+    assert res_a.num_generated == res_b.num_generated == 40
+    assert max_decoding == 1  # never two rows in one step
+    assert SessionState.WAITING in seen
+    assert res_b.wait_s >= 0.9 * res_a.decode_s  # B waited for A's turn
+    assert calls and 0 in calls  # the gate was asked with nothing running (one let in)
+
+
+def test_without_a_gate_turns_run_together(tiny_model_path: Path) -> None:
+    async def body() -> int:
+        pool = await make_pool(tiny_model_path, max_sessions=4, session_budget=256)
+        try:
+            a, b = await pool.attach(), await pool.attach()
+            a.append("hello there")
+            b.append("and you")
+            params = SamplingParams(max_tokens=20, stop_at_eos=False)
+            gen_a, gen_b = a.generate(params), b.generate(params)
+            async with pool.held():
+                await gen_a.start()
+                await gen_b.start()
+            await asyncio.gather(_drain(gen_a), _drain(gen_b))
+            assert gen_a.result is not None and gen_a.result.wait_s == 0.0
+            return max(s.num_decode for s in pool.load().recent_steps)
+        finally:
+            await pool.aclose()
+
+    assert run(body()) == 2
+
+
+async def _drain(gen: object) -> None:
+    async for _ in gen:  # type: ignore[attr-defined]
+        pass
