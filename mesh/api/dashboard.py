@@ -11,9 +11,15 @@ Routes:
 
   Non-finite numbers are sent as ``null``. It sits behind the app's bearer auth like
   ``/capacity`` (mount :data:`DASHBOARD_PUBLIC_PATHS` as the app's public paths, not the
-  events). At most ``max_streams`` streams are open at once (the next caller gets 429 with
-  ``Retry-After``), and each ends with ``event: end`` after ``max_stream_s``, so no client
-  holds a connection forever; the page reconnects.
+  events). At most ``max_streams`` streams are open at once, and at most
+  ``max_streams_per_caller`` of them for one caller (the auth principal, ``scope["user"]``;
+  without auth every client is the one caller, who may use all ``max_streams``); the next
+  request over either limit gets 429 with ``Retry-After``. Each stream ends with
+  ``event: end`` after ``max_stream_s``, so no client holds a connection forever; the page
+  reconnects.
+* ``GET /dashboard/history``: the last minutes of samples
+  (:class:`~mesh.api.dashboard_history.DashboardHistory`), behind the same auth; the page
+  draws them at load, before its first live frame.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
+from mesh.api.dashboard_history import DashboardHistory
 from mesh.gate.types import Admission
 
 __all__ = [
     "DASHBOARD_PUBLIC_PATHS",
+    "DashboardHistory",
     "NodesSource",
     "TaskSource",
     "dashboard_routes",
@@ -46,6 +54,7 @@ __all__ = [
 _ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 DASHBOARD_PUBLIC_PATHS = ("/dashboard", *(f"/dashboard/assets/{name}" for name in _ASSETS))
 MIN_INTERVAL_S = 0.2  # "at most a few times a second"
+DEFAULT_STREAMS_PER_CALLER = 2
 
 
 class TaskSource(Protocol):
@@ -132,25 +141,52 @@ class _CountedStream(StreamingResponse):
             self._release()
 
 
+def _caller(request: Request) -> str:
+    """The auth principal's name (``scope["user"]``, set by the bearer middleware), or ""
+    without auth: then every client is the same caller."""
+    user = request.scope.get("user")
+    name = getattr(user, "username", None) or getattr(user, "display_name", None)
+    return str(name) if name else ""
+
+
+def _busy(message: str, retry_s: int) -> Response:
+    return JSONResponse(
+        {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": message}},
+        status_code=429,
+        headers={"Retry-After": str(retry_s)},
+    )
+
+
 def dashboard_routes(
     admission: Admission,
     *,
     tasks: TaskSource | None,
     nodes: NodesSource | None = None,
+    history: DashboardHistory | None = None,
     interval_s: float = 0.5,
     max_stream_s: float = 600.0,
     max_streams: int = 8,
+    max_streams_per_caller: int = DEFAULT_STREAMS_PER_CALLER,
 ) -> list[BaseRoute]:
-    """The page, its two assets and the SSE feed (see the module docstring)."""
+    """The page, its two assets, the SSE feed and the history (see the module docstring).
+
+    ``history``: the sampler the app starts at start-up (one is made here if not given; it
+    then starts with the first dashboard request)."""
     if not interval_s >= MIN_INTERVAL_S:
         raise ValueError(f"interval_s must be >= {MIN_INTERVAL_S} s, got {interval_s!r}")
     if not max_stream_s > 0:
         raise ValueError(f"max_stream_s must be > 0, got {max_stream_s!r}")
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams!r}")
+    if max_streams_per_caller < 1:
+        raise ValueError(f"max_streams_per_caller must be >= 1, got {max_streams_per_caller!r}")
     page = _static("dashboard.html")
     assets = {name: _static(name) for name in _ASSETS}
+    memory = history if history is not None else DashboardHistory(admission)
     open_streams = 0
+    # Streams open per authenticated caller; "" (no auth) is not capped beyond max_streams.
+    by_caller: dict[str, int] = {}
+    retry = max(1, math.ceil(interval_s * 4))
 
     async def frame() -> str:
         doc = {
@@ -172,28 +208,39 @@ def dashboard_routes(
                 return
             await anyio.sleep(min(interval_s, left))
 
-    def release() -> None:
-        nonlocal open_streams
-        open_streams -= 1
+    def releaser(caller: str) -> Callable[[], None]:
+        def release() -> None:
+            nonlocal open_streams
+            open_streams -= 1
+            if caller:
+                by_caller[caller] -= 1
+                if not by_caller[caller]:
+                    del by_caller[caller]  # the map holds only callers with open streams
+
+        return release
 
     async def events(request: Request) -> Response:
         nonlocal open_streams
+        memory.ensure_started()
+        caller = _caller(request)
+        # Checked and taken with no await in between: concurrent requests cannot both pass.
         if open_streams >= max_streams:
-            retry = max(1, math.ceil(interval_s * 4))
-            return JSONResponse(
-                {
-                    "error": {
-                        "code": 429,
-                        "status": "RESOURCE_EXHAUSTED",
-                        "message": f"{max_streams} dashboard streams are open; close one "
-                        f"or retry after {retry} s",
-                    }
-                },
-                status_code=429,
-                headers={"Retry-After": str(retry)},
-            )
+            return _busy(f"{max_streams} dashboard streams are open; close one or retry "
+                         f"after {retry} s", retry)
+        if caller and by_caller.get(caller, 0) >= max_streams_per_caller:
+            return _busy(f"this caller has {max_streams_per_caller} dashboard streams open "
+                         f"(its share of {max_streams}); close one or retry after {retry} s",
+                         retry)
         open_streams += 1
-        return _CountedStream(stream(), release)
+        if caller:
+            by_caller[caller] = by_caller.get(caller, 0) + 1
+        return _CountedStream(stream(), releaser(caller))
+
+    async def past(request: Request) -> Response:
+        memory.ensure_started()
+        body = json.dumps(finite(memory.document()), allow_nan=False)
+        return Response(body, media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
 
     async def html(request: Request) -> Response:
         return Response(page, media_type="text/html; charset=utf-8")
@@ -211,5 +258,6 @@ def dashboard_routes(
     return [
         Route("/dashboard", html, methods=["GET"]),
         Route("/dashboard/events", events, methods=["GET"]),
+        Route("/dashboard/history", past, methods=["GET"]),
         *(Route(f"/dashboard/assets/{n}", asset(n), methods=["GET"]) for n in _ASSETS),
     ]

@@ -1,7 +1,9 @@
-"""GET /dashboard, its assets and the SSE feed over FakeEngine + FloorGate; TaskBoard units."""
+"""GET /dashboard, its assets, the SSE feed and the history over FakeEngine + FloorGate;
+TaskBoard units."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator
@@ -17,6 +19,7 @@ from uvicorn import Config, Server
 
 from mesh.api import api_routes
 from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes, finite, poll_nodes
+from mesh.api.dashboard_history import DashboardHistory, sample_of
 from mesh.coordinator.auth import BearerAuth
 from mesh.coordinator.taskboard import ObservedTaskStore, TaskBoard
 from mesh.engine.fake import FakeEngine
@@ -149,7 +152,8 @@ async def test_events_need_the_token_the_page_does_not() -> None:
 
 def test_bad_settings_are_refused() -> None:
     gate = FloorGate(FakeEngine(prefix_tokens=10), GateConfig.create(floor_tps=3.0))
-    for kw in ({"interval_s": 0.0}, {"max_stream_s": 0.0}, {"max_streams": 0}):
+    for kw in ({"interval_s": 0.0}, {"max_stream_s": 0.0}, {"max_streams": 0},
+               {"max_streams_per_caller": 0}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             dashboard_routes(gate, tasks=None, **kw)
 
@@ -266,3 +270,172 @@ async def test_poll_nodes_reads_each_capacity_once_per_interval() -> None:
     assert first[0] == {"url": "http://up:1", "capacity": {"headroom": 2, "verdict": "admit"},
                         "error": None}
     assert first[1]["capacity"] is None and "ConnectError" in first[1]["error"]
+
+
+# ---------------------------------------------------------------- history (issue 30 item 2)
+
+
+class _Cap:
+    """An admission whose capacity document the test sets (only ``capacity`` is read)."""
+
+    def __init__(self) -> None:
+        self.doc: dict[str, Any] = {}
+        self.reads = 0
+
+    def capacity(self) -> dict[str, Any]:
+        self.reads += 1
+        return self.doc
+
+
+def _cap_doc(tps: float, queue: int = 0, **extra: Any) -> dict[str, Any]:
+    return {
+        "floor_tps": 5.0, "verdict": "admit", "admitted_total": 3, "refused_total": 1,
+        "queue_len": queue, "max_queue": 10,
+        "kv_cells": {"used": 150, "prefix": 100, "total": 400, "reduction": 2.0},
+        "workers": [{"id": "w1", "decodeTps": tps}, {"id": "w2", "decodeTps": None}],
+        **extra,
+    }
+
+
+def test_history_keeps_a_bounded_window_of_samples() -> None:
+    now = [1000.0]
+    cap = _Cap()
+    history = DashboardHistory(cap, interval_s=1.0, window_s=10.0,  # type: ignore[arg-type]
+                               clock=lambda: now[0])
+    for i in range(50):
+        cap.doc = _cap_doc(tps=float(i), queue=i % 3)
+        history.sample()
+        now[0] += 1.0
+    # The ring's length is fixed by the settings (11), whatever the traffic.
+    assert history._ring.maxlen == 11 and len(history._ring) == 11
+    samples = history.samples()  # and what is older than the window is not served
+    assert [s["t"] for s in samples] == [1040.0 + i for i in range(10)]
+    last = samples[-1]
+    assert last == {
+        "t": 1049.0, "floor": 5.0, "verdict": "admit", "admitted": 3, "refused": 1,
+        "queue": 49 % 3, "maxQueue": 10, "waiting": None,
+        "cells": {"used": 150, "prefix": 100, "total": 400},
+        "workers": [["w1", 49.0]],  # a worker with no measured tok/s is not a point
+    }
+    now[0] += 60.0  # nothing sampled for a minute: the window is empty
+    assert history.samples() == []
+    with pytest.raises(ValueError, match="window_s"):
+        DashboardHistory(cap, interval_s=2.0, window_s=1.0)  # type: ignore[arg-type]
+
+
+def test_sample_reads_fields_defensively() -> None:
+    # The node pool's document has no floor, workers or cells; a gate with a decode queue
+    # reports turns.waiting; NaN and junk become null.
+    assert sample_of({"verdict": "wait", "queue_len": 2}, 1.0) == {
+        "t": 1.0, "floor": None, "verdict": "wait", "admitted": None, "refused": None,
+        "queue": 2, "maxQueue": None, "waiting": None,
+        "cells": {"used": None, "prefix": None, "total": None}, "workers": [],
+    }
+    s = sample_of(_cap_doc(math.nan, turns={"waiting": 4}), 2.0)
+    assert s["waiting"] == 4 and s["workers"] == []
+    assert sample_of({"turns": "x", "workers": "y", "kv_cells": 3}, 3.0)["waiting"] is None
+    many = {"workers": [{"id": i, "decodeTps": 1.0} for i in range(100)]}
+    assert len(sample_of(many, 4.0, max_workers=8)["workers"]) == 8
+
+
+async def test_history_is_sampled_on_a_timer_and_served_behind_auth() -> None:
+    engine = FakeEngine(prefix_tokens=10)
+    gate = FloorGate(engine, GateConfig.create(floor_tps=3.0))
+    history = DashboardHistory(gate, interval_s=0.05, window_s=60.0)
+    app = _app(engine, gate, TaskBoard(), token=TOKEN, history=history)
+    await history.start()  # what serve's on_startup does: no dashboard request needed
+    try:
+        with anyio.fail_after(5):
+            while len(history.samples()) < 4:
+                await anyio.sleep(0.02)
+    finally:
+        await history.aclose()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://mesh") as client:
+        assert (await client.get("/dashboard/history")).status_code == 401
+        r = await client.get("/dashboard/history", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    doc = r.json()
+    assert doc["windowS"] == 60.0 and doc["intervalS"] == 0.05
+    ts = [s["t"] for s in doc["samples"]]
+    assert len(ts) >= 4 and ts == sorted(ts)
+    assert all(s["floor"] == 3.0 and s["cells"]["prefix"] == 10 for s in doc["samples"])
+
+
+async def test_history_starts_with_the_first_dashboard_request() -> None:
+    cap = _Cap()
+    cap.doc = _cap_doc(tps=7.0)
+    app = Starlette(routes=dashboard_routes(cap, tasks=None))  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://mesh") as client:
+        assert (await client.get("/dashboard/history")).json()["samples"] == []
+        with anyio.fail_after(5):  # the default sampler: one sample a second
+            while not (await client.get("/dashboard/history")).json()["samples"]:
+                await anyio.sleep(0.1)
+
+
+# ------------------------------------------- per-caller dashboard streams (issue 27 hole 5)
+
+
+@contextlib.asynccontextmanager
+async def _uvicorn(app: Starlette) -> AsyncIterator[str]:
+    port = free_port()
+    server = Server(Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:
+                await anyio.sleep(0.02)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+
+
+async def test_one_caller_cannot_take_every_dashboard_stream() -> None:
+    engine = FakeEngine(prefix_tokens=10)
+    gate = FloorGate(engine, GateConfig.create(floor_tps=3.0))
+    routes = dashboard_routes(gate, tasks=None, max_streams=4, max_streams_per_caller=2)
+    app = Starlette(routes=routes, middleware=[
+        Middleware(BearerAuth, tokens=["a-token", "b-token", "c-token"],
+                   public_paths=DASHBOARD_PUBLIC_PATHS)])
+    auth = {name: {"Authorization": f"Bearer {name}-token"} for name in ("a", "b", "c")}
+    async with _uvicorn(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async with contextlib.AsyncExitStack() as a_streams:
+            # A asks for every slot there is: it gets its share, no more.
+            codes = []
+            for _ in range(4):
+                r = await a_streams.enter_async_context(
+                    client.stream("GET", "/dashboard/events", headers=auth["a"]))
+                codes.append(r.status_code)
+                if r.status_code == 429:
+                    await r.aread()
+                    message = r.json()["error"]["message"]
+                    assert "this caller has 2 dashboard streams open" in message
+            assert codes == [200, 200, 429, 429]
+            # B is not starved by A.
+            async with client.stream("GET", "/dashboard/events", headers=auth["b"]) as b1, \
+                    client.stream("GET", "/dashboard/events", headers=auth["b"]) as b2:
+                assert b1.status_code == b2.status_code == 200
+                # The global limit still holds: 4 open, C waits.
+                c = await client.get("/dashboard/events", headers=auth["c"])
+                assert c.status_code == 429 and "4 dashboard streams are open" in c.text
+        # A closed its streams: its share is back.
+        with anyio.fail_after(5):
+            while True:
+                async with client.stream("GET", "/dashboard/events", headers=auth["a"]) as r:
+                    if r.status_code == 200:
+                        break
+                await anyio.sleep(0.05)
+
+
+async def test_without_auth_the_one_caller_may_use_every_stream() -> None:
+    engine = FakeEngine(prefix_tokens=10)
+    gate = FloorGate(engine, GateConfig.create(floor_tps=3.0))
+    app = _app(engine, gate, TaskBoard(), max_streams=3, max_streams_per_caller=1)
+    async with _uvicorn(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client, \
+            contextlib.AsyncExitStack() as streams:
+        for _ in range(3):
+            r = await streams.enter_async_context(client.stream("GET", "/dashboard/events"))
+            assert r.status_code == 200
+        assert (await client.get("/dashboard/events")).status_code == 429

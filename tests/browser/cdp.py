@@ -23,7 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-CHROMIUM = Path("/usr/bin/chromium")
+# Debian's chromium (scripts/test.sh installs it where it is missing and it may).
+CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
 
 
 class CDPError(RuntimeError):

@@ -4,6 +4,9 @@ The server runs with a bearer token, so the page's token form is part of the pat
 a few threads of session-API turns plus A2A tasks. The numbers on the page are compared
 with ``/capacity`` (stable fields) and with the frame the page last drew (live ones).
 ``REFRESH_DASHBOARD_PNG=1`` also writes the screenshot the README shows, docs/dashboard.png.
+
+Chromium is Debian's ``chromium`` (``scripts/test.sh`` installs it where it is missing and it
+runs as root, as in CI); elsewhere the tests are skipped and pytest prints why.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,8 @@ from tests.browser.cdp import CHROMIUM, Browser
 from tests.reliability.serve_proc import ServeProc, running, small_project
 
 needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)"
+    not CHROMIUM.exists(),
+    reason=f"needs {CHROMIUM} (apt-get install chromium; scripts/test.sh does, as root)"
 )
 
 TOKEN = "dash-test-token"
@@ -62,6 +67,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProc]:
         yield served
 
 
+def _with_token(b: Browser, url: str) -> None:
+    """Open the page and give it the token through its form (the events answer 401)."""
+    b.navigate(url + "/dashboard")
+    b.wait_for("!document.getElementById('auth').hidden")
+    b.evaluate(
+        f"document.getElementById('tokenInput').value = {json.dumps(TOKEN)};"
+        "document.getElementById('tokenSubmit').click(); true"
+    )
+
+
 def _dom(b: Browser) -> dict[str, Any]:
     """The page's numbers and its last frame, read in one evaluation (one consistent view)."""
     expr = """(() => {
@@ -92,6 +107,55 @@ def _fmt(v: Any) -> str:
 
 @pytest.mark.browser
 @needs_chromium
+def test_dashboard_draws_the_past_at_load(server: ServeProc) -> None:
+    """Work done before the page opens is on its charts before the first live frame.
+
+    First in this module on purpose: no dashboard route has been asked yet, so the samples
+    below can only come from the sampler the server starts with itself."""
+    stop, errors = threading.Event(), list[str]()
+    threads = [
+        threading.Thread(target=_load, args=(server.url, stop, errors), daemon=True)
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a few seconds of sessions decoding
+            cap = httpx.get(server.url + "/capacity", headers=server.headers, timeout=10).json()
+            if any(w["decodeTps"] for w in cap["workers"]):
+                break
+            time.sleep(0.2)
+        time.sleep(4.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors[:3]
+    opened = time.time()
+    history = httpx.get(server.url + "/dashboard/history", headers=server.headers,
+                        timeout=10).json()
+    past = [s for s in history["samples"] if s["t"] < opened]
+    assert len(past) >= 4 and any(s["workers"] for s in past)
+    assert all(s["floor"] == 50.0 for s in past)
+    with Browser() as b:
+        _with_token(b, server.url)
+        b.wait_for("window.meshDashboard.historyLoaded !== null", timeout_s=30)
+        doc = json.loads(b.evaluate("""JSON.stringify({
+          loaded: window.meshDashboard.historyLoaded,
+          drawnBeforeLive: window.meshDashboard.drawnBeforeLive,
+          oldest: window.meshDashboard.samples[0].t,
+          withWorkers: window.meshDashboard.samples.filter(s => s.workers.length).length})"""))
+    # The chart drew points from the history alone (drawnBeforeLive is set only while the
+    # page has had no live frame), and they reach back before the page was opened.
+    assert doc["loaded"] >= len(past)
+    assert doc["drawnBeforeLive"]["tps"] >= 2 and doc["drawnBeforeLive"]["load"] >= 8
+    assert doc["oldest"] < opened - 3.0
+    assert doc["withWorkers"] >= 1
+
+
+@pytest.mark.browser
+@needs_chromium
 def test_dashboard_shows_live_numbers_that_match_capacity(server: ServeProc) -> None:
     stop, errors = threading.Event(), list[str]()
     threads = [
@@ -105,7 +169,7 @@ def test_dashboard_shows_live_numbers_that_match_capacity(server: ServeProc) -> 
             server.send(f"summarize main.py, take {i}", immediately=True)
         with Browser() as b:
             b.navigate(server.url + "/dashboard")
-            # Without a token the events answer 401 and the page asks for one.
+            # Without a token the data routes answer 401 and the page asks for one.
             b.wait_for("!document.getElementById('auth').hidden")
             assert b.evaluate("document.getElementById('status').textContent") == "token needed"
             b.evaluate(

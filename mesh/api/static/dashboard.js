@@ -1,10 +1,15 @@
-// mesh dashboard: reads GET /dashboard/events (SSE over fetch, so a bearer token can be
-// sent) and draws the last frame. No dependencies. Tests read window.meshDashboard.
+// mesh dashboard: at load reads GET /dashboard/history (the server's last 5 minutes of
+// samples) and draws it, then reads GET /dashboard/events (SSE over fetch, so a bearer
+// token can be sent) and draws each frame. No dependencies. Tests read window.meshDashboard.
 (function () {
   "use strict";
-  var WINDOW_S = 300, MAX_SERIES = 32, MAX_FRAMES = 20;
+  var WINDOW_S = 300, MAX_SERIES = 32, MAX_FRAMES = 20, MAX_SAMPLES = 2000;
   var TOKEN_KEY = "meshDashboardToken";
-  var state = { frames: [], last: null, history: {}, connected: false };
+  // samples: the server's history then one per live frame, oldest first (see sampleOf).
+  // historyLoaded: samples the last history read gave; drawnBeforeLive: points each chart
+  // drew from history alone, before the first live frame (the browser test reads both).
+  var state = { frames: [], last: null, samples: [], connected: false,
+                historyLoaded: null, drawnBeforeLive: { tps: 0, load: 0 }, drawn: null };
   window.meshDashboard = state;
 
   function $(id) { return document.getElementById(id); }
@@ -65,6 +70,10 @@
     put("wTotal", s.total);
     put("queueLen", cap.queue_len);
     put("maxQueue", cap.max_queue);
+    // Turns waiting for a decode slot: only where /capacity reports them.
+    var waiting = cap.turns && typeof cap.turns === "object" ? cap.turns.waiting : undefined;
+    $("turnsRow").hidden = $("turnsWaiting").hidden = waiting === undefined;
+    put("turnsWaiting", waiting);
     var kv = cap.kv_cells || {};
     var total = kv.total || 0, prefix = kv.prefix || 0, used = kv.used || 0;
     var priv = Math.max(used - prefix, 0), free = Math.max(total - used, 0);
@@ -94,8 +103,8 @@
     var nodes = frame.nodes;
     $("nodes").hidden = !nodes;
     if (nodes) renderNodes(nodes);
-    record(frame.t, workers);
-    draw(cap.floor_tps, frame.t);
+    keep([sampleOf(frame)]);
+    drawAll();
   }
 
   function renderNodes(nodes) {
@@ -113,25 +122,54 @@
     });
   }
 
-  function record(t, workers) {
-    workers.forEach(function (w) {
-      if (w.decodeTps === null || w.decodeTps === undefined) return;
-      var h = state.history[w.id] || (state.history[w.id] = []);
-      h.push([t, w.decodeTps]);
+  function num(v) { return typeof v === "number" && isFinite(v) ? v : null; }
+
+  // A live frame as a history sample: the same shape the server keeps
+  // (mesh/api/dashboard_history.py, sample_of).
+  function sampleOf(frame) {
+    var cap = frame.capacity || {}, kv = cap.kv_cells || {};
+    var turns = cap.turns && typeof cap.turns === "object" ? cap.turns : {};
+    var workers = [];
+    (cap.workers || []).forEach(function (w) {
+      if (num(w.decodeTps) !== null) workers.push([String(w.id), w.decodeTps]);
     });
-    Object.keys(state.history).forEach(function (id) {
-      var h = state.history[id];
-      while (h.length && h[0][0] < t - WINDOW_S) h.shift();
-      if (!h.length) delete state.history[id];
+    return { t: frame.t, floor: num(cap.floor_tps), verdict: cap.verdict || null,
+             admitted: num(cap.admitted_total), refused: num(cap.refused_total),
+             queue: num(cap.queue_len), maxQueue: num(cap.max_queue),
+             waiting: num(turns.waiting),
+             cells: { used: num(kv.used), prefix: num(kv.prefix), total: num(kv.total) },
+             workers: workers };
+  }
+
+  // Add samples (oldest first), keep the last WINDOW_S seconds and at most MAX_SAMPLES.
+  function keep(samples) {
+    var all = state.samples;
+    samples.forEach(function (s) {
+      if (typeof s.t !== "number") return;
+      if (all.length && s.t <= all[all.length - 1].t) return;  // time only moves forward
+      all.push(s);
     });
-    var ids = Object.keys(state.history);
-    if (ids.length > MAX_SERIES) {
-      ids.sort(function (a, b) {
-        var ha = state.history[a], hb = state.history[b];
-        return ha[ha.length - 1][0] - hb[hb.length - 1][0];
+    if (!all.length) return;
+    var now = all[all.length - 1].t;
+    while (all.length && (all[0].t < now - WINDOW_S || all.length > MAX_SAMPLES)) all.shift();
+  }
+
+  // Per-worker series [[t, tok/s], ...] from the samples, at most MAX_SERIES (the most
+  // recently seen kept).
+  function series() {
+    var out = {}, seen = {};
+    state.samples.forEach(function (s) {
+      (s.workers || []).forEach(function (w) {
+        (out[w[0]] || (out[w[0]] = [])).push([s.t, w[1]]);
+        seen[w[0]] = s.t;
       });
-      ids.slice(0, ids.length - MAX_SERIES).forEach(function (id) { delete state.history[id]; });
+    });
+    var ids = Object.keys(out);
+    if (ids.length > MAX_SERIES) {
+      ids.sort(function (a, b) { return seen[a] - seen[b]; });
+      ids.slice(0, ids.length - MAX_SERIES).forEach(function (id) { delete out[id]; });
     }
+    return out;
   }
 
   function color(id) {
@@ -140,46 +178,102 @@
     return "hsl(" + (h % 360) + ",70%,60%)";
   }
 
-  function draw(floor, now) {
-    var cv = $("chart"), ctx = cv.getContext("2d");
+  // The time axis both charts share: the last 5 minutes, or since the first sample if that
+  // is shorter (at least 30 s).
+  function axis(cv, top) {
+    var all = state.samples, ctx = cv.getContext("2d");
     var W = cv.width, H = cv.height, L = 44, B = 20;
+    var now = all[all.length - 1].t;
+    var span = Math.min(WINDOW_S, Math.max(30, now - all[0].t));
+    var a = {
+      ctx: ctx, W: W, H: H, L: L, now: now,
+      x: function (t) { return L + (W - L - 8) * (1 - (now - t) / span); },
+      y: function (v) { return (H - B) * (1 - v / top) + 2; }
+    };
     ctx.clearRect(0, 0, W, H);
-    var top = floor ? floor * 1.5 : 1;
-    Object.keys(state.history).forEach(function (id) {
-      state.history[id].forEach(function (p) { if (p[1] > top) top = p[1]; });
-    });
-    top *= 1.1;
-    // The last 5 minutes, or since the page opened if that is shorter (at least 30 s).
-    var first = state.frames.length ? state.frames[0].t : now;
-    if (state.since === undefined) state.since = first;
-    var span = Math.min(WINDOW_S, Math.max(30, now - state.since));
-    function x(t) { return L + (W - L - 8) * (1 - (now - t) / span); }
-    function y(v) { return (H - B) * (1 - v / top) + 2; }
     ctx.strokeStyle = "#2c3640"; ctx.fillStyle = "#8a96a3"; ctx.font = "11px sans-serif";
+    ctx.lineWidth = 1; ctx.setLineDash([]);
     for (var k = 0; k <= 4; k++) {
       var v = top * k / 4;
-      ctx.beginPath(); ctx.moveTo(L, y(v)); ctx.lineTo(W, y(v)); ctx.stroke();
-      ctx.fillText(v.toFixed(1), 2, y(v) + 4);
+      ctx.beginPath(); ctx.moveTo(L, a.y(v)); ctx.lineTo(W, a.y(v)); ctx.stroke();
+      ctx.fillText(v.toFixed(1), 2, a.y(v) + 4);
     }
     var step = span > 120 ? 60 : (span > 60 ? 20 : 10);
-    for (var a = step; a <= span; a += step) {
-      ctx.fillText("-" + (a >= 60 && a % 60 === 0 ? a / 60 + "m" : a + "s"), x(now - a) - 10, H - 4);
+    for (var d = step; d <= span; d += step) {
+      ctx.fillText("-" + (d >= 60 && d % 60 === 0 ? d / 60 + "m" : d + "s"), a.x(now - d) - 10, H - 4);
     }
     ctx.fillText("now", W - 26, H - 4);
-    Object.keys(state.history).forEach(function (id) {
-      var h = state.history[id];
-      ctx.strokeStyle = color(id); ctx.lineWidth = 1.5; ctx.beginPath();
-      h.forEach(function (p, i) { if (i) ctx.lineTo(x(p[0]), y(p[1])); else ctx.moveTo(x(p[0]), y(p[1])); });
-      ctx.stroke();
-      var end = h[h.length - 1];
-      ctx.fillStyle = color(id);
-      ctx.fillRect(x(end[0]) - 2, y(end[1]) - 2, 4, 4);
+    return a;
+  }
+
+  // One line through points [[t, v], ...]; returns how many points it drew.
+  function line(a, pts, style, width, dash) {
+    if (!pts.length) return 0;
+    var ctx = a.ctx;
+    ctx.strokeStyle = style; ctx.lineWidth = width; ctx.setLineDash(dash || []);
+    ctx.beginPath();
+    pts.forEach(function (p, i) {
+      if (i) ctx.lineTo(a.x(p[0]), a.y(p[1])); else ctx.moveTo(a.x(p[0]), a.y(p[1]));
     });
-    if (floor) {
-      ctx.strokeStyle = "#e8574c"; ctx.lineWidth = 2; ctx.setLineDash([6, 4]);
-      ctx.beginPath(); ctx.moveTo(L, y(floor)); ctx.lineTo(W, y(floor)); ctx.stroke();
-      ctx.setLineDash([]);
-    }
+    ctx.stroke();
+    ctx.setLineDash([]);
+    return pts.length;
+  }
+
+  function drawAll() {
+    if (!state.samples.length) return;
+    var drawn = { tps: drawTps(), load: drawLoad() };
+    if (!state.frames.length) state.drawnBeforeLive = drawn;
+    state.drawn = drawn;
+  }
+
+  // Tokens/s per worker, and the floor (dashed) as it was at each sample.
+  function drawTps() {
+    var cv = $("chart"), by = series(), floor = [], top = 1;
+    state.samples.forEach(function (s) {
+      if (s.floor !== null) { floor.push([s.t, s.floor]); top = Math.max(top, s.floor * 1.5); }
+    });
+    Object.keys(by).forEach(function (id) {
+      by[id].forEach(function (p) { if (p[1] > top) top = p[1]; });
+    });
+    var a = axis(cv, top * 1.1), n = 0;
+    Object.keys(by).forEach(function (id) {
+      var h = by[id];
+      n += line(a, h, color(id), 1.5);
+      var end = h[h.length - 1];
+      a.ctx.fillStyle = color(id);
+      a.ctx.fillRect(a.x(end[0]) - 2, a.y(end[1]) - 2, 4, 4);
+    });
+    line(a, floor, "#e8574c", 2, [6, 4]);
+    return n;
+  }
+
+  // KV cells used and the queue, each as a % of its maximum; the gate's verdict as a
+  // strip along the bottom (green admit, yellow queue, red refuse).
+  function drawLoad() {
+    var cv = $("loadChart"), kv = [], queue = [], waiting = [], n = 0;
+    var a = axis(cv, 100);
+    state.samples.forEach(function (s) {
+      var c = s.cells || {};
+      if (c.total) kv.push([s.t, 100 * (c.used || 0) / c.total]);
+      if (s.maxQueue) queue.push([s.t, 100 * (s.queue || 0) / s.maxQueue]);
+      if (s.waiting !== null && s.waiting !== undefined && s.maxQueue) {
+        waiting.push([s.t, Math.min(100, 100 * s.waiting / s.maxQueue)]);
+      }
+    });
+    n += line(a, kv, "#4c9be8", 1.5);
+    n += line(a, queue, "#e8c84c", 1.5);
+    n += line(a, waiting, "#c77dff", 1.5, [3, 3]);
+    var colors = { admit: "#5fd07a", queue: "#e8c84c", refuse: "#e8574c" };
+    state.samples.forEach(function (s, i) {
+      var next = state.samples[i + 1], c = colors[s.verdict];
+      if (!c) return;
+      a.ctx.fillStyle = c;
+      var x0 = a.x(s.t), x1 = next ? a.x(next.t) : x0 + 2;
+      a.ctx.fillRect(x0, a.y(0) - 4, Math.max(1, x1 - x0), 4);
+    });
+    $("legendWaiting").hidden = !waiting.length;
+    return n;
   }
 
   function onFrame(data) {
@@ -204,12 +298,42 @@
 
   function later(ms) { setTimeout(connect, ms); }
 
-  function connect() {
+  function headers(accept) {
     var token = sessionStorage.getItem(TOKEN_KEY);
-    var headers = { Accept: "text/event-stream" };
-    if (token) headers.Authorization = "Bearer " + token;
+    var h = { Accept: accept };
+    if (token) h.Authorization = "Bearer " + token;
+    return h;
+  }
+
+  // The server's history first (drawn before any live frame), then the live stream. A
+  // history that cannot be read is not fatal: the stream still draws from now on.
+  function connect() {
     status("connecting", "");
-    fetch("dashboard/events", { headers: headers, cache: "no-store" }).then(function (r) {
+    fetch("dashboard/history", { headers: headers("application/json"), cache: "no-store" })
+      .then(function (r) {
+        if (r.status === 401) return "auth";
+        if (!r.ok) return null;
+        return r.json().then(function (doc) {
+          var samples = (doc && doc.samples) || [];
+          state.historyLoaded = samples.length;
+          // History the page already holds stays; older history fills in before it.
+          var mine = state.samples;
+          state.samples = [];
+          keep(samples.filter(function (s) { return !mine.length || s.t < mine[0].t; }));
+          keep(mine);
+          drawAll();
+          return null;
+        });
+      })
+      .catch(function () { return null; })
+      .then(function (outcome) {
+        if (outcome === "auth") { sessionStorage.removeItem(TOKEN_KEY); askToken(); return; }
+        stream();
+      });
+  }
+
+  function stream() {
+    fetch("dashboard/events", { headers: headers("text/event-stream"), cache: "no-store" }).then(function (r) {
       if (r.status === 401) { sessionStorage.removeItem(TOKEN_KEY); askToken(); return; }
       if (r.status === 429) {
         var s = parseFloat(r.headers.get("Retry-After") || "2");
@@ -228,9 +352,9 @@
           while ((cut = buf.indexOf("\n\n")) >= 0) {
             var block = buf.slice(0, cut); buf = buf.slice(cut + 2);
             var ev = "message", data = [];
-            block.split("\n").forEach(function (line) {
-              if (line.indexOf("event:") === 0) ev = line.slice(6).trim();
-              else if (line.indexOf("data:") === 0) data.push(line.slice(5).trim());
+            block.split("\n").forEach(function (ln) {
+              if (ln.indexOf("event:") === 0) ev = ln.slice(6).trim();
+              else if (ln.indexOf("data:") === 0) data.push(ln.slice(5).trim());
             });
             if (ev === "message" && data.length) onFrame(data.join("\n"));
           }
