@@ -24,7 +24,12 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
     import httpx
 
     from mesh.api.capacity import capacity_routes
-    from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes, poll_nodes
+    from mesh.api.dashboard import (
+        DASHBOARD_PUBLIC_PATHS,
+        DashboardHistory,
+        dashboard_routes,
+        poll_nodes,
+    )
     from mesh.coordinator.app import build_app
     from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.node_worker import NodeClient, NodeWorker
@@ -61,6 +66,7 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
         prefix_tokens=len(ids), prefix_hash=prefix_hash, warm_started=False, build_s=0.0,
         engine=f"nodes:{len(nodes)}")
     board = TaskBoard()
+    history = DashboardHistory(pool)  # the dashboard's last 5 minutes
     dash_http = httpx.AsyncClient(headers=headers, timeout=5.0)  # first used when serving
 
     async def close_dash() -> None:
@@ -72,13 +78,14 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
         admission=pool,
         pool_info=info,
         extra_routes=[*capacity_routes(pool),
-                      *dashboard_routes(pool, tasks=board,
+                      *dashboard_routes(pool, tasks=board, history=history,
                                         nodes=poll_nodes([n.url for n in nodes], dash_http,
                                                          token=token))],
         skills=[s.model_dump() for s in template.manifest.skills],
         task_board=board,
         public_paths=DASHBOARD_PUBLIC_PATHS,
-        on_shutdown=[client.aclose, close_dash],
+        on_startup=[history.start],
+        on_shutdown=[client.aclose, close_dash, history.aclose],
     )
     for n in nodes:
         print(f"node: {n.url} ({n.name}; model {n.model}; engine {n.engine}; prefix "

@@ -169,7 +169,7 @@ async def _close(pool: Any, peers: Any) -> None:
 
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.api import SessionAPI, api_routes
-    from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes
+    from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, DashboardHistory, dashboard_routes
     from mesh.api.openai import OpenAIAPI
     from mesh.coordinator.agent import Agent, AgentConfig
     from mesh.coordinator.app import build_app
@@ -255,6 +255,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
     board = TaskBoard()
+    history = DashboardHistory(gate)  # the dashboard's last 5 minutes
+    dashboard = dashboard_routes(gate, tasks=board, history=history)
     sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
     scan = _project_paths(template, project)
     paths = ProjectPaths.of(scan.files, scan.dirs)
@@ -279,12 +281,13 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                                               paths=paths, first_call=args.first_turn == "call"),
         admission=gate,
         pool_info=info,
-        extra_routes=[*api_routes(pool, gate, sessions), *dashboard_routes(gate, tasks=board),
+        extra_routes=[*api_routes(pool, gate, sessions), *dashboard,
                       *openai_api.routes],
         skills=[s.model_dump() for s in template.manifest.skills],
         task_board=board,
         public_paths=DASHBOARD_PUBLIC_PATHS,
-        on_shutdown=[sessions.aclose],
+        on_startup=[history.start],
+        on_shutdown=[sessions.aclose, history.aclose],
         agent=agent,
     )
     base = args.public_url or f"http://{args.host}:{args.port}"

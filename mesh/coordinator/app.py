@@ -82,6 +82,7 @@ def build_app(
     task_board: TaskBoard | None = None,
     public_paths: Sequence[str] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+    on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
     agent: Agent | None = None,
 ) -> Starlette:
     """The A2A coordinator as a Starlette app (see the module docstring for what it mounts).
@@ -90,6 +91,7 @@ def build_app(
     async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
     card; ``task_board``, if given, sees every task the handler saves (the dashboard);
     ``public_paths`` are served without auth next to the card and ``/healthz``;
+    ``on_startup`` runs in the serving loop at start-up (the dashboard's history);
     ``on_shutdown`` runs first at shutdown (the session API's ``aclose``); ``agent``
     (optional) plans messages without explicit subtasks. Raises
     ``ValueError`` if ``config`` does not validate. Does no I/O.
@@ -126,6 +128,8 @@ def build_app(
             logger.warning("marked %d task(s) left running failed: interrupted", len(marked))
         coordinator.interrupted_at_start = tuple(marked)
         try:
+            for start in on_startup:
+                await start()
             yield
         finally:
             try:
