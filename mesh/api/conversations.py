@@ -6,6 +6,11 @@ after the prefix starts with a cached conversation's text continues that session
 its new messages are prefilled. A conversation in a turn is taken out of the cache (a second
 request with the same history gets a new session); it goes back when the turn ends.
 Idle conversations are evicted least-recently-used when the pool needs the room.
+
+The cache is scoped by caller (:attr:`Conversation.owner`, the authenticated caller's name,
+"" without auth): a request continues only its own caller's conversations, so what one
+caller can observe of another's (through ``cached_tokens`` or timing) is the shared prefix
+and nothing more.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ __all__ = ["Conversation", "ConversationCache"]
 class Conversation:
     session: Session
     text: str = ""  # what the session holds after the prefix, exactly
+    owner: str = ""  # the caller whose requests may continue it ("" without auth)
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -39,12 +45,13 @@ class ConversationCache:
     def __len__(self) -> int:
         return len(self._idle)
 
-    def take(self, rest: str) -> Conversation | None:
-        """Remove and return the idle conversation whose text is the longest prefix of
-        ``rest`` with at least one character left to append; None if there is none."""
+    def take(self, owner: str, rest: str) -> Conversation | None:
+        """Remove and return ``owner``'s idle conversation whose text is the longest prefix
+        of ``rest`` with at least one character left to append; None if there is none."""
         best: Conversation | None = None
         for conv in self._idle.values():
-            fits = len(conv.text) < len(rest) and rest.startswith(conv.text)
+            fits = (conv.owner == owner and len(conv.text) < len(rest)
+                    and rest.startswith(conv.text))
             if fits and (best is None or len(conv.text) > len(best.text)):
                 best = conv
         if best is None:

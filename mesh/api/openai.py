@@ -2,17 +2,25 @@
 
     POST /v1/chat/completions   messages rendered in the model's chat format
     POST /v1/completions        a raw prompt
-    GET  /v1/prefix             the exact system text (and prefix) every request must start with
-    GET  /v1/models             the one model
+    GET  /v1/prefix             the pool's system text (and prefix), for clients that send it
+    GET  /v1/models             the one model, by its GGUF ``general.name`` (and a ``:strict``
+                                twin)
 
-A request's text (the rendered messages, or the prompt) must start with the pool's prefix:
-the chat format's rendering of :attr:`OpenAIAPI.system_text`, i.e. a first ``system``
-message whose content is ``GET /v1/prefix``'s ``system``. Otherwise the answer is a 400 that
-names the first differing token. The rest of the text lands on the idle cached conversation
-whose text is its longest prefix (:mod:`mesh.api.conversations`), so a multi-turn agent
-prefills only its new messages; ``usage.prompt_tokens_details.cached_tokens`` says how many
-prompt tokens were already in the pool (prefix included). Without a match a new session
-is attached (the prefix is shared, never prefilled again).
+Every request is served on top of the pool's prefix, the chat format's rendering of
+:attr:`OpenAIAPI.system_text` (:mod:`mesh.api.openai_render`): a client's own messages,
+system message included, follow the pool's system text; under the strict rule (a model
+name ending ``:strict``, or ``strict_prefix=True``) a request must start with the prefix
+exactly, else a 400 that names the first differing token. The text after the prefix lands on
+the caller's idle cached conversation whose text is its longest prefix
+(:mod:`mesh.api.conversations`; one caller never continues, or learns of, another's), so a
+multi-turn agent prefills only its new messages; ``usage.prompt_tokens_details.
+cached_tokens`` says how many prompt tokens were already in the pool (prefix included).
+Without a match a new session is attached (the prefix is shared, never prefilled again).
+
+Parsing the body, checking and compiling ``tools``, rendering and tokenizing grow with the
+request, so they run in a worker thread (:meth:`OpenAIAPI._prepare_chat`), after the tools'
+shape limits (:mod:`mesh.api.openai_limits`); the event loop only reads the body and runs
+the turn.
 
 Every request passes the gate's queue check (429 + Retry-After when it refuses). A request
 that starts a new conversation is a new worker: it waits for the gate's ``admit`` (429 past
@@ -23,22 +31,28 @@ waits, and whenever the pool has no session slot or cells left, idle conversatio
 evicted least-recently-used, and any idle past ``idle_ttl_s`` (120 s) is detached.
 
 ``tools`` / ``tool_choice``: see :mod:`mesh.api.openai_tools` (the tools are described
-before the first user message, the reply is sampled under a grammar of their calls and
-parsed into ``tool_calls``); ``tool`` messages are rendered as user messages that carry the
-result. Not supported: ``n > 1``, ``logprobs``, non-text parts.
+before the first user message, the reply is sampled under a grammar of their calls,
+:mod:`mesh.api.openai_grammar`, and parsed into ``tool_calls``; a call repeated word for
+word is kept once unless ``repeat_tool_calls`` is true); ``tool`` messages are rendered as
+user messages that carry the result. Not supported: ``n > 1``, ``logprobs``, non-text parts.
 
-This module holds the routes, the rendering and the request checks; a turn's admission,
-attach, append and end are :mod:`mesh.api.openai_turns`, its reply bodies and stream
-:mod:`mesh.api.openai_replies`, the gate helpers shared with the session API
-:mod:`mesh.api.admit`.
+This module holds the routes and the request checks; rendering is
+:mod:`mesh.api.openai_render`, a turn's admission, attach, append and end
+:mod:`mesh.api.openai_turns`, its reply bodies and stream :mod:`mesh.api.openai_replies`,
+the gate helpers shared with the session API :mod:`mesh.api.admit`.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -46,27 +60,54 @@ from starlette.routing import BaseRoute, Route
 
 from mesh.api.admit import Periodic, queue_refusal, release
 from mesh.api.conversations import ConversationCache
+from mesh.api.openai_grammar import cached_grammar
+from mesh.api.openai_render import STRICT_SUFFIX, Prompter, is_strict, template_messages
 from mesh.api.openai_replies import reply_body, reply_stream
-from mesh.api.openai_tools import (
-    ToolChoice,
-    ToolsError,
-    ToolSpec,
-    parse_tool_choice,
-    parse_tools,
-    render_calls,
-    tools_grammar,
-    tools_prompt,
-)
+from mesh.api.openai_tools import ToolsError, ToolSpec, parse_tool_choice, parse_tools
 from mesh.api.openai_turns import Bad, OpenAITurns, engine_error
 from mesh.api.openai_wire import ChatRequest, CompletionRequest, SamplingFields, oa_error
 from mesh.api.wire import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, TurnStream
-from mesh.engine.types import Engine, EngineError, SamplingParams
+from mesh.engine.types import Engine, EngineError, PoolInfo, SamplingParams
 from mesh.gate.types import Admission, Ticket
-from mesh.template.chat import ChatFormat, ChatFormatError
+from mesh.template.chat import ChatFormat, ChatFormatError, read_gguf_chat
 
-__all__ = ["OpenAIAPI"]
+__all__ = ["OpenAIAPI", "caller_of", "model_names"]
 
 Tokenize = Callable[[str], list[int]]
+_PREP_THREADS = 4  # requests prepared at once (the rest wait their turn, off the loop)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A request ready to run: its text after the prefix and its sampling parameters."""
+
+    req: SamplingFields
+    rest: str
+    params: SamplingParams
+    tools: tuple[ToolSpec, ...] = ()
+    repeat_calls: bool = False
+
+
+def caller_of(request: Request) -> str:
+    """The caller's name set by the auth middleware (``scope["user"]``), else "" (auth
+    off: one caller)."""
+    user = request.scope.get("user")
+    name = getattr(user, "username", None) or getattr(user, "display_name", None)
+    return str(name) if name else ""
+
+
+def model_names(info: PoolInfo) -> tuple[str, str]:
+    """(id, file basename) of the pool's model: the GGUF's ``general.name`` (else the
+    file's stem) and the file's name; an engine without a local file keeps its own name."""
+    path = Path(info.model_path)
+    if not path.is_file():
+        return info.model_name, info.model_path
+    try:
+        name = read_gguf_chat(path).get("name")
+    except (ChatFormatError, OSError):
+        name = None
+    label = str(name).strip() if name else ""
+    return label or path.stem, path.name
 
 
 class OpenAIAPI:
@@ -83,15 +124,20 @@ class OpenAIAPI:
         max_wait_s: float = 30.0,
         max_idle: int | None = None,
         idle_ttl_s: float = 120.0,
+        strict_prefix: bool = False,
     ) -> None:
         self.engine, self.admission, self.chat = engine, admission, chat
         self.system_text = system_text
-        self.prefix = chat.prefix_text(system_text)
+        self.prompter = Prompter(chat, system_text, tokenize)
+        self.prefix = self.prompter.prefix
         self.tokenize = tokenize
+        self.strict_prefix = strict_prefix
+        self.model_id, self.model_file = model_names(engine.info)
         self.max_wait_s = max_wait_s
         self.cache = ConversationCache(max_idle or engine.info.max_sessions)
         self.idle_ttl_s = idle_ttl_s
         self.turns = OpenAITurns(engine, admission, self.cache, max_wait_s)
+        self._limiter: anyio.CapacityLimiter | None = None
         # Detaches conversations idle past ``idle_ttl_s``: an idle session holds a pool
         # slot that A2A workers may need too.
         self._sweeper = Periodic(lambda: self.cache.evict_idle(self.idle_ttl_s),
@@ -125,92 +171,77 @@ class OpenAIAPI:
         })
 
     async def _models(self, request: Request) -> Response:
-        name = self.engine.info.model_name
+        def entry(model_id: str, strict: bool) -> dict[str, Any]:
+            return {"id": model_id, "object": "model", "created": 0, "owned_by": "mesh",
+                    "root": self.model_file, "description": self.engine.info.model_name,
+                    "strict_prefix": strict}
         return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "mesh"}]})
+            entry(self.model_id, self.strict_prefix),
+            entry(self.model_id + STRICT_SUFFIX, True)]})
 
     async def _chat(self, request: Request) -> Response:
+        return await self._serve(request, self._prepare_chat, chat=True)
+
+    async def _completion(self, request: Request) -> Response:
+        return await self._serve(request, self._prepare_completion, chat=False)
+
+    async def _serve(self, request: Request, prepare: Callable[[bytes], _Prepared], *,
+                     chat: bool) -> Response:
+        body = await request.body()
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(_PREP_THREADS)
         try:
-            req = await _parse(request, ChatRequest)
-            specs = parse_tools(req.tools or [])
-            choice = parse_tool_choice(req.tool_choice, specs)
-            rendered = self._strip_bos(self.chat.render(self._messages(req, specs, choice)))
-            rest = self._rest(rendered, "messages")
-            grammar = tools_grammar(specs, choice, parallel=req.parallel_tool_calls)
+            prep = await anyio.to_thread.run_sync(prepare, body, limiter=self._limiter)
         except Bad as exc:
             return exc.response()
         except ToolsError as exc:
             return oa_error(400, str(exc), "invalid_tools", param=exc.param)
         except ChatFormatError as exc:
             return oa_error(400, str(exc), "invalid_messages", param="messages")
-        return await self._run(req, rest, chat=True, grammar=grammar,
-                               tools=specs if grammar else ())
+        return await self._run(prep, caller_of(request), chat=chat)
 
-    async def _completion(self, request: Request) -> Response:
-        try:
-            req = await _parse(request, CompletionRequest)
-            if req.echo or req.suffix:
-                raise Bad(400, "echo and suffix are not supported", "unsupported")
-            rest = self._rest(self._strip_bos(req.prompt), "prompt")
-        except Bad as exc:
-            return exc.response()
-        return await self._run(req, rest, chat=False)
+    # ------------------------------------------------------------------ preparing (a thread)
 
-    # ------------------------------------------------------------------ rendering
+    def _prepare_chat(self, body: bytes) -> _Prepared:
+        """Parse, check tools (shape limits first), render, and build the grammar. Runs in
+        a worker thread: every step here grows with the request."""
+        req: ChatRequest = _parse(body, ChatRequest)
+        max_tokens = self._max_tokens(req)
+        specs = parse_tools(req.tools or [])
+        choice = parse_tool_choice(req.tool_choice, specs)
+        messages = template_messages(req.messages, specs, choice)
+        rest = self.prompter.chat_rest(
+            messages, strict=is_strict(req.model, self.strict_prefix))
+        grammar = None
+        if specs:
+            key = json.dumps(req.tools, sort_keys=True, separators=(",", ":"))
+            grammar = cached_grammar(key, specs, choice, parallel=req.parallel_tool_calls,
+                                     max_tokens=max_tokens)
+        return _Prepared(req, rest, self._params(req, max_tokens, grammar),
+                         specs if grammar else (), req.repeat_tool_calls)
 
-    def _messages(self, req: ChatRequest, specs: tuple[ToolSpec, ...] = (),
-                  choice: ToolChoice | None = None) -> list[dict[str, str]]:
-        out: list[dict[str, str]] = []
-        described = not specs or choice is None or choice.mode == "none"
-        for i, m in enumerate(req.messages):
-            if m.has_non_text():
-                raise Bad(400, f"messages[{i}] has a non-text part; only text is supported",
-                           "unsupported", "messages")
-            role, text = m.role, m.text()
-            if role == "developer":
-                role = "system"
-            elif role == "tool":
-                role, text = "user", f"Tool result ({m.name or m.tool_call_id or 'tool'}):\n{text}"
-            elif role == "assistant" and m.tool_calls:
-                text = "\n".join(t for t in (text, render_calls(m.tool_calls)) if t)
-            if role == "user" and not described and choice is not None:
-                text, described = f"{tools_prompt(specs, choice)}\n\n{text}", True
-            out.append({"role": role, "content": text})
-        return out
+    def _prepare_completion(self, body: bytes) -> _Prepared:
+        req: CompletionRequest = _parse(body, CompletionRequest)
+        if req.echo or req.suffix:
+            raise Bad(400, "echo and suffix are not supported", "unsupported")
+        max_tokens = self._max_tokens(req)
+        rest = self.prompter.completion_rest(
+            req.prompt, strict=is_strict(req.model, self.strict_prefix))
+        return _Prepared(req, rest, self._params(req, max_tokens))
 
-    def _strip_bos(self, text: str) -> str:
-        bos = self.chat.bos_token
-        if self.chat.add_bos and bos and text.startswith(bos):
-            return text[len(bos):]
-        return text
-
-    def _rest(self, text: str, param: str) -> str:
-        """The text after the prefix, or a 400 naming the first differing token."""
-        if text.startswith(self.prefix):
-            return text[len(self.prefix):]
-        want = self.tokenize(self.prefix)
-        got = self.tokenize(text[: len(self.prefix) + 64])
-        tok = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
-                   min(len(want), len(got)))
-        ch = next((i for i, (a, b) in enumerate(zip(self.prefix, text, strict=False)) if a != b),
-                  min(len(self.prefix), len(text)))
-        raise Bad(400, (
-            f"the request does not start with the pool's prefix: they differ at token {tok} "
-            f"(character {ch}: the prefix has {self.prefix[ch:ch + 24]!r}, the request "
-            f"{text[ch:ch + 24]!r}); send a first system message whose content is the "
-            "'system' text of GET /v1/prefix, exactly"), "prefix_mismatch", param)
-
-    # ------------------------------------------------------------------ turns
-
-    def _params(self, req: SamplingFields, grammar: str | None = None) -> SamplingParams:
-        if req.logprobs:
-            raise Bad(400, "logprobs are not supported", "unsupported", "logprobs")
+    def _max_tokens(self, req: SamplingFields) -> int:
         budget = self.engine.info.session_budget
         asked = req.max_completion_tokens or req.max_tokens
         max_tokens = min(DEFAULT_MAX_TOKENS, budget) if asked is None else asked
         if max_tokens > budget:
             raise Bad(400, f"max_tokens {max_tokens} exceeds the session budget of {budget} "
                        "tokens", "context_length_exceeded", "max_tokens")
+        return max_tokens
+
+    def _params(self, req: SamplingFields, max_tokens: int,
+                grammar: str | None = None) -> SamplingParams:
+        if req.logprobs:
+            raise Bad(400, "logprobs are not supported", "unsupported", "logprobs")
         stop = req.stop_list()
         if len(stop) > 16 or any(not s or len(s) > MAX_STOP_LEN for s in stop):
             raise Bad(400, f"stop: at most 16 strings of 1..{MAX_STOP_LEN} characters",
@@ -218,17 +249,15 @@ class OpenAIAPI:
         return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
                               top_p=req.top_p, seed=req.seed, stop=stop, grammar=grammar)
 
-    async def _run(self, req: SamplingFields, rest: str, *, chat: bool,
-                   grammar: str | None = None, tools: tuple[ToolSpec, ...] = ()) -> Response:
+    # ------------------------------------------------------------------ turns
+
+    async def _run(self, prep: _Prepared, caller: str, *, chat: bool) -> Response:
         self._sweeper.ensure_started()
-        try:
-            params = self._params(req, grammar)
-        except Bad as exc:
-            return exc.response()
+        req, rest = prep.req, prep.rest
         refusal = queue_refusal(self.admission)
         if refusal is not None:
             return Bad.refused(refusal).response()
-        conv = self.cache.take(rest)
+        conv = self.cache.take(caller, rest)
         if conv is None and not rest:
             return oa_error(400, "the request adds nothing after the pool's prefix; send "
                             "text after it (a user message, or more prompt)", "empty_input")
@@ -239,18 +268,17 @@ class OpenAIAPI:
             except Bad as exc:
                 return exc.response()
         try:
-            turn = await self.turns.start(conv, rest, params, ticket)
+            turn = await self.turns.start(conv, rest, prep.params, ticket, owner=caller)
         except Bad as exc:
             await release(ticket)
             return exc.response()
         except BaseException:
             await release(ticket)
             raise
-        turn.tools = tools
+        turn.tools, turn.repeat_calls = prep.tools, prep.repeat_calls
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
-            events = reply_stream(turn, rid, chat, req.include_usage(),
-                                  self.engine.info.model_name)
+            events = reply_stream(turn, rid, chat, req.include_usage(), self.model_id)
             return TurnStream(events, lambda: self.turns.end(turn))
         try:
             async for _ in turn.iterator:
@@ -267,11 +295,10 @@ class OpenAIAPI:
         result = turn.generation.result
         if result is None:
             return oa_error(503, "the turn ended without a result", "engine_error")
-        return JSONResponse(reply_body(turn, result, rid, chat, self.engine.info.model_name))
+        return JSONResponse(reply_body(turn, result, rid, chat, self.model_id))
 
 
-async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    body = await request.body()
+def _parse(body: bytes, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate_json(body or b"{}")
     except ValidationError as exc:

@@ -32,7 +32,7 @@ def reply_body(turn: Turn, result: TurnResult, rid: str, chat: bool,
     if chat:
         message: dict[str, Any] = {"role": "assistant", "content": result.text}
         if turn.tools:
-            content, calls = split_calls(result.text, turn.tools)
+            content, calls = split_calls(result.text, turn.tools, repeats=turn.repeat_calls)
             if calls:
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
                 reason = "tool_calls"
@@ -83,7 +83,7 @@ async def reply_stream(turn: Turn, rid: str, chat: bool, with_usage: bool,
     if result is not None:
         reason = finish_reason(result.finish_reason)
         if turn.tools:
-            content, calls = split_calls(result.text, turn.tools)
+            content, calls = split_calls(result.text, turn.tools, repeats=turn.repeat_calls)
             delta: dict[str, Any] = {"content": content}
             if calls:
                 delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]

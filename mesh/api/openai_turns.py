@@ -65,6 +65,7 @@ class Turn:
         self.iterator = generation.__aiter__()
         self.failed = False
         self.tools: tuple[ToolSpec, ...] = ()  # a chat turn with tools: parse its calls
+        self.repeat_calls = False  # keep calls repeated word for word in the reply
 
 
 class OpenAITurns:
@@ -96,10 +97,11 @@ class OpenAITurns:
                       retry_after_s=self.admission.check_queue().retry_after_s)
 
     async def start(self, conv: Conversation | None, rest: str, params: SamplingParams,
-                    ticket: Ticket | None) -> Turn:
-        """Attach a conversation if none matched, append the new text, start generating."""
+                    ticket: Ticket | None, *, owner: str = "") -> Turn:
+        """Attach a conversation (``owner``'s) if none matched, append the new text, start
+        generating."""
         if conv is None:
-            conv = Conversation(await self._attach())
+            conv = Conversation(await self._attach(), owner=owner)
         try:
             cached = conv.session.context_len
             new_text = rest[len(conv.text):]

@@ -80,6 +80,8 @@ class ChatRequest(SamplingFields):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool = True
+    # mesh's own: keep a call repeated word for word in one reply (dropped by default).
+    repeat_tool_calls: bool = False
 
 
 class CompletionRequest(SamplingFields):

@@ -92,19 +92,20 @@ async def test_three_turns_reuse_everything_before(mesh: Mesh) -> None:
     assert mesh.api.cache.hits == 2 and len(mesh.api.cache) == 1
 
 
-async def test_prefix_endpoint_and_mismatch(mesh: Mesh) -> None:
+async def test_prefix_endpoint_and_mismatch_under_the_strict_rule(mesh: Mesh) -> None:
     r = await mesh.client.get("/v1/prefix")
     assert r.json()["system"] == SYSTEM and r.json()["prefix_tokens"] == (
         mesh.pool.info.prefix_tokens)
     wrong = SYSTEM.replace("team", "crew")
     r = await mesh.chat([{"role": "system", "content": wrong},
-                         {"role": "user", "content": "hi"}])
+                         {"role": "user", "content": "hi"}], model="tiny:strict")
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "prefix_mismatch" and "differ at token" in err["message"]
     assert "team" in err["message"] and "crew" in err["message"]
     assert "GET /v1/prefix" in err["message"]
-    r = await mesh.chat([{"role": "user", "content": "no system message"}])
+    r = await mesh.chat([{"role": "user", "content": "no system message"}],
+                        model="tiny:strict")
     assert r.status_code == 400 and r.json()["error"]["code"] == "prefix_mismatch"
 
 
@@ -160,7 +161,8 @@ async def test_completions_endpoint_and_seeded_sampling(mesh: Mesh) -> None:
         bodies.append(r.json())
     assert bodies[0]["object"] == "text_completion"
     assert bodies[0]["choices"][0]["text"] == bodies[1]["choices"][0]["text"]
-    r = await mesh.client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+    r = await mesh.client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2,
+                                                         "model": "x:strict"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "prefix_mismatch"
 
 

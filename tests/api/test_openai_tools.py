@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mesh.api.openai_grammar import tools_grammar
 from mesh.api.openai_tools import (
     ToolChoice,
     ToolsError,
@@ -16,7 +17,6 @@ from mesh.api.openai_tools import (
     parse_tools,
     render_calls,
     split_calls,
-    tools_grammar,
 )
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import EngineConfig
