@@ -196,7 +196,7 @@
     for (var k = 0; k <= 4; k++) {
       var v = top * k / 4;
       ctx.beginPath(); ctx.moveTo(L, a.y(v)); ctx.lineTo(W, a.y(v)); ctx.stroke();
-      ctx.fillText(v.toFixed(1), 2, a.y(v) + 4);
+      ctx.fillText(v.toFixed(1), 2, a.y(v) + (k === 4 ? 11 : 4));  // the top label inside
     }
     var step = span > 120 ? 60 : (span > 60 ? 20 : 10);
     for (var d = step; d <= span; d += step) {
@@ -249,7 +249,7 @@
   }
 
   // KV cells used and the queue, each as a % of its maximum; the gate's verdict as a
-  // strip along the bottom (green admit, yellow queue, red refuse).
+  // strip along the top (green admit, yellow queue, red refuse).
   function drawLoad() {
     var cv = $("loadChart"), kv = [], queue = [], waiting = [], n = 0;
     var a = axis(cv, 100);
@@ -270,7 +270,7 @@
       if (!c) return;
       a.ctx.fillStyle = c;
       var x0 = a.x(s.t), x1 = next ? a.x(next.t) : x0 + 2;
-      a.ctx.fillRect(x0, a.y(0) - 4, Math.max(1, x1 - x0), 4);
+      a.ctx.fillRect(x0, 0, Math.max(1, x1 - x0), 4);
     });
     $("legendWaiting").hidden = !waiting.length;
     return n;
