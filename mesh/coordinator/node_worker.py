@@ -27,6 +27,7 @@ from a2a.utils.errors import A2AError
 from google.protobuf.json_format import MessageToDict
 
 from mesh.coordinator.nodes import Node, NodePool
+from mesh.coordinator.peer_guard import confine_card
 from mesh.coordinator.peers import CHAIN_KEY, CURRENT_HOPS, HOPS_KEY, answer_text
 from mesh.coordinator.subtasks import local_id
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
@@ -99,7 +100,9 @@ class NodeClient:
                                   supported_protocol_bindings=[
                                       TransportProtocol.JSONRPC.value,
                                       TransportProtocol.HTTP_JSON.value])
-            client = ClientFactory(config).create(card)
+            # The node's configured address, not whatever its card names (the token
+            # goes nowhere else): see peer_guard.
+            client = ClientFactory(config).create(confine_card(card, node.url)[0])
         except (httpx.HTTPError, A2AClientError, A2AError, ValueError) as exc:
             raise NodeUnreachable(f"{type(exc).__name__}: {exc}") from exc
         task_id = ""

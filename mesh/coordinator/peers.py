@@ -13,7 +13,11 @@ Only configured peers are reachable: ``send`` takes a peer's configured name (``
 NAME=URL``), its URL as configured, or its card name; any other URL is refused, so a
 model cannot point ``delegate`` at an address of its choosing. Each peer URL passes the
 push policy (``url_validator``: no private addresses unless ``--allow-private-push``)
-before each send, and a peer may have its own bearer token (``MESH_PEER_TOKEN_<NAME>``).
+before its card is fetched (start-up included) and before each send, and a peer may have
+its own bearer token (``MESH_PEER_TOKEN_<NAME>``). Messages go to the configured address
+only: the card picks the protocol binding, never the address (:mod:`.peer_guard` rewrites
+its interface URLs, and the transport under every token-carrying client refuses any other
+origin and connects only to the address the policy checked).
 
 Every delegated message carries ``metadata.meshHops`` (hops so far, this one included)
 and ``metadata.meshChain`` (the agents it went through). The hop count of the message
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -38,6 +43,8 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError
 
+from mesh.coordinator.peer_guard import GuardedTransport, confine_card
+
 __all__ = [
     "CHAIN_KEY",
     "CURRENT_HOPS",
@@ -45,11 +52,14 @@ __all__ = [
     "PeerClient",
     "PeerError",
     "PeerInfo",
+    "PeerRefused",
     "answer_text",
     "hops_of",
     "parse_peer",
     "peer_token_env",
 ]
+
+logger = logging.getLogger(__name__)
 
 HOPS_KEY = "meshHops"
 CHAIN_KEY = "meshChain"
@@ -107,6 +117,11 @@ class PeerError(Exception):
     """The peer could not be reached, or its task did not complete."""
 
 
+class PeerRefused(PeerError, ValueError):
+    """A configured peer's address is refused by the address policy (an operator error:
+    a ``ValueError``, so ``mesh serve`` reports it in one line at start-up)."""
+
+
 @dataclass(frozen=True)
 class PeerInfo:
     """What a peer's card says, in the words a model needs."""
@@ -135,9 +150,11 @@ class PeerClient:
     """Cards, skills and ``send`` for a fixed list of peers (``NAME=URL`` or ``URL``).
 
     ``token`` is sent as a bearer token to every peer without one in ``tokens`` (by name).
-    ``url_validator`` is the address policy checked before each send (the push policy;
-    None: no check). ``origin`` names this agent in ``meshChain``. One
-    ``httpx.AsyncClient`` per token; ``aclose`` closes them (unless one was passed in).
+    ``url_validator`` is the address policy checked before each card fetch and send (the
+    push policy; None: no check; one that raises refuses). ``origin`` names this agent in
+    ``meshChain``. One ``httpx.AsyncClient`` per token, on a :class:`GuardedTransport`
+    that reaches only the peers holding that token; ``aclose`` closes them (unless a
+    client was passed in: then that client's transport is the caller's business).
     """
 
     def __init__(
@@ -164,6 +181,7 @@ class PeerClient:
         for name, url in parsed:
             self._token_of[url] = (tokens or {}).get(name or "", token)
         self._cards: dict[str, pb.AgentCard] = {}
+        self._warned: set[str] = set()
 
     def _http_for(self, url: str) -> httpx.AsyncClient:
         if self._shared is not None:
@@ -171,8 +189,11 @@ class PeerClient:
         token = self._token_of.get(url)
         if token not in self._clients:
             headers = {"Authorization": f"Bearer {token}"} if token else {}
+            reachable = [u for u, t in self._token_of.items() if t == token]
             self._clients[token] = httpx.AsyncClient(
-                headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0)
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                transport=GuardedTransport(reachable, self._validate),
             )
         return self._clients[token]
 
@@ -190,6 +211,7 @@ class PeerClient:
         """The peer's card (fetched once, then cached)."""
         url = url.rstrip("/")
         if url not in self._cards:
+            await self._check(url)  # before any byte, the token included, leaves
             try:
                 http = self._http_for(url)
                 self._cards[url] = await A2ACardResolver(http, url).get_agent_card()
@@ -236,11 +258,7 @@ class PeerClient:
     async def send(self, peer: str, text: str) -> str:
         """Send ``text`` to ``peer`` (a URL or a card name); return the final answer text."""
         url = await self._resolve(peer)
-        if self._validate is not None and not await self._validate(url):
-            raise PeerError(
-                f"peer {url} resolves to a private or loopback address, refused by the "
-                "push policy; start the server with --allow-private-push to allow it"
-            )
+        await self._check(url)
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await self._send(url, text)
@@ -248,6 +266,21 @@ class PeerClient:
             raise PeerError(f"peer {url} did not finish within {self.timeout_s:.0f} s") from None
         except (A2AClientError, A2AError) as e:
             raise PeerError(f"peer {url} failed: {e}") from e
+
+    async def _check(self, url: str) -> None:
+        """:class:`PeerRefused` unless ``url`` passes the address policy."""
+        if self._validate is None:
+            return
+        try:
+            ok = await self._validate(url)
+        except A2AError:  # the push policy raises its refusal, with the reason
+            ok = False
+        if not ok:
+            raise PeerRefused(
+                f"peer {url} resolves to a private or loopback address (or does not "
+                "resolve), refused by the push policy; start the server with "
+                "--allow-private-push to allow it"
+            )
 
     async def _resolve(self, peer: str) -> str:
         if peer in self.names:
@@ -261,8 +294,21 @@ class PeerClient:
         known = ", ".join(self.peer_names()) or "none configured (mesh serve --peer NAME=URL)"
         raise PeerError(f"unknown peer {peer!r}; delegate only to a configured peer: {known}")
 
+    def _confined(self, url: str, card: pb.AgentCard) -> pb.AgentCard:
+        """``card`` with every interface at the configured ``url`` (see :mod:`.peer_guard`);
+        says once per peer when the card named another address."""
+        confined, replaced = confine_card(card, url)
+        if replaced and url not in self._warned:
+            self._warned.add(url)
+            logger.warning(
+                "peer %s: its card names %s, not its configured address; sending to %s "
+                "only (configure --peer with the card's address, or fix the peer's "
+                "--public-url)", url, ", ".join(sorted(set(replaced))), url,
+            )
+        return confined
+
     async def _send(self, url: str, text: str) -> str:
-        card = await self.card(url)
+        card = self._confined(url, await self.card(url))
         config = ClientConfig(
             httpx_client=self._http_for(url),
             streaming=card.capabilities.streaming,
