@@ -9,6 +9,10 @@ the URL policy used both when a config is accepted and again before each deliver
   ``validate_push_notification_url``: no loopback, private, link-local, metadata...);
 * ``allow_private=True`` (operator's choice, and the tests') lifts the address check.
 
+A refused URL raises ``InvalidParamsError`` (the SDK answers -32602 / 400 with its message;
+it maps errors by exact class, so no subclass), saying why and, for an address refusal,
+naming ``--allow-private-push``; an accepted one returns True.
+
 Delivery is in the background: the SDK awaits ``send_notification`` inside the task's
 event consumer, so a receiver that is slow (or a connect that hangs until the client's
 timeout) would hold up every later event of the task, and a blocking ``SendMessage``
@@ -40,11 +44,13 @@ import httpx
 from a2a.server.events import Event
 from a2a.server.tasks import BasePushNotificationSender, PushNotificationConfigStore
 from a2a.types import a2a_pb2 as pb
+from a2a.utils.errors import InvalidParamsError
 from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.push_url_validator import validate_push_notification_url
 from google.protobuf.json_format import MessageToDict
 
 __all__ = [
+    "ALLOW_PRIVATE_HINT",
     "BackgroundPushSender",
     "PushUrlValidator",
     "build_push_sender",
@@ -55,6 +61,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PushUrlValidator = Callable[[str], Awaitable[bool]]
+
+#: The fix named by every address refusal (push URLs and peers share the policy).
+ALLOW_PRIVATE_HINT = "start the server with --allow-private-push to allow private addresses"
+
+
+def _shown(url: str) -> str:
+    return repr(url if len(url) <= 200 else url[:200] + "...")
 
 
 def _is_http_url(url: str) -> bool:
@@ -67,14 +80,20 @@ def _is_http_url(url: str) -> bool:
 
 
 def make_push_url_validator(allow_private: bool) -> PushUrlValidator:
-    """The policy for client-supplied push URLs (see the module docstring)."""
+    """The policy for client-supplied push URLs (see the module docstring): True, or
+    ``InvalidParamsError`` naming the reason (and ``--allow-private-push`` where it helps)."""
 
     async def validate(url: str) -> bool:
         if not _is_http_url(url):
-            return False
-        if allow_private:
-            return True
-        return await validate_push_notification_url(url)
+            raise InvalidParamsError(
+                f"push URL {_shown(url)} refused: it must be an absolute http(s) URL with a host"
+            )
+        if not allow_private and not await validate_push_notification_url(url):
+            raise InvalidParamsError(
+                f"push URL {_shown(url)} refused: its host is a loopback, private, link-local "
+                f"or metadata address, or does not resolve; {ALLOW_PRIVATE_HINT}"
+            )
+        return True
 
     return validate
 
@@ -205,7 +224,10 @@ class BackgroundPushSender(BasePushNotificationSender):
         url = push_info.url
         pinned = await pin_address(url, self.allow_private)
         if pinned is None:
-            logger.warning("push URL %s for task %s refused by the address policy", url, task_id)
+            why = "it does not resolve" if self.allow_private else (
+                f"a private address, or it does not resolve; {ALLOW_PRIVATE_HINT}")
+            logger.warning("push URL %s for task %s refused by the address policy (%s)",
+                           url, task_id, why)
             return False
         target, host, sni = pinned
         headers = {"Host": host}

@@ -124,3 +124,43 @@ async def test_private_or_odd_push_urls_are_refused_by_default(tmp_path: Path, u
         )
     assert response.json()["error"]["code"] == -32602, response.text
     assert listed.json()["result"].get("tasks", []) == []
+
+
+def _rpc(served: Served, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    answer: dict[str, Any] = httpx.post(
+        served.url + "/", json=body, headers={"A2A-Version": "1.0"}
+    ).json()
+    return answer
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/hook", "http://10.1.2.3/hook",
+                                 "http://169.254.169.254/latest"])
+async def test_a_private_push_url_refusal_names_the_flag(tmp_path: Path, url: str) -> None:
+    """Issue 27 hole 6: the refusal says why and how to allow it (it said only
+    "Invalid push notification URL")."""
+    with serve(tmp_path / "data", allow_private_push=False) as served:
+        inline = _rpc(served, "SendMessage", {
+            "message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": url}},
+        })
+        task = _rpc(served, "SendMessage", {
+            "message": {"messageId": "m2", "role": "ROLE_USER", "parts": [{"text": "x"}]},
+        })["result"]["task"]
+        created = _rpc(served, "CreateTaskPushNotificationConfig",
+                       {"taskId": task["id"], "id": "c", "url": url})
+    for answer in (inline, created):
+        error = answer["error"]
+        assert error["code"] == -32602, answer
+        assert "--allow-private-push" in error["message"] and url in error["message"], error
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/x", "nope"])
+async def test_a_malformed_push_url_refusal_says_what_is_wrong(tmp_path: Path, url: str) -> None:
+    with serve(tmp_path / "data", allow_private_push=False) as served:
+        answer = _rpc(served, "SendMessage", {
+            "message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": url}},
+        })
+    assert answer["error"]["code"] == -32602
+    assert "absolute http(s) URL" in answer["error"]["message"], answer
