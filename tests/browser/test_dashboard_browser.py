@@ -82,7 +82,8 @@ def _dom(b: Browser) -> dict[str, Any]:
     expr = """(() => {
       const ids = ["policy","floor","verdict","projNext","headroom","queueLen","maxQueue",
         "refused","wPrefilling","wDecoding","wIdle","wTotal","kvPrefix","kvPrivate","kvFree",
-        "kvTotal","kvNaive","kvReduction","tasksRunning","tasksQueued","tasksFinished"];
+        "kvTotal","kvNaive","kvReduction","tasksRunning","tasksQueued","tasksFinished",
+        "turnsWaiting"];
       const text = {};
       for (const id of ids) text[id] = document.getElementById(id).textContent;
       return JSON.stringify({text, last: window.meshDashboard.last,
@@ -90,6 +91,7 @@ def _dom(b: Browser) -> dict[str, Any]:
         workerRows: document.querySelectorAll("#workersTable tr").length,
         taskRows: document.querySelectorAll("#tasksTable tr").length,
         reasons: document.querySelectorAll("#reasons li").length,
+        turnsShown: !document.getElementById("turnsWaiting").hidden,
         status: document.getElementById("status").textContent});
     })()"""
     doc: dict[str, Any] = json.loads(b.evaluate(expr))
@@ -218,6 +220,11 @@ def test_dashboard_shows_live_numbers_that_match_capacity(server: ServeProc) -> 
     assert text["kvNaive"] == _fmt(kv["naive_equivalent"])
     assert text["kvReduction"] == _fmt(kv["reduction"]) and kv["reduction"] > 1.0
     assert text["queueLen"] == _fmt(live_cap["queue_len"])
+    # Turns waiting for a decode slot: shown where /capacity reports them, hidden elsewhere.
+    turns = live_cap.get("turns")
+    assert dom["turnsShown"] == isinstance(turns, dict)
+    if isinstance(turns, dict):
+        assert text["turnsWaiting"] == _fmt(turns["waiting"])
     assert text["headroom"] == _fmt(live_cap["headroom"])
     assert dom["workerRows"] == len(live_cap["workers"]) >= 1
     tasks = last["tasks"]
