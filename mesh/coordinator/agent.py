@@ -43,15 +43,18 @@ from mesh.coordinator.planner import (
 from mesh.coordinator.request_parts import request_parts
 from mesh.coordinator.synthesis import (
     Outcome,
+    direct_answer,
     joined_answers,
     missing_note,
+    needs_synthesis,
     summary,
+    synthesis_answer,
     synthesis_prompt,
-    without_repeats,
 )
 from mesh.engine.types import Engine, EngineError, SamplingParams, TurnResult
 from mesh.gate.types import Admission
 from mesh.worker.loop import WorkerFailed, release, stream_turn
+from mesh.worker.text import prose_params
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 
 __all__ = [
@@ -160,13 +163,17 @@ class Agent:
         """Sampling for the planning turn of ``message``: under the plan's grammar, within
         the longest plan it admits."""
         schema = self.config.schema(message)
-        return SamplingParams(max_tokens=max_plan_chars(schema),
-                              temperature=self.config.temperature,
-                              grammar=schema_to_gbnf(schema))
+        # Repetition control inside the plan's prose strings only, never on its JSON keys.
+        return prose_params(SamplingParams(max_tokens=max_plan_chars(schema),
+                                           temperature=self.config.temperature,
+                                           grammar=schema_to_gbnf(schema)),
+                            opens=('"answer":"', '"question":"', '"instructions":"'),
+                            close='"')
 
     def synthesis_params(self) -> SamplingParams:
-        return SamplingParams(max_tokens=self.config.synthesis_max_tokens,
-                              temperature=self.config.temperature)
+        """Free text with repetition control (and, in :func:`stream_turn`, a loop stop)."""
+        return prose_params(SamplingParams(max_tokens=self.config.synthesis_max_tokens,
+                                           temperature=self.config.temperature))
 
     async def turn(self, prompt: str, params: SamplingParams, sink: TextSink) -> TurnResult:
         """One turn on a fresh session: attach, write ``prompt``, generate, detach."""
@@ -226,7 +233,8 @@ class AgentTask:
             return
         await self._publish(plan)
         if plan.action == "answer":
-            await self._complete(plan, plan.answer, [])
+            await self._complete(plan, direct_answer(plan.answer, cfg.tools, cfg.max_subtasks),
+                                 [])
         elif plan.action == "ask":
             self.agent.conversations.add(self.conversation, "question", plan.question)
             await self.events.finish(S.TASK_STATE_INPUT_REQUIRED, plan.question)
@@ -310,7 +318,8 @@ class AgentTask:
             return Outcome(sid, subtask.instructions, error=str(e) or type(e).__name__)
 
     async def _synthesize(self, plan: Plan, outcomes: list[Outcome], history: str) -> str:
-        if plan.source == "fallback":
+        # One subtask (that answered): its worker's answer is the answer, no synthesis turn.
+        if plan.source == "fallback" or not needs_synthesis(outcomes):
             return joined_answers(outcomes)
         prompt = synthesis_prompt(self.message, plan, outcomes, history)
         try:
@@ -321,7 +330,11 @@ class AgentTask:
                                      f"synthesis failed ({e}); answering with the reports",
                                      {"event": "synthesis_fallback"})
             return joined_answers(outcomes)
-        return without_repeats(turn.text) or joined_answers(outcomes)
+        answer, replaced = synthesis_answer(turn.text, plan, outcomes)
+        if replaced:
+            await self.events.status(S.TASK_STATE_WORKING, f"{replaced}; answering with the "
+                                     "workers' reports", {"event": "synthesis_replaced"})
+        return answer
 
     async def _complete(self, plan: Plan, answer: str, outcomes: list[Outcome]) -> None:
         self.agent.conversations.add(self.conversation, "answer", answer)

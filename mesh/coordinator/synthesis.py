@@ -1,22 +1,34 @@
 """The synthesis turn's inputs and outputs: how each worker ended, the prompt, the summary.
 
 Pure functions. :class:`Outcome` is one planned subtask after its worker ended (a result,
-or the reason it failed); :func:`synthesis_prompt` is the synthesis session's suffix;
+or the reason it failed); :func:`needs_synthesis` says whether a synthesis turn runs at all
+(not for one subtask: its worker's answer is the answer); :func:`synthesis_prompt` is the
+synthesis session's suffix; :func:`synthesis_answer` turns the synthesis turn's text into
+the answer (markup and loops removed; the workers' reports instead when it reproduces its
+own instructions); :func:`direct_answer` does the same for a plan's own answer;
 :func:`summary` is the structured data part of the ``answer`` artifact (camelCase keys);
 :func:`missing_note` is the line the answer carries when some worker failed.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mesh.coordinator.planner import Plan
+from mesh.coordinator.planner import Plan, plan_prompt
+from mesh.worker.text import clean, echoed, instruction_sentences, without_echo
 from mesh.worker.types import WorkerResult
 
-__all__ = ["Outcome", "joined_answers", "missing_note", "summary", "synthesis_prompt",
-           "without_repeats"]
+__all__ = ["SYNTHESIS_INSTRUCTIONS", "Outcome", "direct_answer", "joined_answers",
+           "missing_note", "needs_synthesis", "summary", "synthesis_answer",
+           "synthesis_prompt", "without_repeats"]
+
+SYNTHESIS_INSTRUCTIONS = (
+    "You are the coordinator. Your workers have finished; write one answer for the user "
+    "from their reports. Do not repeat the reports one by one; if a worker failed, say "
+    "what is missing.")
 
 _ANSWER_CHARS = 4_000  # one worker answer, as the synthesis turn reads it
 
@@ -91,9 +103,7 @@ def synthesis_prompt(
     message: str, plan: Plan, outcomes: Sequence[Outcome], history: str
 ) -> str:
     """The synthesis session's suffix: the request, the plan and how every worker ended."""
-    parts = ["You are the coordinator. Your workers have finished; write one answer for "
-             "the user from their reports. Do not repeat the reports one by one; if a "
-             "worker failed, say what is missing."]
+    parts = [SYNTHESIS_INSTRUCTIONS]
     if history:
         parts.append("Earlier in this conversation:\n" + history)
     parts.append("User request:\n" + message)
@@ -108,3 +118,58 @@ def synthesis_prompt(
     parts.append(f"Plan: {len(plan.subtasks)} subtask(s).\n\n" + "\n\n".join(reports))
     parts.append("Answer:")
     return "\n\n".join(parts) + "\n"
+
+
+def needs_synthesis(outcomes: Sequence[Outcome]) -> bool:
+    """Whether a synthesis turn runs: for two or more subtasks, or when a worker failed.
+    One subtask's answer is the answer (a synthesis turn could only restate it, and a
+    small model restates its own prompt instead)."""
+    return len(outcomes) > 1 or any(not o.ok for o in outcomes)
+
+
+def _how(o: Outcome) -> str:
+    if o.result is not None:
+        return f"ended with {o.result.finish_reason} after {o.result.num_turns} turn(s)"
+    return f"FAILED: {o.error}"
+
+
+def _scaffold(plan: Plan, outcomes: Sequence[Outcome]) -> set[str]:
+    """The lines of :func:`synthesis_prompt` that are its frame, not anyone's content."""
+    lines = {"user request:", "answer:", "earlier in this conversation:",
+             f"plan: {len(plan.subtasks)} subtask(s).", "(empty answer)", "(no answer)"}
+    for o in outcomes:
+        lines.add(f"[{o.id}] {o.instructions}".splitlines()[0].strip().lower())
+        lines.add(_how(o).lower())
+    return lines
+
+
+@functools.lru_cache(maxsize=1)
+def _synthesis_sentences() -> tuple[str, ...]:
+    return tuple(instruction_sentences([SYNTHESIS_INSTRUCTIONS]))
+
+
+def synthesis_answer(text: str, plan: Plan, outcomes: Sequence[Outcome]) -> tuple[str, str]:
+    """(the answer, '' or why the workers' reports replaced the synthesis): the turn's
+    text without markup, loops and repeated paragraphs; the reports
+    (:func:`joined_answers`) when it is empty or reproduces its instructions (a sentence
+    of :data:`SYNTHESIS_INSTRUCTIONS`, or a line of the prompt's frame: a report's header,
+    ``Answer:``...)."""
+    answer = without_repeats(clean(text))
+    if not answer:
+        return joined_answers(outcomes), "the synthesis wrote nothing"
+    frame = _scaffold(plan, outcomes)
+    if echoed(answer, _synthesis_sentences()) or any(
+            line.strip().lower() in frame for line in answer.splitlines()):
+        return joined_answers(outcomes), "the synthesis reproduced its instructions"
+    return answer, ""
+
+
+@functools.lru_cache(maxsize=16)
+def _plan_sentences(tools: tuple[str, ...], max_subtasks: int) -> tuple[str, ...]:
+    return tuple(instruction_sentences([plan_prompt("\n", "", tools, max_subtasks)]))
+
+
+def direct_answer(answer: str, tools: Sequence[str], max_subtasks: int) -> str:
+    """A plan's own answer (action ``answer``) as the user may read it: no markup, no
+    loop, none of the planning prompt's sentences."""
+    return without_echo(clean(answer), _plan_sentences(tuple(tools), max_subtasks))

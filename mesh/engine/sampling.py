@@ -15,10 +15,14 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["REDRAW_TOP", "TOKEN_DATA", "ContextView", "GreedySampler", "Ids", "Logits",
-           "TokenSampler", "redraw", "token_data"]
+__all__ = ["REDRAW_TOP", "REPETITION_TOP_K", "TOKEN_DATA", "ContextView", "GreedySampler",
+           "Ids", "Logits", "ProseTracker", "TokenSampler", "redraw", "token_data"]
 
 REDRAW_TOP = 256  # best logits a redraw tries before masking the whole vocabulary
+# Repetition samplers run after a top-k of this many (llama.cpp: "avoid using on the full
+# vocabulary"): a penalty only lowers logits, so with greedy decoding the pick is the same
+# unless all of the best 40 tokens were penalized below the 41st.
+REPETITION_TOP_K = 40
 # llama_token_data as numpy sees it: {int32 id; float logit; float p}, 12 bytes, no padding.
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
@@ -92,3 +96,36 @@ def redraw(logits: Logits, n_vocab: int,
     if tok is None:
         raise RuntimeError("the grammar allows no token here (is it complete?)")
     return tok, full
+
+
+class ProseTracker:
+    """Whether the next token of a turn is prose, from the text generated so far.
+
+    Under a grammar, repetition control must act on prose only, never on structure (tags,
+    call syntax, JSON keys: penalizing a forced token's usual spelling makes the grammar
+    pick an odd tokenization of it). Prose starts at the turn's start when ``first`` and
+    after any of ``opens``, and ends at the character ``close``. ``feed`` takes each token's
+    bytes as generated (the markers are ASCII, so bytes are read as latin-1). Cost: a few
+    character comparisons per character generated.
+    """
+
+    def __init__(self, opens: tuple[str, ...], close: str, first: bool) -> None:
+        self.opens = opens
+        self.close = close
+        self.prose = first
+        self._keep = max((len(o) for o in opens), default=0)
+        self._tail = ""
+
+    def feed(self, data: bytes) -> None:
+        for ch in data.decode("latin-1"):
+            if self.prose:
+                if ch == self.close:
+                    self.prose = False
+                    self._tail = ch
+                continue
+            if not self._keep:
+                continue
+            self._tail = (self._tail + ch)[-self._keep:]
+            if any(self._tail.endswith(o) for o in self.opens):
+                self.prose = True
+                self._tail = ""

@@ -154,6 +154,34 @@ class SamplingParams:
     # A GBNF grammar (llama.cpp's grammar format, root rule ``root``) every generated token
     # must follow; None: unconstrained. Applies to this turn's generated tokens only.
     grammar: str | None = None
+    # Repetition control for prose (llama.cpp's penalties and DRY samplers), counted over
+    # the prose tokens this turn generated (never the prompt): ``repeat_penalty`` > 1
+    # divides the logit of each token of the last ``repeat_last_n`` (1.0: off);
+    # ``presence_penalty``/``frequency_penalty`` subtract (0: off); ``dry_multiplier`` > 0
+    # penalizes continuing a sequence already written, by dry_multiplier * dry_base **
+    # (length - dry_allowed_length). Defaults: all off (mesh.worker.text.PROSE sets them).
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_last_n: int = 512  # DRY looks this far back for an earlier copy of the sequence
+    # Which tokens are prose. Without a grammar: all of them. Under a grammar, structure
+    # (tags, call syntax, JSON keys) is never penalized: prose runs from the turn's start
+    # when ``prose_first``, and after any of ``prose_open``, until the character
+    # ``prose_close``; with neither, a grammar turn gets no repetition control.
+    prose_open: tuple[str, ...] = ()
+    prose_close: str = ""
+    prose_first: bool = False
+
+    @property
+    def repetition(self) -> bool:
+        """Whether any repetition control is on (and has prose to act on)."""
+        on = (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+              or self.frequency_penalty != 0.0 or self.dry_multiplier > 0.0)
+        return on and (self.grammar is None or self.prose_first or bool(self.prose_open))
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -168,6 +196,28 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         if self.grammar is not None and not self.grammar.strip():
             raise ValueError("grammar is empty; pass None for unconstrained sampling")
+        if not 1.0 <= self.repeat_penalty <= 2.0:
+            raise ValueError(f"repeat_penalty must be in [1, 2] (1: off), "
+                             f"got {self.repeat_penalty}")
+        if not 1 <= self.repeat_last_n <= 4096:
+            raise ValueError(f"repeat_last_n must be in 1..4096, got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}")
+        if not 0.0 <= self.dry_multiplier <= 5.0:
+            raise ValueError(f"dry_multiplier must be in [0, 5] (0: off), "
+                             f"got {self.dry_multiplier}")
+        if not 1.0 < self.dry_base <= 4.0:
+            raise ValueError(f"dry_base must be in (1, 4], got {self.dry_base}")
+        if not 1 <= self.dry_last_n <= 8192:
+            raise ValueError(f"dry_last_n must be in 1..8192, got {self.dry_last_n}")
+        if self.dry_allowed_length < 1:
+            raise ValueError(f"dry_allowed_length must be >= 1, got {self.dry_allowed_length}")
+        if len(self.prose_close) > 1:
+            raise ValueError(f"prose_close must be one character or empty, "
+                             f"got {self.prose_close!r}")
+        if any(not o for o in self.prose_open):
+            raise ValueError("prose_open strings must be non-empty")
 
 
 # --------------------------------------------------------------------------- results

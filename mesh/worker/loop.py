@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -43,6 +43,15 @@ from mesh.template.chat import ChatFormat, ChatFormatError, Message
 from mesh.template.loader import Template
 from mesh.template.prefix import truncate
 from mesh.worker.grammar import ProjectPaths, turn_grammar
+from mesh.worker.text import (
+    LoopGuard,
+    clean,
+    echoed,
+    instruction_sentences,
+    prose_params,
+    template_texts,
+    without_echo,
+)
 from mesh.worker.toolcalls import ToolCall, parse_turn
 from mesh.worker.tools import ToolError, ToolFn
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
@@ -91,17 +100,30 @@ class WorkerLimits:
 
 
 async def stream_turn(
-    session: Session, params: SamplingParams, emit: Emit, turn: int
+    session: Session, params: SamplingParams, emit: Emit, turn: int, *,
+    loop_stop: bool | None = None,
 ) -> EngineTurn:
-    """Generate one turn, emitting each piece; on any early exit, stop the generation."""
+    """Generate one turn, emitting each piece; on any early exit, stop the generation.
+
+    With ``loop_stop`` (default: on for a turn without a grammar, i.e. free text) a turn
+    that repeats a phrase (:class:`~mesh.worker.text.LoopGuard`) is stopped there: its
+    result is the text before the repeat, with finish reason ``loop`` (a finished turn).
+    """
     generation = session.generate(params)
     pieces = generation.__aiter__()
+    on = params.grammar is None if loop_stop is None else loop_stop
+    guard = LoopGuard() if on else None
+    generated = 0
     finished = False
     try:
         async for piece in pieces:
+            generated += piece.token >= 0
             if piece.text:
                 await emit(WorkerEvent(EventKind.TEXT, piece.text, turn))
-        finished = True
+                if guard is not None and guard.feed(piece.text) is not None:
+                    break
+        else:
+            finished = True
     finally:
         if not finished:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
@@ -109,6 +131,9 @@ async def stream_turn(
                 close = getattr(pieces, "aclose", None)
                 if close is not None:
                     await close()
+    if guard is not None and guard.cut is not None:
+        return EngineTurn(text=guard.text[:guard.cut].rstrip(), num_prompt_tokens=0,
+                          num_generated=generated, finish_reason="loop", decode_s=0.0)
     if generation.result is None:
         raise WorkerFailed(f"the engine ended turn {turn} without a result")
     return generation.result
@@ -151,6 +176,8 @@ class AgentWorker:
         self._tool_names = sorted(self._tools) or sorted(enabled)
         self.limits = limits or WorkerLimits.from_template(template)
         self.limits.validate()
+        # The template's own sentences: an answer that reproduces one is an echo.
+        self._sentences = instruction_sentences(template_texts(template))
 
     async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
         try:
@@ -159,7 +186,7 @@ class AgentWorker:
             raise WorkerFailed(f"subtask {subtask.id}: no session: {exc}") from exc
         try:
             await emit(WorkerEvent(EventKind.STATUS, f"session {session.id} attached"))
-            return await self._turns(session, subtask, emit)
+            return self._final(await self._turns(session, subtask, emit))
         finally:
             await release(session)
 
@@ -178,22 +205,24 @@ class AgentWorker:
                 state.turns = turn
                 budget = min(lim.max_tokens_per_turn, lim.max_total_tokens - state.generated)
                 await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {turn}", turn))
-                params = SamplingParams(
+                # Repetition control on the prose (reasoning, then the answer after its
+                # open tag), never on a call's syntax; a loop ends the turn.
+                params = prose_params(SamplingParams(
                     max_tokens=budget,
                     temperature=self._template.manifest.turns.temperature,
                     stop=(syntax.close, syntax.answer_close),
                     grammar=self._grammar(budget, answer_only=answer_now
                                           or turn == lim.max_turns,
                                           call_only=self._first_call and turn == 1),
-                )
-                result = await stream_turn(session, params, emit, turn)
+                ), opens=(syntax.answer_open,), close="<", first=True)
+                result = await stream_turn(session, params, emit, turn, loop_stop=True)
                 state.generated += result.num_generated
                 state.last_text = result.text
                 state.finishes.append(result.finish_reason)
                 reply = _closed(result, params.stop)
                 if result.finish_reason == "context_full":
                     return state.result(result.text.strip(), "context_full")
-                cut = result.finish_reason not in ("stop", "eos")
+                cut = result.finish_reason not in ("stop", "eos", "loop")
                 parsed = parse_turn(reply, syntax)
                 state.parse_errors += len(parsed.errors)
                 if not cut:
@@ -262,6 +291,20 @@ class AgentWorker:
         except EngineError as exc:
             raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
         return state.result(state.last_text.strip(), "max_turns")
+
+    def _final(self, result: WorkerResult) -> WorkerResult:
+        """The answer a user may read: no turn markup, no loop, none of the template's own
+        sentences (:mod:`mesh.worker.text`); what was removed is counted in ``data``."""
+        syntax = self._template.manifest.tool_calls
+        tags = (syntax.open, syntax.close, syntax.answer_open, syntax.answer_close)
+        text = clean(result.answer, tags)
+        echoes = len(echoed(text, self._sentences))
+        if echoes:
+            text = without_echo(text, self._sentences)
+        if text == result.answer and not echoes:
+            return result
+        return replace(result, answer=text, data={**result.data, "echoed_sentences": echoes,
+                                                  "cleaned": True})
 
     def _grammar(self, budget: int, *, answer_only: bool = False,
                  call_only: bool = False) -> str | None:

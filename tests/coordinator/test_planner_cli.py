@@ -16,7 +16,9 @@ def test_send_answers_a_question_with_task_and_follows_up_with_context(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ask = json.dumps({"action": "ask", "question": "Which parcel service?"})
-    engine = ScriptedEngine(Scripted([ask, plan_json("check express"), plan_json("check 25")],
+    # two subtasks a plan: one would be answered by its worker, without a synthesis turn
+    engine = ScriptedEngine(Scripted([ask, plan_json("check express", "check the limit"),
+                                      plan_json("check 25", "check the limit")],
                                      synthesis="Express takes 30 kg."))
     with serve_agent(tmp_path, engine) as served:
         assert run("send", served.url, "How heavy may a parcel be?") == 3  # input required

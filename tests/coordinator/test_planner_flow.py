@@ -130,7 +130,9 @@ async def test_ask_goes_to_input_required_and_the_reply_resumes_the_task(
 
 
 async def test_a_follow_up_in_the_context_sees_the_earlier_answer(tmp_path: Path) -> None:
-    script = Scripted([plan_json("check 40 kg")], synthesis="A 40 kg parcel is refused.")
+    # Two subtasks: one would be answered by its worker, without a synthesis turn.
+    script = Scripted([plan_json("check 40 kg", "check the limit")],
+                      synthesis="A 40 kg parcel is refused.")
     engine = ScriptedEngine(script)
     with serve_agent(tmp_path, engine) as served:
         first = await _send(served.url, request("what happens to 40 kg?"))
@@ -146,7 +148,8 @@ async def test_a_follow_up_in_the_context_sees_the_earlier_answer(tmp_path: Path
 
 
 async def test_history_over_budget_drops_the_oldest_and_says_so(tmp_path: Path) -> None:
-    engine = ScriptedEngine(Scripted([json.dumps({"action": "answer", "answer": "ok " * 30})]))
+    long_answer = " ".join(f"ok{i}" for i in range(30))  # "ok " * 30 is a loop: cut
+    engine = ScriptedEngine(Scripted([json.dumps({"action": "answer", "answer": long_answer})]))
     cfg = AgentConfig(history_tokens=40, tools=("read_file",))
     with serve_agent(tmp_path, engine, agent_config=cfg) as served:
         first = await _send(served.url, request("first question " * 5))

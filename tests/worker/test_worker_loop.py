@@ -170,7 +170,7 @@ def test_unknown_tools_and_garbage_are_reported_to_the_model() -> None:
 
 def test_a_turn_cut_by_length_is_not_an_answer() -> None:
     async def chatty(args: Mapping[str, Any]) -> str:
-        return "word " * 200
+        return " ".join(f"word{i}" for i in range(200))  # no loop: "word " * 200 is one
 
     limits = WorkerLimits(max_turns=2, max_tokens_per_turn=16, max_total_tokens=200)
     worker = AgentWorker(FakeEngine(), LIGHT, {"grep": chatty}, limits=limits)

@@ -1,0 +1,223 @@
+"""What a user reads of a turn: loops cut, echoed instructions caught, turn markup removed.
+
+Small models fall into loops (the same clause until ``max_tokens``), restate their own
+instructions, or write the turn format's tags inside their prose. Everything here is pure
+and linear in the text's length:
+
+* :data:`PROSE` is the repetition control free text is sampled with (llama.cpp's DRY
+  sampler through the engine's adapter; :func:`prose_params` adds it to a turn's
+  :class:`~mesh.engine.types.SamplingParams`, prose regions included under a grammar);
+* :class:`LoopGuard` watches a streamed turn and says where to cut it once a phrase of
+  :data:`LOOP_WORDS` words comes a :data:`LOOP_TIMES`-th time (:func:`cut_loop` on a
+  whole text; :func:`has_loop` is the bench's measure of the same);
+* :func:`echoed` finds the sentences (of at least :data:`ECHO_WORDS` words) of an
+  instruction text that an answer reproduces;
+  (:func:`without_echo` drops them; :func:`template_texts` are a template's instruction
+  texts, the worker's own request left out);
+* :func:`strip_markup` removes tool-call and answer tags.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+
+from mesh.engine.types import SamplingParams
+from mesh.template.loader import Template
+
+__all__ = [
+    "ECHO_WORDS",
+    "LOOP_TIMES",
+    "LOOP_WORDS",
+    "PROSE",
+    "LoopGuard",
+    "clean",
+    "cut_loop",
+    "echoed",
+    "has_loop",
+    "instruction_sentences",
+    "prose_params",
+    "strip_markup",
+    "template_texts",
+    "without_echo",
+]
+
+LOOP_WORDS = 8  # a loop is the same phrase of this many words ...
+LOOP_TIMES = 3  # ... this many times
+ECHO_WORDS = 8  # an echo is an instruction sentence of at least this many words
+
+# DRY (penalize continuing a sequence already written), mild enough that a name written
+# once can be written again: the penalty starts at the 3rd token of a repeat and grows
+# 1.75x a token. A plain repetition penalty was tried and rejected: it rewrote names
+# ("a2a_bench.py" became "a2_bench.py": the second "a" had been seen).
+PROSE = SamplingParams(dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2)
+
+_WORD = re.compile(r"\S+")
+_EDGE = ".,;:!?()[]{}\"'`*"
+_TAGS = re.compile(r"</?\s*(?:answer|final_answer|call|tool_call)\s*>", re.I)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def prose_params(params: SamplingParams, *, opens: tuple[str, ...] = (), close: str = "",
+                 first: bool = False) -> SamplingParams:
+    """``params`` with :data:`PROSE`'s repetition control. Under a grammar the prose is
+    where ``first``/``opens``/``close`` say (see :class:`SamplingParams`); structure is
+    never penalized."""
+    return replace(params, dry_multiplier=PROSE.dry_multiplier, dry_base=PROSE.dry_base,
+                   dry_allowed_length=PROSE.dry_allowed_length, dry_last_n=PROSE.dry_last_n,
+                   repeat_penalty=PROSE.repeat_penalty, prose_open=opens, prose_close=close,
+                   prose_first=first)
+
+
+def _key(word: str) -> str:
+    """A word as loops and echoes compare it: no tags, no punctuation at its edges."""
+    if "<" in word:
+        word = _TAGS.sub("", word)
+    return word.strip(_EDGE).lower()
+
+
+class LoopGuard:
+    """Incremental loop detection over streamed text: ``feed`` each piece; it returns the
+    offset to cut the whole text at once some phrase of ``words`` words has come ``times``
+    times (the start of its second copy: one copy stays), else None. O(1) per word."""
+
+    def __init__(self, words: int = LOOP_WORDS, times: int = LOOP_TIMES) -> None:
+        self.words = words
+        self.times = times
+        self.text = ""
+        self._done = 0  # offset up to which words were read
+        self._keys: list[str] = []
+        self._starts: list[int] = []
+        self._seen: dict[tuple[str, ...], list[int]] = {}
+        self.cut: int | None = None
+
+    def feed(self, piece: str) -> int | None:
+        if self.cut is not None:
+            return self.cut
+        self.text += piece
+        # Only words followed by whitespace are complete.
+        for m in _WORD.finditer(self.text, self._done):
+            if m.end() == len(self.text):
+                break
+            self._done = m.end()
+            key = _key(m.group())
+            if not key:
+                continue
+            self._keys.append(key)
+            self._starts.append(m.start())
+            if len(self._keys) < self.words:
+                continue
+            first = len(self._keys) - self.words
+            gram = tuple(self._keys[first:])
+            where = self._seen.setdefault(gram, [])
+            where.append(self._starts[first])
+            if len(where) >= self.times:
+                self.cut = where[1]
+                return self.cut
+        return None
+
+    def finish(self) -> int | None:
+        """Read the last word too (the text ended); the cut offset or None."""
+        if self.cut is None:
+            self.feed(" ")
+            self.text = self.text[:-1]
+        return self.cut
+
+
+def cut_loop(text: str, words: int = LOOP_WORDS, times: int = LOOP_TIMES) -> str:
+    """``text`` up to the second copy of its first phrase of ``words`` words to come
+    ``times`` times (trailing blanks removed); ``text`` itself when there is none."""
+    guard = LoopGuard(words, times)
+    guard.feed(text)
+    at = guard.finish()
+    return text if at is None else text[:at].rstrip()
+
+
+def has_loop(text: str, words: int = LOOP_WORDS, times: int = LOOP_TIMES) -> bool:
+    """Whether some phrase of ``words`` words comes ``times`` times in ``text``."""
+    guard = LoopGuard(words, times)
+    guard.feed(text)
+    return guard.finish() is not None
+
+
+def _norm(text: str) -> str:
+    return " ".join(k for k in (_key(w) for w in _WORD.findall(text)) if k)
+
+
+def instruction_sentences(texts: Iterable[str], min_words: int = ECHO_WORDS) -> list[str]:
+    """The sentences (split at ., !, ? and line breaks) of ``texts`` with at least
+    ``min_words`` words, normalized (lower case, punctuation at word edges dropped)."""
+    out: list[str] = []
+    for text in texts:
+        for sentence in _SENTENCE_END.split(text):
+            norm = _norm(sentence)
+            if norm.count(" ") + 1 >= min_words and norm not in out:
+                out.append(norm)
+    return out
+
+
+def echoed(answer: str, sentences: Sequence[str]) -> list[str]:
+    """The ``sentences`` (from :func:`instruction_sentences`) that ``answer`` holds."""
+    if not sentences:
+        return []
+    norm = f" {_norm(answer)} "
+    return [s for s in sentences if f" {s} " in norm]
+
+
+def strip_markup(text: str, tags: Iterable[str] = ()) -> str:
+    """``text`` without the turn format's tags: ``tags`` (a template's call and answer
+    tags) and the usual ``<answer>``/``<call>``/``<tool_call>`` ones, open or closed."""
+    for tag in tags:
+        text = text.replace(tag, "")
+    return _TAGS.sub("", text)
+
+
+def clean(text: str, tags: Iterable[str] = ()) -> str:
+    """What a user may read of a generated answer: markup removed, a loop cut."""
+    return cut_loop(strip_markup(text, tags)).strip()
+
+
+NO_ANSWER = "(no answer: the model only restated its instructions)"
+
+
+def without_echo(text: str, sentences: Sequence[str]) -> str:
+    """``text`` without its sentences that reproduce one of ``sentences`` (or lie inside
+    one: a long instruction sentence split by a line break); :data:`NO_ANSWER` when
+    nothing of its own is left."""
+    if not echoed(text, sentences):
+        return text
+    kept: list[str] = []
+    for part in re.split(r"((?<=[.!?])\s+|\n+)", text):
+        norm = f" {_norm(part)} "
+        if norm.strip() and any(f" {s} " in norm or norm in f" {s} " for s in sentences):
+            continue
+        kept.append(part)
+    rest = "".join(kept).strip()
+    if echoed(rest, sentences) or len(_norm(rest).split()) < 2:
+        return NO_ANSWER
+    return rest
+
+
+def template_texts(template: Template) -> list[str]:
+    """The instruction texts a template renders into a worker's prompt (its text sections,
+    its instructions and tool-result files), with every value that varies (the request,
+    the project, a tool's output) rendered as a line break, so only the template's own
+    sentences are left. A file that does not render so is skipped."""
+    m = template.manifest
+    renders: list[Callable[[], str]] = [
+        lambda: template.instructions("\n", "\n"),
+        lambda: template.tool_result(call="\n", output="\n", is_error=True, turn=1),
+    ]
+    for section in m.prefix.sections:
+        if section.kind == "text":
+            renders.append(functools.partial(template.render, section.file, project="\n",
+                                             target_tokens=m.prefix.target_tokens))
+    out: list[str] = []
+    for render in renders:
+        try:
+            out.append(render())
+        except Exception:  # a user's template may need a real value here: skip it
+            continue
+    return out
