@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mesh.cli.sim_neighbour import add_neighbour_args, neighbour_config
 from mesh.sim.compare import RunOne, parse_compare, run_compare, run_sweep
 from mesh.sim.progress import ProgressBar
 from mesh.sim.run import plan_for, run_simulation, write_report
@@ -88,6 +89,7 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
         help="seconds between /capacity samples (default: 0.25)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_neighbour_args(p)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -152,6 +154,7 @@ def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
         startup_timeout_s=args.startup_timeout,
         # The server started here runs the scenario, so it honours scenario params.
         serve_args=(*serve, *args.serve_arg),
+        neighbour=neighbour_config(args),
     )
     config.validate()
     return config

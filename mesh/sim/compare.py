@@ -1,7 +1,8 @@
 """The same seeded scenario several times: ``--compare KEY=V1,V2`` and the floor sweep.
 
-Each run gets its own report folder (``OUT/<key>-<value>/``); the comparison adds one
-side-by-side table (``compare.md``, ``compare.json``) and the overlaid plots in ``OUT``.
+Each run gets its own report folder (``OUT/<key>-<value>/``); the comparison adds its
+tables (``compare.md``, ``compare.json``: per neighbour phase, one row per run) and its
+plots, one panel per run (:mod:`mesh.sim.panels`), in ``OUT``.
 The sweep adds ``sweep.md``, ``sweep.json`` and ``sweep.png`` and names the sweet spot:
 the floor with the lowest p50 delivery among those that delivered every package and kept
 time under the floor at or below ``max_under``.
@@ -16,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mesh.sim.plots import write_plots, write_sweep_plot
+from mesh.sim.panels import write_panels
+from mesh.sim.phases import MIN_WINDOW_TOKENS, phase_summary, phase_table
+from mesh.sim.plots import write_sweep_plot
 from mesh.sim.report import Summary, summary_table, write_json
 from mesh.sim.run import write_report
 from mesh.sim.types import SimConfig, SimRun
@@ -102,15 +105,37 @@ def write_comparison(
     summaries: Sequence[Summary],
     out_dir: Path,
 ) -> CompareResult:
-    """The side-by-side table and the overlaid plots of finished runs. Pure."""
+    """The comparison's tables (per neighbour phase, then every metric) and its plots,
+    one panel per run (:mod:`mesh.sim.panels`), from finished runs. Pure."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(runs, out_dir)
     labels = [f"{key}={v}" for v in values]
-    table = summary_table(list(zip(labels, summaries, strict=True)))
+    phases = [phase_summary(r) for r in runs]
+    plots = write_panels(runs, phases, out_dir)
+    rows = list(zip(labels, phases, strict=True))
+    neighbour = runs[0].config.neighbour if runs else None
+    sections: list[str] = []
+    if neighbour is not None and neighbour.enabled:
+        sections += [
+            f"Neighbour `{neighbour.kind}`, schedule `{neighbour.schedule}` (seed "
+            f"{neighbour.seed if neighbour.seed is not None else runs[0].config.seed}), the "
+            "same for every run; each run's on spans are in its report.",
+            "## Neighbour off\n\n" + phase_table(rows, "off"),
+            "## Neighbour on\n\n" + phase_table(rows, "on"),
+        ]
+    source = {p["turn_start_source"] for p in phases}
+    sections += [
+        "## Whole run\n\n" + phase_table(rows, "all"),
+        f"Turn start: {', '.join(sorted(source))} (see docs/gate.md); client windows of "
+        f"at least {MIN_WINDOW_TOKENS} tokens.",
+        "## Every metric (whole run)\n\n"
+        + summary_table(list(zip(labels, summaries, strict=True))),
+    ]
     md = out_dir / "compare.md"
     md.write_text(
         f"# mesh simulate — compare {key}\n\nSame scenario (seed {runs[0].config.seed}) per "
-        f"value; each run's own report is in its folder.\n\n{table}\n\n"
+        f"value; each run's own report is in its folder.\n\n"
+        + "\n\n".join(sections)
+        + "\n\n"
         + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
         + "\n",
         encoding="utf-8",
@@ -125,9 +150,10 @@ def write_comparison(
                     "label": lbl,
                     "config": r.config.to_json(),
                     "summary": s,
+                    "phases": ph,
                     "report": f"{_slug(lbl.replace('=', '-'))}/report.json",
                 }
-                for lbl, r, s in zip(labels, runs, summaries, strict=True)
+                for lbl, r, s, ph in zip(labels, runs, summaries, phases, strict=True)
             ],
         },
     )

@@ -21,6 +21,7 @@ from a2a.helpers.proto_helpers import new_data_message, new_text_message
 from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
+from mesh.sim.neighbour import Neighbour
 from mesh.sim.scenario import PackagePlan, Scenario
 from mesh.sim.types import Sample, SimConfig, SimRun, TaskEvent, TaskTimeline
 
@@ -75,6 +76,7 @@ def _status_event(t: float, update: pb.TaskStatusUpdateEvent) -> TaskEvent:
     elif kind not in _STEP_EVENTS:
         kind = "status"
     position = meta.get("queue_position")
+    wait = meta.get("wait_s", meta.get("waitS"))  # a turn's gate wait, where it is sent
     return TaskEvent(
         t=t,
         kind=kind,
@@ -82,6 +84,7 @@ def _status_event(t: float, update: pb.TaskStatusUpdateEvent) -> TaskEvent:
         queue_position=int(position) if position is not None else None,
         text=text[:_TEXT_MAX],
         subtask=str(meta.get("subtask", "")).rsplit("/", 1)[-1],
+        wait_s=float(wait) if isinstance(wait, int | float) else None,
     )
 
 
@@ -177,7 +180,8 @@ class _Driver:
                 if artifact.name == "answer":
                     timeline.num_generated += _answer_tokens(artifact)
                 else:
-                    timeline.events.append(TaskEvent(t, "text"))
+                    chars = sum(len(p.text) for p in artifact.parts if p.HasField("text"))
+                    timeline.events.append(TaskEvent(t, "text", chars=chars))
             if timeline.done_t is not None:
                 return
 
@@ -211,9 +215,13 @@ async def drive(
     scenario: Scenario,
     *,
     on_progress: OnProgress | None = None,
+    neighbour: Neighbour | None = None,
 ) -> SimRun:
     """Submit every package of ``scenario`` to the coordinator at ``url`` at once and
-    collect the run (samples and timelines). Returns when every task has ended."""
+    collect the run (samples and timelines). Returns when every task has ended.
+
+    ``neighbour`` (set up already) follows its schedule from the run clock's zero and is
+    stopped when the run ends; its "on" spans land in ``run.neighbour_phases``."""
     run = SimRun(config, scenario.to_json(), scenario.tokens_per_step)
     run.tasks = [TaskTimeline(p.index) for p in scenario.packages]
     limits = httpx.Limits(max_connections=len(scenario.packages) + 8)
@@ -228,6 +236,8 @@ async def drive(
         sampler = asyncio.create_task(
             _sample(http, url, run, clock, config.sample_interval_s, driver.progress)
         )
+        if neighbour is not None:
+            neighbour.begin(clock.t0)
         try:
             await asyncio.gather(
                 *(driver.package(p, tl) for p, tl in zip(scenario.packages, run.tasks, strict=True))
@@ -237,5 +247,7 @@ async def drive(
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
+            if neighbour is not None:  # joins a thread that wakes at once
+                run.neighbour_phases = neighbour.end()
             await client.close()
     return run

@@ -18,10 +18,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from mesh.sim.report import ROLES, floor_of, kv_series, workers
+from mesh.sim.measure import floor_of, workers
+from mesh.sim.report import ROLES, kv_series
 from mesh.sim.types import SimRun
 
-__all__ = ["PLOT_NAMES", "write_plots", "write_sweep_plot"]
+__all__ = ["PLOT_NAMES", "shade_neighbour", "write_plots", "write_sweep_plot"]
 
 PLOT_NAMES = ("tps_over_time", "workers_over_time", "kv_cells", "delivery_cdf", "tps_by_turn")
 _COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
@@ -52,6 +53,13 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def shade_neighbour(ax: Axes, run: SimRun, label: bool = True) -> None:
+    """Shade the spans in which ``run``'s neighbour was on (nothing without one)."""
+    for k, rec in enumerate(run.neighbour_phases):
+        ax.axvspan(rec.start, rec.end, color="tab:red", alpha=0.12, linewidth=0,
+                   label="neighbour on" if label and k == 0 else "_nolegend_")
+
+
 def _new(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
     fig = _figure(8, 4.5)
     ax = fig.subplots()
@@ -70,6 +78,8 @@ def _legend(ax: Axes) -> None:
 def plot_tps(runs: Sequence[SimRun], path: Path) -> Path:
     fig, ax = _new("Per-worker tokens/s over time", "time (s)", "tokens/s per worker")
     single = len(runs) == 1
+    if single:
+        shade_neighbour(ax, runs[0])
     for i, run in enumerate(runs):
         colour = _COLOURS[i % len(_COLOURS)]
         name = _label(run, i)
@@ -107,6 +117,8 @@ def plot_tps(runs: Sequence[SimRun], path: Path) -> Path:
 
 def plot_workers(runs: Sequence[SimRun], path: Path) -> Path:
     fig, ax = _new("Workers admitted and queued", "time (s)", "count")
+    if len(runs) == 1:
+        shade_neighbour(ax, runs[0])
     for i, run in enumerate(runs):
         colour = _COLOURS[i % len(_COLOURS)]
         ts = [s.t for s in run.samples]

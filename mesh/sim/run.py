@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from mesh.sim.driver import OnProgress, drive
+from mesh.sim.neighbour import Neighbour
 from mesh.sim.plots import write_plots
 from mesh.sim.report import Summary, report_document, summarize, write_json, write_markdown
 from mesh.sim.scenario import Scenario, plan_scenario
@@ -14,7 +16,7 @@ from mesh.sim.server import ServerCommand, ServerProcess
 from mesh.sim.types import SimConfig, SimRun
 from mesh.template.loader import load_template
 
-__all__ = ["ReportFiles", "plan_for", "run_simulation", "write_report"]
+__all__ = ["ReportFiles", "neighbour_for", "plan_for", "run_simulation", "write_report"]
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,27 @@ def run_simulation(
     """
     config.validate()
     scenario = plan_for(config)
-    if config.url is not None:
-        run = asyncio.run(drive(config.url, config, scenario, on_progress=on_progress))
-        run.server["started_here"] = False
-    else:
-        with ServerProcess(config, command=server_command) as url:
-            run = asyncio.run(drive(url, config, scenario, on_progress=on_progress))
-        run.server["started_here"] = True
+    with contextlib.ExitStack() as stack:
+        neighbour = neighbour_for(config)
+        if neighbour is not None:  # before the server: its start-up is not the run's
+            stack.enter_context(neighbour)
+        if config.url is not None:
+            url = config.url
+        else:
+            url = stack.enter_context(ServerProcess(config, command=server_command))
+        run = asyncio.run(drive(url, config, scenario, on_progress=on_progress,
+                                neighbour=neighbour))
+    run.server["started_here"] = config.url is None
     run.label = label
     return run
+
+
+def neighbour_for(config: SimConfig) -> Neighbour | None:
+    """The neighbour ``config`` asks for (not set up yet), or None."""
+    if not config.neighbour.enabled:
+        return None
+    return Neighbour(config.neighbour, config.seed, config.model,
+                     startup_timeout_s=config.startup_timeout_s)
 
 
 def write_report(run: SimRun, out_dir: Path) -> ReportFiles:

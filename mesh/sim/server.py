@@ -29,6 +29,7 @@ __all__ = [
     "ServerError",
     "ServerProcess",
     "free_port",
+    "mesh_executable",
     "serve_command",
 ]
 
@@ -50,7 +51,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _mesh_executable() -> list[str]:
+def mesh_executable() -> list[str]:
     exe = Path(sys.executable).with_name("mesh")
     if exe.exists():
         return [str(exe)]
@@ -60,7 +61,7 @@ def _mesh_executable() -> list[str]:
 
 def serve_command(config: SimConfig, port: int, data_dir: Path) -> list[str]:
     """The ``mesh serve`` command line for ``config``."""
-    cmd = [*_mesh_executable(), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [*mesh_executable(), "serve", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--template", config.template, "--policy", config.policy, "--pool", config.pool]
     cmd += ["--data-dir", str(data_dir)]
     if config.floor_tps is not None:

@@ -10,9 +10,51 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Sample", "SimConfig", "SimRun", "TaskEvent", "TaskTimeline"]
+from mesh.sim.schedule import parse_schedule
 
-POLICIES_HELP = "floor, legacy, static:N or none"
+__all__ = ["NeighbourConfig", "PhaseRecord", "Sample", "SimConfig", "SimRun", "TaskEvent",
+           "TaskTimeline"]
+
+POLICIES_HELP = "floor, projection, legacy, static:N or none"
+NEIGHBOURS = ("none", "cpu", "mesh")
+
+
+@dataclass(frozen=True)
+class NeighbourConfig:
+    """A scripted second tenant on the same machine (:mod:`mesh.sim.neighbour`).
+
+    ``kind``: ``none``, ``cpu`` (``cores`` busy-loop processes, each busy ``duty`` of every
+    100 ms while on) or ``mesh`` (a second ``mesh serve`` of ``model``, driven by
+    ``clients`` streaming chat requests of ``max_tokens`` while on). ``schedule``:
+    ``random:LO-HI[/LO-HI]`` (seeded on/off durations in seconds, off first) or an explicit
+    ``off:5,on:10,...`` (repeated to the end of the run). ``seed`` None: the run's seed.
+    """
+
+    kind: str = "none"
+    schedule: str = "random:5-15"
+    seed: int | None = None
+    cores: int = 1
+    duty: float = 1.0
+    model: str | None = None  # mesh: None means the run's model
+    clients: int = 2
+    max_tokens: int = 48
+    threads: int | None = None  # mesh: llama.cpp threads of the neighbour server
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+    def validate(self) -> None:
+        if self.kind not in NEIGHBOURS:
+            raise ValueError(
+                f"neighbour must be one of {', '.join(NEIGHBOURS)}, got {self.kind!r}"
+            )
+        if not 0.0 < self.duty <= 1.0:
+            raise ValueError(f"neighbour duty must be in (0, 1], got {self.duty}")
+        for key in ("cores", "clients", "max_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"neighbour {key} must be >= 1, got {getattr(self, key)}")
+        parse_schedule(self.schedule)
 
 
 @dataclass(frozen=True)
@@ -35,6 +77,7 @@ class SimConfig:
     task_timeout_s: float = 1800.0
     max_retries: int = 20  # per package, on HTTP 429
     serve_args: tuple[str, ...] = ()  # extra `mesh serve` arguments
+    neighbour: NeighbourConfig = field(default_factory=NeighbourConfig)
 
     def validate(self) -> None:
         if self.pool not in ("shared", "naive"):
@@ -42,7 +85,8 @@ class SimConfig:
         if self.floor_tps is not None and not self.floor_tps > 0:
             raise ValueError(f"floor_tps must be > 0, got {self.floor_tps}")
         name, _, arg = self.policy.partition(":")
-        if name not in ("floor", "legacy", "static", "none") or (name == "static") != bool(arg):
+        known = ("floor", "projection", "legacy", "static", "none")
+        if name not in known or (name == "static") != bool(arg):
             raise ValueError(f"policy must be {POLICIES_HELP}, got {self.policy!r}")
         if not self.sample_interval_s > 0:
             raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
@@ -50,6 +94,7 @@ class SimConfig:
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ValueError(f"{key} must be >= 1, got {value}")
+        self.neighbour.validate()
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -83,6 +128,8 @@ class TaskEvent:
     queue_position: int | None = None
     text: str = ""
     subtask: str = ""
+    chars: int = 0  # ``text``: characters of the streamed chunk (its tokens are estimated)
+    wait_s: float | None = None  # the turn's decode-gate wait, where the event carries it
 
 
 @dataclass
@@ -151,3 +198,14 @@ class SimRun:
     wall_s: float = 0.0
     server: dict[str, Any] = field(default_factory=dict)  # url, card name, started here
     label: str = ""  # the compare/sweep value this run stands for
+    # The neighbour's "on" spans as they happened (run clock); empty without a neighbour.
+    neighbour_phases: list[PhaseRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    """One span in which the neighbour ran: started at ``start``, stopped at ``end``
+    (seconds on the run clock, as recorded when the load was started and stopped)."""
+
+    start: float
+    end: float

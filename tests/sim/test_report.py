@@ -15,6 +15,7 @@ from mesh.sim.compare import (
     write_comparison,
     write_sweep,
 )
+from mesh.sim.panels import PANEL_NAMES
 from mesh.sim.plots import PLOT_NAMES
 from mesh.sim.report import SUMMARY_KEYS, percentile, summarize
 from mesh.sim.run import write_report
@@ -121,7 +122,7 @@ def test_write_report_writes_json_markdown_and_plots(tmp_path: Path) -> None:
         assert p.read_bytes().startswith(PNG_MAGIC)
 
 
-def test_comparison_overlays_runs_side_by_side(tmp_path: Path) -> None:
+def test_comparison_puts_runs_side_by_side(tmp_path: Path) -> None:
     runs = [make_run("shared", "pool=shared"), make_run("naive", "pool=naive")]
     result = write_comparison(
         "pool", ["shared", "naive"], runs, [summarize(r) for r in runs], tmp_path
@@ -131,7 +132,8 @@ def test_comparison_overlays_runs_side_by_side(tmp_path: Path) -> None:
     assert "| prefill tokens saved | 300 | 0 |" in table
     doc = json.loads((tmp_path / "compare.json").read_text(encoding="utf-8"))
     assert [r["label"] for r in doc["runs"]] == ["pool=shared", "pool=naive"]
-    assert all((tmp_path / f"{name}.png").exists() for name in PLOT_NAMES)
+    assert [p.stem for p in result.plots] == list(PANEL_NAMES)
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in result.plots)
 
 
 def test_sweet_spot_is_the_lowest_p50_within_the_floor_budget() -> None:
