@@ -56,12 +56,13 @@ class _Ticket:
 class _OpenGate:
     """Admits everything at once (the bench measures the A2A layer, not the gate)."""
 
-    def check_queue(self) -> Any:
+    def check_queue(self, *, places: int = 1, caller: str = "") -> Any:
         from mesh.gate.types import QueueCheck
 
         return QueueCheck(ok=True, queue_len=0, retry_after_s=0.0)
 
-    async def admit(self, key: str, on_position: Any = None, *, accepted: bool = False) -> _Ticket:
+    async def admit(self, key: str, on_position: Any = None, *, accepted: bool = False,
+                    caller: str = "") -> _Ticket:
         return _Ticket(key)
 
     def capacity(self) -> dict[str, Any]:

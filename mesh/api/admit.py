@@ -29,34 +29,36 @@ class Refusal(Exception):
         self.code, self.message, self.retry_after_s = code, message, retry_after_s
 
 
-def queue_refusal(admission: Admission) -> Refusal | None:
-    """The gate's queue check as a refusal (None: the queue takes the request)."""
-    check = admission.check_queue()
+def queue_refusal(admission: Admission, caller: str = "") -> Refusal | None:
+    """The gate's queue check for one of ``caller``'s places, as a refusal (None: the
+    queue takes the request)."""
+    check = admission.check_queue(caller=caller)
     if check.ok:
         return None
     return Refusal("queue_full", check.reason or "the queue is full", check.retry_after_s)
 
 
-async def admit_within(admission: Admission, key: str, timeout_s: float | None
-                       ) -> Ticket | None:
+async def admit_within(admission: Admission, key: str, timeout_s: float | None,
+                       caller: str = "") -> Ticket | None:
     """A ticket, or None when ``timeout_s`` passed first (None: wait in the queue);
-    raises Refusal("queue_full") when the queue refuses the wait."""
+    raises Refusal("queue_full") when the queue (or ``caller``'s share) refuses the wait."""
     try:
         with anyio.fail_after(timeout_s):
-            return await admission.admit(key)
+            return await admission.admit(key, caller=caller)
     except QueueFull as exc:
         raise Refusal("queue_full", str(exc), exc.retry_after_s) from None
     except TimeoutError:
         return None
 
 
-async def admit(admission: Admission, key: str, timeout_s: float | None) -> Ticket:
-    """The queue check, then a ticket within ``timeout_s``; raises Refusal (queue_full,
-    not_admitted) otherwise."""
-    refusal = queue_refusal(admission)
+async def admit(admission: Admission, key: str, timeout_s: float | None,
+                caller: str = "") -> Ticket:
+    """The queue check, then a ticket within ``timeout_s`` (one place in ``caller``'s
+    share); raises Refusal (queue_full, not_admitted) otherwise."""
+    refusal = queue_refusal(admission, caller)
     if refusal is not None:
         raise refusal
-    ticket = await admit_within(admission, key, timeout_s)
+    ticket = await admit_within(admission, key, timeout_s, caller)
     if ticket is None:
         raise Refusal("not_admitted", f"not admitted within {timeout_s} s",
                       admission.check_queue().retry_after_s)

@@ -9,20 +9,23 @@
 Every session made here holds an admission ticket until it is deleted, fails, or sits
 idle (no request) longer than ``idle_s`` (``--session-idle-s``, default 300 s): then it is
 detached, its ticket released, and a later call on it answers 404 ``expired`` with the
-reason. Each caller holds at most ``max_per_caller`` sessions (429 past it), so abandoned
-sessions cannot starve A2A work. Errors are JSON ``{"error": {"code", "message"}}``, always
-4xx for a client's mistake: empty input 400, a turn while one runs 409, a detached or
-failed session 404/410. A streamed turn whose client goes away is stopped with
-``Generation.aclose()``; the tokens generated so far stay in the session. Nothing here
-touches the engine except through its :class:`~mesh.engine.types.Session` protocol, so no
-request can stop the pool.
+reason. Each authenticated caller holds at most ``max_per_caller`` sessions (429 past it),
+so abandoned sessions cannot starve A2A work; the cap is checked and taken in one step
+(a place is reserved before anything is awaited and given back if the attach fails), so
+concurrent creates cannot pass it together. With auth off every client is the one
+anonymous caller, which may use the whole pool. Errors are JSON
+``{"error": {"code", "message"}}``, always 4xx for a client's mistake: empty input 400, a
+turn while one runs 409, a detached or failed session 404/410. A streamed turn whose
+client goes away is stopped with ``Generation.aclose()``; the tokens generated so far stay
+in the session. Nothing here touches the engine except through its
+:class:`~mesh.engine.types.Session` protocol, so no request can stop the pool.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +87,8 @@ class SessionAPI:
     call :meth:`aclose` at shutdown (the app's lifespan does, see ``build_app``).
 
     ``idle_s``: a session with no request (and no turn running) for this long is expired.
-    ``max_per_caller``: sessions one caller may hold (default: half the pool's slots).
+    ``max_per_caller``: sessions one authenticated caller may hold (default: half the
+    pool's slots); the anonymous caller (auth off) may hold the whole pool.
     """
 
     def __init__(
@@ -108,6 +112,9 @@ class SessionAPI:
             raise ValueError(f"max_per_caller must be >= 1, got {self.max_per_caller}")
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
+        # Sessions each caller holds or is creating: taken before the first await of a
+        # create, given back when the create fails or the session is dropped.
+        self._held: Counter[str] = Counter()
         self._expired: OrderedDict[str, tuple[str, str]] = OrderedDict()  # sid -> owner, why
         self._reaper = Periodic(self.expire_idle, lambda: min(self.idle_s / 4, 5.0))
 
@@ -152,23 +159,50 @@ class SessionAPI:
         except BadRequest as exc:
             return error_response(exc.status, exc.code, exc.message)
         caller = _caller(request)
-        held = sum(1 for e in self._entries.values() if e.owner == caller)
-        if held >= self.max_per_caller:
+        held = self._held[caller]
+        if held >= self.cap_of(caller):
             return too_busy(
                 "too_many_sessions",
-                f"this caller holds {held} sessions, the most allowed; delete one "
+                f"this caller holds (or is creating) {held} sessions, the most one caller "
+                f"may hold ({'max_per_caller' if caller else 'the pool'}); delete one "
                 "(DELETE /v1/sessions/{id}) or let it expire",
                 min(self.idle_s, 60.0),
             )
+        self._held[caller] += 1  # taken before any await: concurrent creates see it
+        created = False
         try:
-            ticket = await admit(self.admission, req.key, req.max_wait_s)
+            created, answer = await self._attach(req.key, req.max_wait_s, caller)
+        finally:
+            if not created:
+                self._give_back(caller)
+        return answer
+
+    def cap_of(self, caller: str) -> int:
+        """Sessions ``caller`` may hold: ``max_per_caller``, or the whole pool for the
+        anonymous caller (auth off: every client is that one caller)."""
+        return self.engine.info.max_sessions if not caller else self.max_per_caller
+
+    def _give_back(self, caller: str) -> None:
+        left = self._held[caller] - 1
+        if left > 0:
+            self._held[caller] = left
+        else:
+            del self._held[caller]
+
+    async def _attach(self, key: str, max_wait_s: float | None, caller: str
+                      ) -> tuple[bool, Response]:
+        """Admit and attach one session for ``caller`` (whose place in ``_held`` is
+        taken): (True, 201) or (False, the 429)."""
+        try:
+            ticket = await admit(self.admission, key, max_wait_s, caller)
         except Refusal as exc:
-            return too_busy(exc.code, exc.message, exc.retry_after_s)
+            return False, too_busy(exc.code, exc.message, exc.retry_after_s)
         try:
             session = await self.engine.attach()
         except PoolFull as exc:
             await ticket.release()
-            return too_busy("pool_full", str(exc), self.admission.check_queue().retry_after_s)
+            return False, too_busy("pool_full", str(exc),
+                                   self.admission.check_queue().retry_after_s)
         except BaseException:
             await release(ticket)
             raise
@@ -180,7 +214,7 @@ class SessionAPI:
             "context_len": session.context_len,
             "session_budget": self.engine.info.session_budget,
         }
-        return JSONResponse(body, 201, {"Location": f"/v1/sessions/{session.id}"})
+        return True, JSONResponse(body, 201, {"Location": f"/v1/sessions/{session.id}"})
 
     async def _list(self, request: Request) -> Response:
         loads = self._loads()
@@ -329,6 +363,7 @@ class SessionAPI:
         entry = self._entries.pop(sid, None)
         if entry is None:
             return
+        self._give_back(entry.owner)
         with anyio.CancelScope(shield=True):
             try:
                 generation = entry.generation

@@ -13,6 +13,9 @@ Life of a planned task (a message without an explicit ``subtasks`` list, ``plan`
 
 The planning and synthesis turns are pool sessions admitted by the gate like workers (keys
 ``<task>/plan`` and ``<task>/synthesis``), so they share the prefix and keep the floor.
+Queue places: the door counted one for the planning turn; a plan's N subtasks enter the
+gate's queue only once all N fit its free places and the caller's share (the task waits
+outside the queue until then), so a plan never takes the queue past its bound.
 In ``auto`` mode a plan that does not parse (or a planning turn that fails) falls back to
 the message as one subtask, answered as the dispatcher did; in ``always`` mode it fails the
 task. The events go through a :class:`TaskEvents` writer (the executor's run).
@@ -26,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import anyio
 from a2a.types import a2a_pb2 as pb
 
 from mesh.coordinator.conversation import Conversations
@@ -214,6 +218,10 @@ class AgentTask:
     message: str
     run_one: RunOne
     make_sink: MakeSink
+    caller: str = ""  # whose share of the gate's queue this task's turns take
+
+    # how often a plan waiting for room in the queue asks again (at most)
+    room_poll_s: float = 1.0
 
     async def run(self) -> None:
         cfg = self.agent.config
@@ -248,7 +256,8 @@ class AgentTask:
                                            {"subtask": key, "event": "queued",
                                             "queue_position": position})
 
-        ticket = await self.admission.admit(f"{self.task_id}/{key}", on_position, accepted=True)
+        ticket = await self.admission.admit(f"{self.task_id}/{key}", on_position, accepted=True,
+                                            caller=self.caller)
         try:
             await self.events.status(S.TASK_STATE_WORKING, f"[{key}] admitted; {key} turn",
                                      {"subtask": key, "event": "admitted"})
@@ -292,6 +301,7 @@ class AgentTask:
                     instructions=s.worker_instructions(self.message, history))
             for i, s in enumerate(plan.subtasks)
         ]
+        await self._wait_for_room(len(subtasks))
         outcomes = list(await asyncio.gather(*(self._settle(s) for s in subtasks)))
         outcomes = [
             Outcome(o.id, p.instructions, o.result, o.error)
@@ -307,6 +317,21 @@ class AgentTask:
         if note:
             answer = f"{answer}\n\n{note}" if answer else note
         await self._complete(plan, answer, outcomes)
+
+    async def _wait_for_room(self, places: int) -> None:
+        """Return once the gate's queue can take ``places`` more of this caller's subtasks
+        (the door promised the planning turn one place, not its plan's subtasks)."""
+        said = False
+        while True:
+            check = self.admission.check_queue(places=places, caller=self.caller)
+            if check.ok:
+                return
+            if not said:
+                said = True
+                await self.events.progress(
+                    f"waiting for room in the gate's queue for {places} subtask(s): "
+                    f"{check.reason}", {"event": "waiting_for_room", "places": places})
+            await anyio.sleep(min(max(check.retry_after_s, 0.05), self.room_poll_s))
 
     async def _settle(self, subtask: Subtask) -> Outcome:
         sid = subtask.id.rsplit("/", 1)[-1]

@@ -58,10 +58,12 @@ _FLUSH_CHARS = 4096
 
 class _Run:
     """One execution's event writer. Once ``closed`` (the task was canceled), it writes
-    nothing more, so no event can follow the terminal one."""
+    nothing more, so no event can follow the terminal one. ``caller``: whose share of the
+    gate's queue the task's subtasks take (the authenticated caller, "" without auth)."""
 
-    def __init__(self, updater: TaskUpdater) -> None:
+    def __init__(self, updater: TaskUpdater, caller: str = "") -> None:
         self.updater = updater
+        self.caller = caller
         self.closed = False
         self.is_working = False
 
@@ -177,7 +179,8 @@ class CoordinatorExecutor(AgentExecutor):
                     history=[message],
                 )
             )
-        run = _Run(TaskUpdater(event_queue, task_id, context_id))
+        caller = owner_of(context.call_context) if context.call_context is not None else ""
+        run = _Run(TaskUpdater(event_queue, task_id, context_id), caller)
         self._runs[task_id] = run
         # The hop count travels on to any peer this task's workers delegate to.
         CURRENT_HOPS.set(hops_of(MessageToDict(message.metadata)))
@@ -212,14 +215,14 @@ class CoordinatorExecutor(AgentExecutor):
         text = message_text(message)
         if text is None:
             return None  # explicit subtasks (or nothing to plan): no planning turn
-        owner = owner_of(context.call_context) if context.call_context is not None else ""
+        owner = run.caller
 
         def make_sink(artifact_id: str, name: str) -> _TextStream:
             return _TextStream(run, artifact_id=artifact_id, name=name,
                                flush_s=self._text_flush_s, clock=self._clock)
 
         return AgentTask(agent, run, self._admission, task_id, f"{owner}\x00{context_id}",
-                         text, lambda s: self._run_one(run, s), make_sink)
+                         text, lambda s: self._run_one(run, s), make_sink, caller=owner)
 
     async def _execute(self, run: _Run, message: pb.Message, task_id: str) -> None:
         try:
@@ -314,8 +317,10 @@ class CoordinatorExecutor(AgentExecutor):
                     {**meta, "event": "queued", "queue_position": position},
                 )
 
-        # The request passed check_queue at the door: it queues, it is never rejected here.
-        ticket = await self._admission.admit(subtask.id, on_position, accepted=True)
+        # The request passed check_queue at the door for all its subtasks (one place each,
+        # in its caller's share): it queues, it is never rejected here.
+        ticket = await self._admission.admit(subtask.id, on_position, accepted=True,
+                                             caller=run.caller)
         try:
             run.is_working = True
             await run.status(

@@ -217,8 +217,10 @@ class NodePool:
 
     # ------------------------------------------------------------------ admission
 
-    def check_queue(self) -> QueueCheck:
-        ok = len(self._queue) < self.max_queue
+    def check_queue(self, *, places: int = 1, caller: str = "") -> QueueCheck:
+        # Places count per subtask; ``caller`` is not given a share here yet (the node
+        # pool keeps its own FIFO until it shares the gate's, issue 26).
+        ok = len(self._queue) + max(1, min(places, self.max_queue)) <= self.max_queue
         reason = "" if ok else (f"all {len(self.nodes)} nodes are at capacity and "
                                 f"{len(self._queue)} subtasks are queued (max {self.max_queue})")
         return QueueCheck(ok=ok, queue_len=len(self._queue), retry_after_s=_RETRY_AFTER_S,
@@ -231,7 +233,7 @@ class NodePool:
         return max(ready, key=lambda n: (n.room(), -n.in_flight), default=None)
 
     async def admit(self, key: str, on_position: OnPosition | None = None, *,
-                    accepted: bool = False) -> NodeTicket:
+                    accepted: bool = False, caller: str = "") -> NodeTicket:
         self._ensure_poller()
         if any(n.capacity is None and n.up for n in self.nodes):
             await self.poll_all()  # first use: learn every node's capacity

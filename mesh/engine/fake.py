@@ -188,6 +188,9 @@ class FakeEngine:
         return AttachCheck(True)
 
     async def attach(self) -> FakeSession:
+        # The pool attaches on its engine thread, so its callers always yield here: other
+        # tasks run between a caller's own checks and the attach, as they do on the pool.
+        await asyncio.sleep(0)
         check = self.check_attach()
         if not check.ok:
             raise PoolFull(check.reason)

@@ -3,8 +3,11 @@
 
 Invariants:
 
-* The queue is FIFO and bounded by ``config.max_queue``. Only the head is ever admitted;
-  an entry leaves the queue only by admission or by its own waiter's cancellation.
+* The queue is FIFO and bounded in places (one per waiter) by ``config.max_queue``, and
+  per caller by ``config.queue_share`` (:mod:`mesh.gate.shares`): a request of N places
+  (a task's N subtasks) is checked for all N at once. Only the head is ever admitted;
+  an entry leaves the queue only by admission or by its own waiter's cancellation, and
+  ``_shares`` counts exactly the entries of ``_queue`` (``_enqueue``/``_dequeue``).
 * The head re-checks every ``config.recheck_s`` while it waits (load changes as workers go
   idle on tool calls); every waiter is woken when a ticket is released or the queue moves.
 * A ticket granted but never handed over (the waiter was cancelled at that moment) is
@@ -33,6 +36,7 @@ from mesh.gate.config import GateConfig, PolicyKind
 from mesh.gate.decide import Decision, GateInput, Verdict, decide
 from mesh.gate.model import ThroughputModel
 from mesh.gate.projection import live_scale
+from mesh.gate.shares import ANONYMOUS, QueueShares, places_needed
 from mesh.gate.types import OnPosition, QueueCheck, QueueFull, Ticket
 
 __all__ = ["FloorGate", "GateTicket"]
@@ -58,10 +62,11 @@ class GateTicket:
 
 
 class _Waiter:
-    __slots__ = ("key", "ticket", "wake")
+    __slots__ = ("caller", "key", "ticket", "wake")
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, caller: str = ANONYMOUS) -> None:
         self.key = key
+        self.caller = caller
         self.ticket: GateTicket | None = None
         self.wake = anyio.Event()
 
@@ -83,6 +88,7 @@ class FloorGate:
         self.model = model if model is not None else ThroughputModel()
         self._clock = clock
         self._queue: deque[_Waiter] = deque()
+        self._shares = QueueShares(config.max_queue, config.queue_share)
         self._tickets: set[GateTicket] = set()
         self._mean_hold_s: float | None = None
         self.num_admitted = 0
@@ -141,31 +147,60 @@ class FloorGate:
         inp, _ = self.gate_input(ahead)
         return decide(inp, self.config, self.model, self._clock())
 
-    def check_queue(self) -> QueueCheck:
-        d = self.decide_now()
-        return QueueCheck(
-            ok=d.verdict is not Verdict.REFUSE,
-            queue_len=len(self._queue),
-            retry_after_s=d.retry_after_s,
-            reason="; ".join(d.reasons) if d.verdict is Verdict.REFUSE else "",
-        )
+    def check_queue(self, *, places: int = 1, caller: str = ANONYMOUS) -> QueueCheck:
+        """Would ``caller``'s request of ``places`` places (a task's subtasks) be taken?
+        Refused when they do not all fit the queue's free places, or ``caller``'s share."""
+        why, retry_after_s = self._door(places, caller)
+        return QueueCheck(ok=not why, queue_len=len(self._queue), retry_after_s=retry_after_s,
+                          reason=why)
+
+    def _door(self, places: int, caller: str) -> tuple[str, float]:
+        """Why a request of ``places`` from ``caller`` is refused ("": it is taken) and
+        when to retry. A pure read of the queue (the decision learns from the engine)."""
+        need = places_needed(places, self.config.max_queue)
+        d = self.decide_now(queue_ahead=len(self._queue) + need - 1)
+        if d.verdict is Verdict.REFUSE:
+            return "; ".join(d.reasons), d.retry_after_s
+        over = self._shares.over_share(caller, places)
+        if not over:
+            return "", d.retry_after_s
+        # Retry once the caller's over-th place from the head has been admitted.
+        pos = [i for i, w in enumerate(self._queue) if w.caller == caller][over - 1] + 1
+        ahead = min(pos, max(1, self.config.max_queue)) - 1
+        return self._shares.refusal(caller, places), self.decide_now(ahead).retry_after_s
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        self._queue.append(waiter)
+        self._shares.add(waiter.caller)
+
+    def _dequeue(self, waiter: _Waiter) -> None:
+        self._queue.remove(waiter)
+        self._shares.remove(waiter.caller)
+
+    def queued_by(self, caller: str) -> int:
+        """Places ``caller`` holds in the queue now."""
+        return self._shares.waiting(caller)
 
     # ------------------------------------------------------------------ admitting
 
     async def admit(
-        self, key: str, on_position: OnPosition | None = None, *, accepted: bool = False
+        self, key: str, on_position: OnPosition | None = None, *, accepted: bool = False,
+        caller: str = ANONYMOUS,
     ) -> Ticket:
-        """Wait until admitted (see :class:`~mesh.gate.types.Admission`)."""
+        """Wait until admitted (see :class:`~mesh.gate.types.Admission`); ``caller``'s
+        place counts against its share of the queue."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         d = self.decide_now()
-        if d.verdict is Verdict.REFUSE and not accepted:
-            self.num_refused += 1
-            raise QueueFull("; ".join(d.reasons), d.retry_after_s)
-        waiter = _Waiter(key)
+        if not accepted and d.verdict is not Verdict.ADMIT:
+            why, retry_after_s = self._door(1, caller)
+            if why:
+                self.num_refused += 1
+                raise QueueFull(why, retry_after_s)
+        waiter = _Waiter(key, caller)
         if d.verdict is Verdict.ADMIT:
             waiter.ticket = self._grant(key)
         else:
-            self._queue.append(waiter)
+            self._enqueue(waiter)
             await self._wait(waiter, on_position)
         ticket = waiter.ticket
         assert ticket is not None
@@ -198,7 +233,7 @@ class FloorGate:
             if waiter.ticket is not None:
                 self._release(waiter.ticket)
             elif waiter in self._queue:
-                self._queue.remove(waiter)
+                self._dequeue(waiter)
                 self._pump()
                 self._wake_all()
             raise
@@ -210,7 +245,8 @@ class FloorGate:
             d = self.decide_now(queue_ahead=0)
             if not d.admitted:
                 break
-            head = self._queue.popleft()
+            head = self._queue[0]
+            self._dequeue(head)
             head.ticket = self._grant(head.key)
             head.wake.set()
             moved = True
@@ -269,6 +305,9 @@ class FloorGate:
             "headroom": d.headroom,
             "queue_len": len(self._queue),
             "max_queue": self.config.max_queue,
+            # each authenticated caller's share of the queue, and how many callers wait
+            "max_queue_per_caller": self.config.queue_share,
+            "queue_callers": self._shares.num_callers,
             "kv_cells": {
                 "used": load.cells_used,
                 "total": load.cells_total,

@@ -372,15 +372,25 @@ async def test_the_reaper_expires_sessions_on_its_own() -> None:
 
 
 async def test_each_caller_has_a_cap() -> None:
+    """An authenticated caller holds at most half the pool (the other half stays for the
+    others); tests/api/test_session_caps.py has the concurrent and the auth-off cases."""
+    from mesh.coordinator.auth import BearerAuth
+
     m = Mesh(max_sessions=8)
-    async with m.client:
+    app = BearerAuth(m.app, ["token-a", "token-b"], public_paths=())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://mesh") as client:
         assert m.api.max_per_caller == 4
         for _ in range(4):
-            await m.create()
-        r = await m.client.post("/v1/sessions", json={})
+            r = await client.post("/v1/sessions", json={},
+                                  headers={"Authorization": "Bearer token-a"})
+            assert r.status_code == 201, r.text
+        r = await client.post("/v1/sessions", json={}, headers={"Authorization": "Bearer token-a"})
         assert r.status_code == 429 and error_code(r) == "too_many_sessions"
         assert "retry-after" in r.headers
         assert m.gate.num_tickets == 4
+        r = await client.post("/v1/sessions", json={}, headers={"Authorization": "Bearer token-b"})
+        assert r.status_code == 201, r.text
     await m.api.aclose()
 
 

@@ -88,13 +88,14 @@ class FakeAdmission:
         self.released: list[str] = []
         self.dequeued: list[str] = []  # left the queue without being admitted
 
-    def check_queue(self) -> QueueCheck:
+    def check_queue(self, *, places: int = 1, caller: str = "") -> QueueCheck:
         ok = len(self.active) < self.slots or len(self.waiting) < self.max_queue
         return QueueCheck(ok=ok, queue_len=len(self.waiting), retry_after_s=self.retry_after_s,
                           reason="" if ok else "all slots busy")
 
     async def admit(
-        self, key: str, on_position: OnPosition | None = None, *, accepted: bool = False
+        self, key: str, on_position: OnPosition | None = None, *, accepted: bool = False,
+        caller: str = "",
     ) -> _Ticket:
         if len(self.active) < self.slots and not self.waiting:
             self.active.add(key)

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.anyio
 class BrokenAdmission(FakeAdmission):
     """Admission whose ``admit`` raises something the executor does not expect."""
 
-    async def admit(self, key: str, on_position: Any = None, *, accepted: bool = False) -> Any:
+    async def admit(self, key: str, on_position: Any = None, *, accepted: bool = False,
+                    caller: str = "") -> Any:
         raise RuntimeError(f"gate broke while admitting {key}")
 
 

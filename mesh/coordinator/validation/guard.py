@@ -15,7 +15,8 @@ Order of checks for a request with a body:
    (-32602, :mod:`.shapes`).
 3. HTTP+JSON (under ``rest_prefix``, :mod:`.rest`): content type (415), UTF-8 / JSON (400),
    shape (422), query parameters (400).
-4. Sending a message while the gate's queue is full: 429 with ``Retry-After``.
+4. Sending a message whose places (one per listed subtask, else one) do not all fit the
+   gate's queue, or the caller's share of it: 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ __all__ = ["RequestGuard"]
 
 
 class RequestGuard:
-    """See the module docstring. ``check_queue`` is the gate's pure queue check."""
+    """See the module docstring. ``check_queue`` is the gate's pure queue check
+    (:meth:`~mesh.gate.types.Admission.check_queue`), asked for the request's places and
+    its caller (``scope["user"]``, set by the auth middleware in front of this one)."""
 
     def __init__(
         self,
         app: ASGIApp,
         config: CoordinatorConfig,
-        check_queue: Callable[[], QueueCheck] | None = None,
+        check_queue: Callable[..., QueueCheck] | None = None,
         jsonrpc_path: str = "/",
     ) -> None:
         self.app = app
@@ -92,16 +95,17 @@ class RequestGuard:
 
         try:
             if surface == "jsonrpc":
-                rpc_method, request_id = check_jsonrpc(
+                rpc_method, request_id, places = check_jsonrpc(
                     body, version=headers.get("a2a-version", ""),
                     content_type=headers.get("content-type", ""), shapes=self.shapes,
                     max_depth=self.config.max_json_depth)
                 if rpc_method in SEND_METHODS:
-                    self._check_capacity(request_id)
-            elif rest_match is not None and check_rest(
-                    method, rest_match.group("rest"), headers, body, scope, self.shapes,
-                    self.config.max_json_depth):
-                self._check_capacity(None)
+                    self._check_capacity(request_id, places, scope)
+            elif rest_match is not None:
+                places = check_rest(method, rest_match.group("rest"), headers, body, scope,
+                                    self.shapes, self.config.max_json_depth)
+                if places:
+                    self._check_capacity(None, places, scope)
         except RpcRefused as e:
             await send_json(send, 200, e.payload)
             return
@@ -116,18 +120,20 @@ class RequestGuard:
 
     # ---- capacity / size answers
 
-    def _check_capacity(self, request_id: Any) -> None:
+    def _check_capacity(self, request_id: Any, places: int, scope: Scope) -> None:
         if self.check_queue is None:
             return
-        check = self.check_queue()
+        user = scope.get("user")
+        caller = str(getattr(user, "username", "") or "")
+        check = self.check_queue(places=places, caller=caller)
         if not check.ok:
             raise _Busy(check, request_id)
 
     async def _busy(self, send: Send, surface: str, check: QueueCheck, request_id: Any) -> None:
         retry = max(1, math.ceil(check.retry_after_s))
         text = (
-            f"over capacity: the gate's queue is full ({check.queue_len} waiting"
-            + (f"; {check.reason}" if check.reason else "")
+            f"over capacity: the gate's queue cannot take this request ({check.queue_len} "
+            "waiting" + (f"; {check.reason}" if check.reason else "")
             + f"); retry after {retry} s"
         )
         if surface == "jsonrpc":

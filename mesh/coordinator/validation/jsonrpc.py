@@ -39,9 +39,10 @@ class RpcRefused(Exception):
 
 
 def check_jsonrpc(body: bytes, *, version: str, content_type: str, shapes: Shapes,
-                  max_depth: int) -> tuple[str, Any]:
-    """The request's method and id, once every check passed; raises RpcRefused (carrying
-    the request id as far as it was read)."""
+                  max_depth: int) -> tuple[str, Any, int]:
+    """The request's method, id and queue places (one per subtask a send lists, else 1),
+    once every check passed; raises RpcRefused (carrying the request id as far as it was
+    read)."""
     request_id: Any = None
     try:
         ctype = content_type.split(";")[0].strip().lower()
@@ -83,10 +84,10 @@ def check_jsonrpc(body: bytes, *, version: str, content_type: str, shapes: Shape
         params = doc.get("params", {})
         if not isinstance(params, dict):
             raise Invalid("params", "params must be an object")
-        shapes.jsonrpc_params(method, params)
+        places = shapes.jsonrpc_params(method, params)
     except Invalid as e:
         raise RpcRefused(request_id, e.kind, str(e)) from None
-    return method, request_id
+    return method, request_id, places
 
 
 def is_v0_3(version: str) -> bool:

@@ -13,7 +13,7 @@ from starlette.types import Scope
 
 from mesh.coordinator.validation.fields import Invalid, integer, parse_json
 from mesh.coordinator.validation.jsonrpc import JSON_TYPES
-from mesh.coordinator.validation.shapes import Shapes
+from mesh.coordinator.validation.shapes import Shapes, legacy_places
 
 __all__ = ["RestInvalid", "check_rest", "query_params", "rest_error"]
 
@@ -33,9 +33,10 @@ def rest_error(status: int, grpc_status: str, message: str) -> dict[str, Any]:
 
 
 def check_rest(method: str, rest: str, headers: dict[str, str], body: bytes, scope: Scope,
-               shapes: Shapes, max_depth: int) -> bool:
+               shapes: Shapes, max_depth: int) -> int:
     """Check one HTTP+JSON request (``rest``: the path after the prefix); raises
-    RestInvalid. True when it sends a message (the caller checks the gate's queue)."""
+    RestInvalid. When it sends a message, the queue places it asks for (one per listed
+    subtask, else 1: the caller checks the gate's queue); else 0."""
     legacy = rest.startswith("/v1/")
     op = rest[3:] if legacy else rest
     if method == "POST" and (
@@ -49,17 +50,18 @@ def check_rest(method: str, rest: str, headers: dict[str, str], body: bytes, sco
                 f"Content-Type must be application/json, got {ctype or 'none'}",
             )
         doc = _rest_doc(body, max_depth)
+        places = legacy_places(doc.get("message"))
         if not legacy:
             try:
                 if op.startswith("/message:"):
-                    shapes.send(doc, "body")
+                    places = shapes.send(doc, "body")
                 else:
                     shapes.push_config(doc, "body", need_task=False)
             except Invalid as e:
                 if e.kind == "content_type":  # A2A's ContentTypeNotSupportedError
                     raise RestInvalid(415, "INVALID_ARGUMENT", str(e)) from None
                 raise RestInvalid(422, "INVALID_ARGUMENT", str(e)) from None
-        return op.startswith("/message:")
+        return places if op.startswith("/message:") else 0
     elif method == "POST" and body:
         _rest_doc(body, max_depth)
     elif method == "GET" and not legacy:
@@ -72,7 +74,7 @@ def check_rest(method: str, rest: str, headers: dict[str, str], body: bytes, sco
                 integer(query, "pageSize", "query", 1, 100)
         except Invalid as e:
             raise RestInvalid(400, "INVALID_ARGUMENT", str(e)) from None
-    return False
+    return 0
 
 
 def _rest_doc(body: bytes, max_depth: int) -> dict[str, Any]:

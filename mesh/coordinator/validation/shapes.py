@@ -26,7 +26,7 @@ from mesh.coordinator.validation.fields import (
 from mesh.worker.simulated import check_scenario_bounds
 
 __all__ = ["ACCEPTED_MEDIA_TYPES", "JSONRPC_METHODS", "SEND_METHODS", "Shapes",
-           "accepted_media"]
+           "accepted_media", "legacy_places"]
 
 # 1.0 names -> params check; 0.3 names are accepted with a lighter check.
 SEND_METHODS = ("SendMessage", "SendStreamingMessage", "message/send", "message/stream")
@@ -86,7 +86,9 @@ class Shapes:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
 
-    def message(self, msg: dict[str, Any], at: str) -> None:
+    def message(self, msg: dict[str, Any], at: str) -> int:
+        """Check a message; returns the queue places it will ask the gate for (one per
+        listed subtask, else one)."""
         string(msg, "messageId", at, required=True)
         role = field(msg, "role")
         if not isinstance(role, str) or role not in _ROLES:
@@ -114,6 +116,7 @@ class Shapes:
             )
         num_chars = 0
         has_content = False
+        places = 0
         for i, part in enumerate(parts):
             pat = f"{at}.parts[{i}]"
             if not isinstance(part, dict):
@@ -132,6 +135,7 @@ class Shapes:
                     except ValueError as e:
                         raise Invalid("params", str(e)) from None
                     self._scenarios(specs, f"{pat}.data.subtasks")
+                    places += len(specs)
                     num_chars += sum(len(s.instructions) for s in specs)
                     has_content = True
                 elif value is None:
@@ -158,6 +162,7 @@ class Shapes:
             )
         if not has_content:
             raise Invalid("params", f"{at} has no text and no subtasks; send a text part")
+        return max(1, places)
 
     def _scenarios(self, specs: list[SubtaskSpec], at: str) -> None:
         """Scenario params: refused unless simulation is on, and bounded when it is."""
@@ -175,10 +180,11 @@ class Shapes:
             except ValueError as e:
                 raise Invalid("params", f"{at}[{i}].params: {e}") from None
 
-    def send(self, params: dict[str, Any], at: str = "params") -> None:
+    def send(self, params: dict[str, Any], at: str = "params") -> int:
+        """Check SendMessage params; returns the message's queue places."""
         msg = obj(params, "message", at, required=True)
         assert msg is not None
-        self.message(msg, f"{at}.message")
+        places = self.message(msg, f"{at}.message")
         obj(params, "metadata", at)
         string(params, "tenant", at)
         conf = obj(params, "configuration", at)
@@ -190,6 +196,7 @@ class Shapes:
             push = obj(conf, "taskPushNotificationConfig", cat)
             if push is not None:
                 self.push_config(push, f"{cat}.taskPushNotificationConfig", need_task=False)
+        return places
 
     def push_config(self, cfg: dict[str, Any], at: str, *, need_task: bool) -> None:
         string(cfg, "url", at, required=True)
@@ -213,10 +220,11 @@ class Shapes:
         if status is not None and status not in _TASK_STATES:
             raise Invalid("params", f"{at}.status must be one of {sorted(_TASK_STATES)}")
 
-    def jsonrpc_params(self, method: str, params: dict[str, Any]) -> None:
+    def jsonrpc_params(self, method: str, params: dict[str, Any]) -> int:
+        """Check a method's params; returns the queue places a send asks for (else 1)."""
         at = "params"
         if method in ("SendMessage", "SendStreamingMessage"):
-            self.send(params)
+            return self.send(params)
         elif method in ("GetTask", "CancelTask", "SubscribeToTask"):
             string(params, "id", at, required=True)
             integer(params, "historyLength", at, 0)
@@ -240,5 +248,19 @@ class Shapes:
                 raise Invalid("params", "params.message.parts must be a non-empty list of objects")
             if len(parts) > self.config.max_parts:
                 raise Invalid("params", f"params.message.parts: at most {self.config.max_parts}")
+            return legacy_places(msg)
         elif method in ("tasks/get", "tasks/cancel", "tasks/resubscribe"):
             string(params, "id", at, required=True)
+        return 1
+
+
+def legacy_places(msg: Any) -> int:
+    """The queue places an A2A 0.3 message asks for: one per subtask its data parts list
+    (their shape is checked by the executor), else one."""
+    parts = msg.get("parts") if isinstance(msg, dict) else None
+    count = 0
+    for part in parts if isinstance(parts, list) else ():
+        data = part.get("data") if isinstance(part, dict) else None
+        subtasks = data.get("subtasks") if isinstance(data, dict) else None
+        count += len(subtasks) if isinstance(subtasks, list) else 0
+    return max(1, count)

@@ -1,0 +1,106 @@
+"""The session API's per-caller cap (issue 27, hole 5): checked and taken in one step, so
+concurrent creates cannot all pass it; and with auth off the one caller may use the whole
+pool. Over FakeEngine, whose attach yields to other tasks as the pool's does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from mesh.api import SessionAPI
+from mesh.coordinator.auth import BearerAuth
+from mesh.engine.fake import FakeEngine
+from mesh.gate.admission import FloorGate
+from mesh.gate.config import GateConfig
+
+pytestmark = pytest.mark.anyio
+
+TOKENS = ("token-alpha-123", "token-bravo-456")
+
+
+@asynccontextmanager
+async def serve(*, auth: bool, max_sessions: int = 8, **gate: Any
+                ) -> AsyncIterator[tuple[httpx.AsyncClient, SessionAPI, FloorGate]]:
+    engine = FakeEngine(max_sessions=max_sessions)
+    config = GateConfig.create(floor_tps=1.0, policy=gate.pop("policy", "none"),
+                               max_queue=8, slow_start=False, **gate)
+    admission = FloorGate(engine, config)
+    api = SessionAPI(engine, admission)
+    app: Any = Starlette(routes=api.routes)
+    if auth:
+        app = BearerAuth(app, TOKENS, public_paths=())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://mesh") as client:
+        try:
+            yield client, api, admission
+        finally:
+            await api.aclose()
+
+
+def as_caller(i: int) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[i]}"}
+
+
+async def create_many(client: httpx.AsyncClient, n: int, headers: dict[str, str] | None = None,
+                      ) -> list[httpx.Response]:
+    return list(await asyncio.gather(*(
+        client.post("/v1/sessions", json={}, headers=headers or {})
+        for _ in range(n))))
+
+
+async def test_concurrent_creates_cannot_all_pass_the_cap() -> None:
+    """8 creates at once from one caller whose cap is 4: exactly 4 sessions, 4 refusals
+    naming the cap (they were checked before an await, so all 8 got through)."""
+    async with serve(auth=True) as (client, api, gate):
+        assert api.max_per_caller == 4
+        got = await create_many(client, 8, as_caller(0))
+        codes = Counter(r.status_code for r in got)
+        assert codes == {201: 4, 429: 4}, [r.text for r in got]
+        assert all(r.json()["error"]["code"] == "too_many_sessions"
+                   for r in got if r.status_code == 429)
+        assert gate.num_tickets == 4 and len(api.engine.load().sessions) == 4
+        # the other caller still gets its half of the pool
+        other = await create_many(client, 4, as_caller(1))
+        assert [r.status_code for r in other] == [201] * 4
+        # a deleted session gives its place back to its caller
+        sid = next(r.json()["id"] for r in got if r.status_code == 201)
+        assert (await client.delete(f"/v1/sessions/{sid}", headers=as_caller(0))
+                ).status_code == 204
+        again = await client.post("/v1/sessions", json={}, headers=as_caller(0))
+        assert again.status_code == 201, again.text
+
+
+async def test_a_refused_create_gives_its_place_back() -> None:
+    """A create the gate refuses does not keep the caller's place."""
+    async with serve(auth=True, policy="static:1", max_queue_per_caller=1) as (client, api, _):
+        first = await client.post("/v1/sessions", json={}, headers=as_caller(0))
+        assert first.status_code == 201
+        for _ in range(api.max_per_caller):  # not admitted within 0 s: 429, place given back
+            r = await client.post("/v1/sessions", json={"max_wait_s": 0}, headers=as_caller(0))
+            assert r.status_code == 429 and r.json()["error"]["code"] == "not_admitted"
+        sid = first.json()["id"]
+        assert (await client.delete(f"/v1/sessions/{sid}", headers=as_caller(0))
+                ).status_code == 204
+        r = await client.post("/v1/sessions", json={}, headers=as_caller(0))
+        assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+async def test_without_auth_the_one_caller_may_use_the_whole_pool(concurrent: bool) -> None:
+    """`--max-sessions 8` without auth: 8 sessions, not 4 and then 429."""
+    async with serve(auth=False) as (client, api, gate):
+        if concurrent:
+            got = await create_many(client, 8)
+        else:
+            got = [await client.post("/v1/sessions", json={}) for _ in range(8)]
+        assert [r.status_code for r in got] == [201] * 8, [r.text for r in got]
+        assert gate.num_tickets == 8 and len(api.engine.load().sessions) == 8
+        ninth = await client.post("/v1/sessions", json={})  # the pool is its cap: no wait
+        assert ninth.status_code == 429 and ninth.json()["error"]["code"] == "too_many_sessions"
