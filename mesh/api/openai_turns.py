@@ -13,6 +13,7 @@ conversation if its text is exact (else detaches it) and releases the ticket. Re
 from __future__ import annotations
 
 import anyio
+import anyio.to_thread
 from starlette.responses import JSONResponse
 
 from mesh.api.admit import Refusal, admit_within, release
@@ -34,6 +35,9 @@ from mesh.gate.types import Admission, Ticket
 __all__ = ["Bad", "OpenAITurns", "Turn", "engine_error", "error_code"]
 
 _EVICT_AFTER_S = 0.5  # how long a new conversation waits before an idle one gives way
+# Longer appends are tokenized in a worker thread (``Session.append`` tokenizes on the
+# caller's thread; a message may be ~1 MB).
+_INLINE_APPEND_CHARS = 2048
 
 
 class Bad(Exception):
@@ -125,7 +129,10 @@ class OpenAITurns:
     async def _append(self, conv: Conversation, text: str) -> None:
         while True:
             try:
-                conv.session.append(text)
+                if len(text) > _INLINE_APPEND_CHARS:
+                    await anyio.to_thread.run_sync(conv.session.append, text)
+                else:
+                    conv.session.append(text)
                 return
             except ContextOverflow as exc:
                 if "KV buffer" in str(exc) and await self.cache.evict_lru():
