@@ -114,23 +114,33 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             )
         except OSError as exc:
             raise httpx.ConnectError(f"cannot resolve {host}: {exc}", request=request) from exc
-        if not infos:
+        addresses = list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in infos))
+        if not addresses:
             raise httpx.ConnectError(f"cannot resolve {host}", request=request)
-        address = str(infos[0][4][0]).split("%", 1)[0]
-        pinned = request.url.copy_with(host=address)
-        if self.validate is not None and not await _accepts(self.validate, str(pinned)):
-            raise PeerAddressRefused(
-                f"refused to send to {host} ({address}): a private or loopback address, "
-                "refused by the push policy; start the server with --allow-private-push "
-                "to allow it",
-                request=request,
-            )
+        for address in addresses:  # every address, as the push policy judges a host
+            if self.validate is not None and not await _accepts(
+                self.validate, str(request.url.copy_with(host=address))
+            ):
+                raise PeerAddressRefused(
+                    f"refused to send to {host} ({address}): a private or loopback address, "
+                    "refused by the push policy; start the server with --allow-private-push "
+                    "to allow it",
+                    request=request,
+                )
         # ``Host`` was set from the configured URL when the request was built; only the
-        # connection goes to the checked address.
-        request.url = pinned
+        # connection goes to a checked address, tried in resolver order as a plain connect
+        # would (nothing was sent when a connect fails, so the next one may be tried).
+        original = request.url
         if origin[0] == "https":
             request.extensions = {**request.extensions, "sni_hostname": host}
-        return await self.inner.handle_async_request(request)
+        for i, address in enumerate(addresses):
+            request.url = original.copy_with(host=address)
+            try:
+                return await self.inner.handle_async_request(request)
+            except httpx.ConnectError:
+                if i == len(addresses) - 1:
+                    raise
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     async def aclose(self) -> None:
         await self.inner.aclose()

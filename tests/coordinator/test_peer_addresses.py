@@ -155,28 +155,34 @@ async def test_start_up_does_not_fetch_a_private_peer_unless_allowed() -> None:
 async def test_the_checked_address_is_the_one_connected_to(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The host is resolved once; the policy judges that address and the connection goes
-    to it (a name that resolves to a private address is refused at connect time too)."""
-    answers = {"peer.test": "10.0.0.5"}
+    """The host is resolved once; the policy judges every address and the connection goes
+    to a judged one (a name that resolves to a private address is refused at connect time
+    too, whatever it resolved to when it was first checked)."""
+    answers = {"peer.test": ["10.0.0.5"]}
 
     async def getaddrinfo(host: str, port: int, **_: Any) -> list[Any]:
-        ip = answers.get(host, host)
-        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+                for ip in answers.get(host, [host])]
 
     monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", getaddrinfo)
     sent: list[httpx.Request] = []
+    down = {"93.184.216.35"}
 
     def record(request: httpx.Request) -> httpx.Response:
+        if request.url.host in down:
+            raise httpx.ConnectError("connection refused", request=request)
         sent.append(request)
         return httpx.Response(200, json={})
 
     transport = GuardedTransport(["https://peer.test:8443"], make_push_url_validator(False),
                                  inner=httpx.MockTransport(record))
     async with httpx.AsyncClient(transport=transport) as http:
-        with pytest.raises(PeerAddressRefused, match="--allow-private-push"):
-            await http.get("https://peer.test:8443/")
+        for private in (["10.0.0.5"], ["93.184.216.34", "127.0.0.1"]):
+            answers["peer.test"] = private
+            with pytest.raises(PeerAddressRefused, match="--allow-private-push"):
+                await http.get("https://peer.test:8443/")
         assert sent == []
-        answers["peer.test"] = "93.184.216.34"
+        answers["peer.test"] = ["93.184.216.35", "93.184.216.34"]  # the first one is down
         await http.get("https://peer.test:8443/a")
     (request,) = sent
     assert request.url.host == "93.184.216.34" and request.url.path == "/a"
