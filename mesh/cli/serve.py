@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from mesh.cli.engine_flags import add_engine_flags, apply_engine_flags
 from mesh.cli.engines import add_engine_args, build_engine, prefix_cache_dir
 from mesh.cli.nodes import build_nodes
+from mesh.cli.preflight import coordinator_config, preflight, print_cache_warnings
 from mesh.cli.project import build_project_prefix
+from mesh.coordinator.config import CoordinatorConfig
 from mesh.engine.types import EngineConfig, EngineError
 
 if TYPE_CHECKING:
@@ -51,6 +53,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--port", type=int, default=8700)
     p.add_argument("--public-url", default=None, help="URL advertised on the agent card")
     p.add_argument("--data-dir", default=".mesh", help="task store and prefix cache")
+    p.add_argument("--max-body-bytes", type=int, default=CoordinatorConfig.max_body_bytes,
+                   metavar="N", help="largest request body accepted, in bytes; larger "
+                                     "ones get 413 (default 1 MiB)")
     p.add_argument("--auth-token", default=os.environ.get("MESH_AUTH_TOKEN"),
                    help="require 'Authorization: Bearer TOKEN' (or set MESH_AUTH_TOKEN)")
     p.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
@@ -147,18 +152,29 @@ def _project_paths(template: Any, project: Path) -> ProjectScan:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the flags and folders and bind the port (fast, one line and exit 2 on a
+    mistake), then build everything and serve on that very socket."""
     from mesh.coordinator.app import run_server
 
+    print_cache_warnings()
     try:
-        built = asyncio.run(build_nodes(args) if args.node else _build(args))
-    except (EngineError, ValueError, OSError) as exc:
+        sock = preflight(args)
+    except ValueError as exc:
         print(f"mesh serve: {exc}", file=sys.stderr)
         return 2
-    app, pool, peers = built
     try:
-        return run_server(app, args.host, args.port)
+        try:
+            built = asyncio.run(build_nodes(args) if args.node else _build(args))
+        except (EngineError, ValueError, OSError) as exc:
+            print(f"mesh serve: {exc}", file=sys.stderr)
+            return 2
+        app, pool, peers = built
+        try:
+            return run_server(app, args.host, args.port, sock=sock)
+        finally:
+            asyncio.run(_close(pool, peers))
     finally:
-        asyncio.run(_close(pool, peers))
+        sock.close()
 
 
 async def _close(pool: Any, peers: Any) -> None:
@@ -167,32 +183,45 @@ async def _close(pool: Any, peers: Any) -> None:
     await pool.aclose()
 
 
+async def _seed_gate(gate: Any, gate_cfg: Any, pool: Any, cache: Path) -> str:
+    """Seed the gate's throughput model with a short probe (cached per model and machine),
+    so the first admissions are projected from this hardware, not from a prior; it learns
+    the rest online. The seed lives beside the prefix snapshots: a shared --prefix-cache
+    shares it too. Policies that project nothing (``none``, ``static:N``) seed nothing."""
+    from mesh.gate.calibrate import seed_model
+    from mesh.gate.config import PolicyKind
+
+    if gate_cfg.policy.kind in (PolicyKind.NONE, PolicyKind.STATIC):
+        return "its prior, learned online (this policy needs no seed)"
+
+    def timing() -> None:
+        print("gate: timing a few steps of 1, 2 and 4 sessions to seed the throughput model "
+              "(first start with this model on this machine; cached after)...",
+              file=sys.stderr)
+
+    def corrupt(path: Path, reason: str) -> None:
+        print(f"gate: seed at {path} is corrupt ({reason}); rebuilding it", file=sys.stderr)
+
+    source: str = await seed_model(gate.model, pool, cache, announce=timing,
+                                   on_corrupt=corrupt)
+    return "a probe of this machine" if source == "benchmark" else "cache"
+
+
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.api import SessionAPI, api_routes
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, DashboardHistory, dashboard_routes
     from mesh.api.openai import OpenAIAPI
     from mesh.coordinator.agent import Agent, AgentConfig
     from mesh.coordinator.app import build_app
-    from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.peers import PeerClient
     from mesh.coordinator.push import make_push_url_validator
     from mesh.coordinator.taskboard import TaskBoard
     from mesh.gate import FloorGate, GateConfig
-    from mesh.gate.calibrate import seed_model
     from mesh.gate.projection import lone_worker_tps
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
     from mesh.worker.grammar import ProjectPaths
 
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth_token:
-        print(f"warning: binding {args.host} without --auth-token: anyone who can reach "
-              "this address can use the agent", file=sys.stderr)
-    coord = CoordinatorConfig(host=args.host, port=args.port, public_url=args.public_url,
-                              data_dir=args.data_dir, auth_token=args.auth_token,
-                              peers=tuple(args.peer),
-                              allow_private_push=args.allow_private_push,
-                              simulation=args.simulation, max_hops=args.max_hops,
-                              plan=args.plan)
-    coord.validate()
+    coord = coordinator_config(args)  # preflight checked it, the port and the folders
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
                                  max_queue=args.max_queue)
     gate_cfg.validate()
@@ -208,8 +237,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if peers is not None:
         system_text += "\n\n" + await peers.describe()
     prefix_text = chat.prefix_text(system_text)
-    data_dir = Path(args.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(args.data_dir)  # preflight created it
     cfg = EngineConfig(model_path=str(model.path), max_sessions=args.max_sessions,
                        session_budget=args.session_budget, n_threads=args.threads,
                        cache_dir=prefix_cache_dir(args, data_dir),
@@ -233,16 +261,9 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
           f"engine: {info.engine}; pool: {args.pool}, {info.max_sessions} sessions x "
           f"{info.session_budget} tokens, {info.n_ctx} KV cells", file=sys.stderr)
     gate = FloorGate(pool, gate_cfg)
-    # Seed the gate's throughput model with a few timed steps (cached per model+machine),
-    # so the first admissions are projected from this hardware, not from a prior. The
-    # seed lives beside the prefix snapshots: a shared --prefix-cache shares it too.
-    def timing() -> None:
-        print("gate: timing steps of 1 to 16 sessions to seed the throughput model (first "
-              "start with this model on this machine; cached after)...", file=sys.stderr)
-
-    source = await seed_model(gate.model, pool, Path(cfg.cache_dir or data_dir) / "gate",
-                              announce=timing)
+    source = await _seed_gate(gate, gate_cfg, pool, Path(cfg.cache_dir or data_dir) / "gate")
     pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor
+    pool.set_turn_admission(gate.decode_gate())  # floor: each turn waits for its step
     print(f"gate: policy {gate_cfg.policy}, floor {gate_cfg.floor_tps:g} tok/s, "
           f"throughput model seeded from {source}", file=sys.stderr)
     lone = lone_worker_tps(gate.model, info.prefix_tokens, gate_cfg.new_worker_cells)

@@ -20,7 +20,7 @@ The seam itself is two protocols, :class:`Engine` and :class:`Session`:
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -43,6 +43,7 @@ __all__ = [
     "SessionLoad",
     "SessionState",
     "StepSample",
+    "TurnAdmission",
     "TurnResult",
 ]
 
@@ -254,6 +255,9 @@ class TurnResult:
     finish_reason: str
     decode_s: float
     stop: str | None = None
+    # Seconds the turn waited for the decode gate before its first step (turn-start
+    # latency; 0.0 where no gate runs or the turn was admitted at once).
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -292,6 +296,7 @@ class SessionState(enum.StrEnum):
     PREFILLING = "prefilling"  # has appended text not yet decoded
     DECODING = "decoding"  # generating tokens
     IDLE = "idle"  # waiting for input (a tool call, the next turn)
+    WAITING = "waiting"  # a turn was asked for; the decode gate has not let it run yet
 
 
 @dataclass(frozen=True)
@@ -372,6 +377,21 @@ class PrefillBudget(Protocol):
     """
 
     def __call__(self, num_decode: int, cells_used: int) -> int: ...
+
+
+class TurnAdmission(Protocol):
+    """The decode gate: how many more turns may start running in the next step.
+
+    A turn *runs* from the first step that prefills or decodes for it until it ends; a
+    turn that was asked for (``generate``) but does not run yet *waits*, first come first
+    served, with its session's cells kept. ``num_running`` turns run now, over
+    ``cells_used`` cells; ``recent`` are the last measured steps (oldest first). Pure and
+    cheap: the engine thread asks it once per step while a turn waits. The pool always
+    lets one turn run when none does (progress).
+    """
+
+    def turn_room(self, num_running: int, cells_used: int,
+                  recent: Sequence[StepSample]) -> int: ...
 
 
 @runtime_checkable

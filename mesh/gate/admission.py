@@ -20,6 +20,7 @@ await are atomic with respect to other tasks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -32,8 +33,9 @@ import anyio.lowlevel
 
 from mesh.engine.types import Engine, PoolLoad, PrefillBudget, SessionState
 from mesh.gate.budget import BudgetState, FloorBudget
-from mesh.gate.config import GateConfig, PolicyKind
+from mesh.gate.config import GateConfig, Policy, PolicyKind
 from mesh.gate.decide import Decision, GateInput, Verdict, decide
+from mesh.gate.decode_gate import DecodeGate
 from mesh.gate.model import ThroughputModel
 from mesh.gate.projection import live_scale
 from mesh.gate.shares import ANONYMOUS, QueueShares, places_needed
@@ -83,6 +85,12 @@ class FloorGate:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         config.validate()
+        self.requested_policy = config.policy  # what the operator asked for (/capacity)
+        if config.policy.kind is PolicyKind.FLOOR and not hasattr(engine, "set_turn_admission"):
+            # An engine that cannot hold a turn per step (a remote OpenAI-compatible
+            # server schedules its own steps; the fake engine has none) keeps the floor
+            # the previous way: workers admitted for life on a projection.
+            config = dataclasses.replace(config, policy=Policy(PolicyKind.PROJECTION))
         self.engine = engine
         self.config = config
         self.model = model if model is not None else ThroughputModel()
@@ -94,6 +102,7 @@ class FloorGate:
         self.num_admitted = 0
         self.num_refused = 0
         self._budget: FloorBudget | None = None
+        self._decode_gate: DecodeGate | None = None
 
     # ------------------------------------------------------------------ prefill budget
 
@@ -104,9 +113,21 @@ class FloorGate:
         The budget follows the model: every snapshot the gate takes refreshes it."""
         if self.config.policy.kind is PolicyKind.NONE:
             return None
+        if self.config.policy.kind is PolicyKind.FLOOR:
+            return self.decode_gate()
         if self._budget is None:
             self._budget = FloorBudget(self.config.floor_tps, self._budget_state(None))
         return self._budget
+
+    def decode_gate(self) -> DecodeGate | None:
+        """The decode gate to hand the pool (``pool.set_turn_admission`` and, as its
+        prefill budget, ``pool.set_prefill_budget``) under policy ``floor``; None under
+        the others (their turns run as soon as they are asked for)."""
+        if self.config.policy.kind is not PolicyKind.FLOOR:
+            return None
+        if self._decode_gate is None:
+            self._decode_gate = DecodeGate(self.config.floor_tps, self._budget_state(None))
+        return self._decode_gate
 
     def _budget_state(self, load: PoolLoad | None) -> BudgetState:
         cost = self.model.params
@@ -129,8 +150,12 @@ class FloorGate:
         """Snapshot the engine (teaching the model its new steps) into a :class:`GateInput`."""
         load = self.engine.load()
         self.model.observe(load)
-        if self._budget is not None:
-            self._budget.update(self._budget_state(load))
+        if self._budget is not None or self._decode_gate is not None:
+            state = self._budget_state(load)
+            if self._budget is not None:
+                self._budget.update(state)
+            if self._decode_gate is not None:
+                self._decode_gate.update(state)
         check = self.engine.check_attach()
         inp = GateInput(
             load=load,
@@ -285,7 +310,8 @@ class FloorGate:
         return {
             "engine": _engine_doc(self.engine),
             "floor_tps": self.config.floor_tps,
-            "policy": str(self.config.policy),
+            "policy": str(self.requested_policy),
+            "admits_by": str(self.config.policy),
             "verdict": d.verdict.value,
             "reasons": list(d.reasons),
             "sessions": {
@@ -324,6 +350,28 @@ class FloorGate:
             "pool_totals": {"sessions_attached": load.sessions_attached,
                             "prefill_tokens": load.prefill_tokens},
             "workers": _worker_rows(load),
+            "turns": self._turns_doc(load),
+        }
+
+    def _turns_doc(self, load: PoolLoad) -> dict[str, Any]:
+        """The decode gate's side of ``/capacity``: turns running and waiting, and the
+        measured step its last answer was anchored to (null where no decode gate runs)."""
+        last = self._decode_gate.last if self._decode_gate is not None else None
+        recent = [s for s in load.recent_steps if s.num_decode > 0]
+        return {
+            "gated": self._decode_gate is not None,
+            "waiting": load.count(SessionState.WAITING),
+            "running": load.count(SessionState.DECODING) + load.count(SessionState.PREFILLING),
+            "measured_step_s": statistics.median(s.step_s for s in recent[-8:]) if recent
+            else None,
+            "floor_step_s": 1.0 / self.config.floor_tps,
+            "ratio": last.ratio if last is not None else None,
+            "projected_step_now_s": last.projected_now_s if last is not None else None,
+            "projected_step_next_s": last.projected_next_s if last is not None else None,
+            "room": last.room if last is not None else None,
+            # measured / projected - 1 for one more turn, scored over the last minute
+            "projection_error": self._decode_gate.projection_error()
+            if self._decode_gate is not None else None,
         }
 
 

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mesh.engine.types import StepSample
@@ -114,8 +116,8 @@ class DecodeGate:
     :class:`~mesh.engine.types.PrefillBudget` for the floor policy, over the gate's latest
     :class:`~mesh.gate.budget.BudgetState` (see the module docstring)."""
 
-    def __init__(self, floor_tps: float, state: BudgetState,
-                 headroom: float = HEADROOM) -> None:
+    def __init__(self, floor_tps: float, state: BudgetState, headroom: float = HEADROOM,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
         turn_room(state.cost, floor_tps, 0, 0, ())  # validates
         if not 0.0 < headroom <= 1.0:
             raise ValueError(f"headroom must be in (0, 1], got {headroom}")
@@ -123,6 +125,11 @@ class DecodeGate:
         self.headroom = headroom
         self.state = state
         self.last: TurnRoom | None = None  # the latest answer (read by /capacity)
+        self._clock = clock
+        # A projection for one more turn, waiting to be checked against a step measured
+        # at that many rows: (rows, projected step s).
+        self._pending: tuple[int, float] | None = None
+        self._errors: deque[tuple[float, float]] = deque(maxlen=512)  # (t, measured/proj - 1)
 
     def update(self, state: BudgetState) -> None:
         self.state = state
@@ -130,10 +137,37 @@ class DecodeGate:
     def turn_room(self, num_running: int, cells_used: int,
                   recent: Sequence[StepSample]) -> int:
         st = self.state
+        self._check(recent)
         answer = turn_room(st.cost, self.floor_tps, num_running, cells_used, recent,
                            context_per_row=st.context_per_row, headroom=self.headroom)
         self.last = answer
+        if answer.room > 0 and num_running > 0 and self._pending is None:
+            self._pending = (num_running + 1, answer.projected_next_s)
         return answer.room
+
+    def _check(self, recent: Sequence[StepSample]) -> None:
+        """Score the pending projection on the latest step, once it decodes that many
+        rows without prefill (dropped if the pool moved past that many first)."""
+        if self._pending is None or not recent:
+            return
+        rows, projected = self._pending
+        last = recent[-1]
+        if last.num_decode == rows and last.num_prefill_tokens == 0:
+            self._errors.append((self._clock(), last.step_s / projected - 1.0))
+            self._pending = None
+        elif last.num_decode > rows:
+            self._pending = None
+
+    def projection_error(self, window_s: float = 60.0) -> dict[str, float | int | None]:
+        """How far measured steps fell from the projections for one more turn over the
+        last ``window_s`` seconds: the median and 90th percentile of measured/projected-1
+        (positive: slower than projected), and how many were scored."""
+        since = self._clock() - window_s
+        errs = sorted(e for t, e in self._errors if t >= since)
+        if not errs:
+            return {"count": 0, "p50": None, "p90": None}
+        return {"count": len(errs), "p50": errs[len(errs) // 2],
+                "p90": errs[min(len(errs) - 1, int(0.9 * len(errs)))]}
 
     def __call__(self, num_decode: int, cells_used: int) -> int:
         """The prefill budget: what fits beside the decode rows within the floor, down to

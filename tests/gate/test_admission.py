@@ -201,7 +201,8 @@ async def test_capacity_document() -> None:
     cap = gate.capacity()
     json.dumps(cap, allow_nan=False)
     assert cap["floor_tps"] == 10.0 and cap["policy"] == "floor"
-    assert cap["sessions"] == {"total": 1, "prefilling": 1, "decoding": 0, "idle": 0}
+    assert cap["sessions"] == {"total": 1, "prefilling": 1, "decoding": 0, "idle": 0,
+                               "waiting": 0}
     assert cap["measured_tps"] == {"count": 0, "min": None, "p50": None}
     assert cap["kv_cells"]["prefix"] == 100
     assert cap["kv_cells"]["naive_equivalent"] == 100

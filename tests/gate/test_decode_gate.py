@@ -80,3 +80,16 @@ def test_the_gate_object_remembers_its_last_answer_and_budgets_prefill() -> None
     assert gate(2, 0) == 50
     # Decode rows over the floor: prefill still progresses, a token a step.
     assert gate(5, 0) == 1
+
+
+def test_projection_error_scores_the_first_step_at_the_projected_rows() -> None:
+    now = [100.0]
+    gate = DecodeGate(10.0, BudgetState(COST), clock=lambda: now[0])
+    assert gate.projection_error()["count"] == 0
+    assert gate.turn_room(2, 0, steps(2, 0.050)) == 1  # projects 3 rows at ~74 ms
+    # Three rows then measured at 81.4 ms, no prefill: 10 % slower than projected.
+    gate.turn_room(3, 0, steps(3, 0.0814))
+    err = gate.projection_error()
+    assert err["count"] == 1 and err["p50"] == pytest.approx(0.10, abs=0.01)
+    now[0] += 61.0
+    assert gate.projection_error()["count"] == 0  # older than a minute
