@@ -8,6 +8,7 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,8 @@ from starlette.applications import Starlette
 from mesh.api import SessionAPI
 from mesh.coordinator.auth import BearerAuth
 from mesh.engine.fake import FakeEngine
+from mesh.engine.pool import SharedKVPool
+from mesh.engine.types import Engine, EngineConfig
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 
@@ -26,9 +29,9 @@ TOKENS = ("token-alpha-123", "token-bravo-456")
 
 
 @asynccontextmanager
-async def serve(*, auth: bool, max_sessions: int = 8, **gate: Any
+async def serve(*, auth: bool, max_sessions: int = 8, engine: Engine | None = None, **gate: Any
                 ) -> AsyncIterator[tuple[httpx.AsyncClient, SessionAPI, FloorGate]]:
-    engine = FakeEngine(max_sessions=max_sessions)
+    engine = engine or FakeEngine(max_sessions=max_sessions)
     config = GateConfig.create(floor_tps=1.0, policy=gate.pop("policy", "none"),
                                max_queue=8, slow_start=False, **gate)
     admission = FloorGate(engine, config)
@@ -104,3 +107,20 @@ async def test_without_auth_the_one_caller_may_use_the_whole_pool(concurrent: bo
         assert gate.num_tickets == 8 and len(api.engine.load().sessions) == 8
         ninth = await client.post("/v1/sessions", json={})  # the pool is its cap: no wait
         assert ninth.status_code == 429 and ninth.json()["error"]["code"] == "too_many_sessions"
+
+
+async def test_concurrent_creates_on_the_real_pool(tiny_model_path: Path) -> None:
+    """The same on the tiny model's pool, whose attach runs on its engine thread."""
+    pool = SharedKVPool(EngineConfig(model_path=str(tiny_model_path), max_sessions=8,
+                                     session_budget=64, n_threads=1), "prefix")
+    await pool.start()
+    try:
+        async with serve(auth=True, engine=pool) as (client, _api, gate):
+            got = await create_many(client, 8, as_caller(0))
+            assert Counter(r.status_code for r in got) == {201: 4, 429: 4}
+            assert gate.num_tickets == 4 and len(pool.load().sessions) == 4
+        async with serve(auth=False, engine=pool) as (client, _api, gate):
+            got = await create_many(client, 8)
+            assert [r.status_code for r in got] == [201] * 8, [r.text for r in got]
+    finally:
+        await pool.aclose()

@@ -5,8 +5,10 @@ queue got every other caller 429 for minutes. Over the real FloorGate and the ap
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Any
 
+import anyio
 import pytest
 
 from mesh.engine.fake import FakeEngine
@@ -67,3 +69,41 @@ async def test_one_caller_filling_its_share_leaves_the_queue_to_the_others(asgi:
         b = await client.post("/", json=send(4), headers=bearer(TOKEN_B))
         assert b.status_code == 200 and "error" not in b.json(), b.text
         await await_for(lambda: admission.queue_len == 8, what="B's 4 subtasks queued")
+
+
+async def test_a_plans_subtasks_wait_outside_the_queue_until_they_fit() -> None:
+    """The door promised a planned task one place (its planning turn); its plan's subtasks
+    enter the queue only once all of them fit the caller's share, never past it."""
+    from mesh.coordinator.agent import AgentTask
+
+    admission = gate(max_queue=4)  # share: 2 places per caller
+    holder = await admission.admit("holder")
+    said: list[dict[str, Any]] = []
+
+    class Events:
+        async def progress(self, text: str, metadata: dict[str, Any]) -> None:
+            said.append(metadata)
+
+    task = AgentTask(None, Events(), admission, "t1", "", "", None, None,  # type: ignore[arg-type]
+                     caller="caller-a", room_poll_s=0.01)
+    async with anyio.create_task_group() as tg:
+        for i in range(2):
+            tg.start_soon(partial(admission.admit, f"a{i}", caller="caller-a"))
+        await await_for(lambda: admission.queued_by("caller-a") == 2, what="A's share full")
+        waited = anyio.Event()
+
+        async def delegate() -> None:
+            await task._wait_for_room(2)
+            waited.set()
+
+        tg.start_soon(delegate)
+        await await_for(lambda: bool(said), what="the task says it waits for room")
+        assert said[0]["event"] == "waiting_for_room" and not waited.is_set()
+        assert admission.queue_len == 2  # the plan took no place while it waits
+        await holder.release()  # a0 is admitted: one place of A's frees...
+        await anyio.sleep(0.05)
+        assert not waited.is_set()  # ...but the plan needs two
+        (ticket,) = admission._tickets
+        await ticket.release()  # a1 is admitted: both free
+        await await_for(waited.is_set, what="room for the plan")
+        tg.cancel_scope.cancel()
