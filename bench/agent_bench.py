@@ -20,12 +20,19 @@ every fact, as whole words). Per run it reports:
   (prefix tokens x sessions: prompt tokens not prefilled), ``prefilled_per_task`` (suffix
   tokens actually prefilled) and ``prefix_saved_share`` = saved / (saved + prefilled).
   With ``--concurrency 1`` every task's own numbers are in its row of ``tasks`` too.
+* answer quality (:func:`answer_quality`, the same measure for a run and for stored
+  results): ``loop_share``, the answers holding a phrase of >= 8 words 3 or more times,
+  and ``echo_share``, the answers holding a sentence of >= 8 words of the instructions the
+  task's turns were given (the template's system, instruction and tool-result text, the
+  planning and the synthesis prompts; never the question itself).
+  ``--rescore FILE...`` computes both from the answers stored in earlier results.
 
 Usage (what the committed bench/results/agent.json was made with is in its ``command``)::
 
     python -m bench.agent_bench --models gemma,smollm2 --templates light,heavy
     python -m bench.agent_bench --plans never,auto --concurrency 1   # per-task prefix use
     python -m bench.agent_bench --limit 5 --max-turns 2   # quicker: 5 of each kind
+    python -m bench.agent_bench --rescore bench/results/agent_*.json --out Q.json
 
 ``--max-turns``/``--max-tokens-per-turn`` run a copy of each template with those limits
 (``--prefix-tokens`` shrinks the prefix too), so a CPU run stays short.
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -51,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from mesh.worker.text import echoed, has_loop, instruction_sentences
 
 # (question, expected text in the answer)
 QUESTIONS: tuple[tuple[str, str], ...] = (
@@ -176,6 +186,29 @@ def check(answer: str, question: Question) -> list[str]:
 _MALFORMED = ("could not read the tool call", "unknown tool", "tool call longer than")
 
 
+@functools.lru_cache(maxsize=8)
+def prompt_sentences(template: str) -> tuple[str, ...]:
+    """The instruction sentences (>= 8 words) a task's turns are given with ``template``:
+    its own texts (system, instructions, tool results; the request left out), the planning
+    prompt (free and guided) and the synthesis prompt."""
+    from mesh.coordinator.planner import plan_prompt
+    from mesh.coordinator.synthesis import SYNTHESIS_INSTRUCTIONS
+    from mesh.template import load_template
+    from mesh.worker.text import template_texts
+
+    t = load_template(template)
+    tools = tuple(t.manifest.tools.enabled)
+    texts = [*template_texts(t), SYNTHESIS_INSTRUCTIONS,
+             plan_prompt("\n", "", tools, 4), plan_prompt("\n", "", tools, 4, ("\n",))]
+    return tuple(instruction_sentences(texts))
+
+
+def answer_quality(answer: str, template: str) -> tuple[bool, bool]:
+    """(loop, echo) of one answer: a phrase of >= 8 words comes 3 or more times; it holds a
+    sentence of >= 8 words of the instructions (:func:`prompt_sentences`)."""
+    return has_loop(answer), bool(echoed(answer, prompt_sentences(template)))
+
+
 @dataclass
 class TaskOutcome:
     question: str
@@ -197,6 +230,8 @@ class TaskOutcome:
     sessions: int | None = None
     prefilled_tokens: int | None = None
     prefix_saved_tokens: int | None = None
+    loop: bool = False  # the answer repeats a phrase of >= 8 words 3+ times
+    echo: bool = False  # the answer holds a sentence of >= 8 words of the instructions
 
 
 @dataclass
@@ -232,6 +267,8 @@ class PairResult:
             "mean_tokens": round(statistics.fmean(x.tokens for x in t), 1) if t else 0.0,
             "p50_task_s": round(statistics.median(x.seconds for x in t), 2) if t else 0.0,
             "p95_task_s": round(_p95([x.seconds for x in t]), 2) if t else 0.0,
+            "loop_share": _share(t, "loop"),
+            "echo_share": _share(t, "echo"),
             "subtasks_per_task": round(statistics.fmean(x.subtasks for x in t), 2) if t else 0.0,
             "finish_reasons": _count(x.finish_reason or x.state for x in t),
             **(self.prefix.summary(len(t)) if self.prefix else PrefixUse.unmeasured()),
@@ -272,6 +309,10 @@ class PrefixUse:
         return {"prefix_tokens": None, "sessions_per_task": None, "prefix_saved_per_task": None,
                 "prefilled_per_task": None, "prefix_saved_share": None,
                 "prefix_source": "unmeasured: the server reports no pool_totals"}
+
+
+def _share(tasks: list[TaskOutcome], flag: str) -> float | None:
+    return round(sum(bool(getattr(x, flag)) for x in tasks) / len(tasks), 4) if tasks else None
 
 
 def _rate(tasks: list[TaskOutcome]) -> float | None:
@@ -426,6 +467,12 @@ async def _ask(url: str, question: Question, timeout_s: float) -> TaskOutcome:
     return out
 
 
+def _template_name(spec: str) -> str:
+    """The shipped template a run used (a --max-turns copy keeps its folder's name)."""
+    name = Path(spec).name
+    return name if name in ("light", "heavy") else "light"
+
+
 def _key(sub: dict[str, Any], *names: str, default: Any = 0) -> Any:
     for name in names:
         if name in sub:
@@ -456,6 +503,7 @@ async def run_pair(model: str, template: str, args: argparse.Namespace, tmp: Pat
             async with sem:
                 before = await _totals(http, server.url) if alone else None
                 out = await _ask(server.url, q, args.task_timeout)
+                out.loop, out.echo = answer_quality(out.answer, _template_name(template))
                 after = await _totals(http, server.url) if before else None
                 if before and after:
                     out.sessions = after[1] - before[1]
@@ -482,7 +530,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
             "subtasks_per_task": "subtasks", "sessions_per_task": "sessions",
             "prefix_saved_per_task": "prefix_saved", "prefilled_per_task": "prefilled",
             "prefix_saved_share": "saved_share", "mean_turns": "turns",
-            "mean_tokens": "tokens", "p50_task_s": "p50_s", "p95_task_s": "p95_s"}
+            "mean_tokens": "tokens", "p50_task_s": "p50_s", "p95_task_s": "p95_s",
+            "loop_share": "loops", "echo_share": "echoes"}
     lines = ["  ".join(f"{c:>12}" for c in cols.values())]
     lines += ["  ".join(f"{'-' if r[c] is None else r[c]!s:>12}" for c in cols) for r in rows]
     return "\n".join(lines)
@@ -514,6 +563,33 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return _report(pairs)
 
 
+def rescore(files: list[str]) -> dict[str, Any]:
+    """Answer quality, success and p50 of stored results (their ``tasks`` answers), with
+    the measure a run uses (:func:`answer_quality`)."""
+    rows: list[dict[str, Any]] = []
+    for file in files:
+        data = json.loads(Path(file).read_text())
+        for key, tasks in data.get("tasks", {}).items():
+            parts = key.split("/")
+            template = parts[1] if len(parts) > 1 else "light"
+            flags = [answer_quality(t.get("answer", ""), _template_name(template))
+                     for t in tasks]
+            n = len(tasks)
+            rows.append({
+                "file": file, "run": key, "tasks": n,
+                "answers": sum(1 for t in tasks if t.get("answer")),
+                "success_rate": round(sum(bool(t.get("ok")) for t in tasks) / n, 4)
+                if n else None,
+                "p50_task_s": round(statistics.median(t["seconds"] for t in tasks), 2)
+                if n else None,
+                "loop_share": round(sum(f[0] for f in flags) / n, 4) if n else None,
+                "echo_share": round(sum(f[1] for f in flags) / n, 4) if n else None,
+                "command": data.get("command") or data.get("commands"),
+            })
+    return {"rescored": "answers stored in earlier results, measured by "
+                        "bench.agent_bench.answer_quality", "results": rows}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="gemma,smollm2")
@@ -535,7 +611,18 @@ def main(argv: list[str] | None = None) -> None:
                    help="tasks in flight; 1 also measures each task's sessions and prefill")
     p.add_argument("--task-timeout", type=float, default=600)
     p.add_argument("--out", default="bench/results/agent.json")
+    p.add_argument("--rescore", nargs="+", metavar="FILE",
+                   help="only measure answer quality in stored results (no server)")
     args = p.parse_args(argv)
+    if args.rescore:
+        report = rescore(args.rescore)
+        for r in report["results"]:
+            print(f"{r['file']:48} {r['run']:28} tasks {r['tasks']:3}  success "
+                  f"{r['success_rate']}  p50 {r['p50_task_s']}  loops {r['loop_share']}  "
+                  f"echoes {r['echo_share']}")
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+        return
     report = asyncio.run(main_async(args))
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)

@@ -220,6 +220,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mesh.gate.projection import lone_worker_tps
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
     from mesh.worker.grammar import ProjectPaths
+    from mesh.worker.text import template_texts
 
     coord = coordinator_config(args)  # preflight checked it, the port and the folders
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
@@ -290,7 +291,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
                                     text_max=160, actions=actions, style=style,
                                     files=scan.files,
-                                    tools=tuple(sorted(tools))),
+                                    tools=tuple(sorted(tools)),
+                                    instructions=tuple(template_texts(template))),
                   # planner and synthesis turns in the model's own chat format
                   render=lambda prompt: chat.continuation(
                       system_text, [{"role": "user", "content": prompt}]))

@@ -105,6 +105,9 @@ class AgentConfig:
     synthesis_max_tokens: int = 256
     actions: tuple[str, ...] = ACTIONS
     tools: tuple[str, ...] = ()
+    # The instruction texts of the shared prefix (a template's own text, not the
+    # project's): a synthesis or direct answer that reproduces a sentence of them is an echo.
+    instructions: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.plan not in PLAN_MODES:
@@ -241,8 +244,8 @@ class AgentTask:
             return
         await self._publish(plan)
         if plan.action == "answer":
-            await self._complete(plan, direct_answer(plan.answer, cfg.tools, cfg.max_subtasks),
-                                 [])
+            await self._complete(plan, direct_answer(plan.answer, cfg.tools, cfg.max_subtasks,
+                                                     cfg.instructions), [])
         elif plan.action == "ask":
             self.agent.conversations.add(self.conversation, "question", plan.question)
             await self.events.finish(S.TASK_STATE_INPUT_REQUIRED, plan.question)
@@ -355,7 +358,8 @@ class AgentTask:
                                      f"synthesis failed ({e}); answering with the reports",
                                      {"event": "synthesis_fallback"})
             return joined_answers(outcomes)
-        answer, replaced = synthesis_answer(turn.text, plan, outcomes)
+        answer, replaced = synthesis_answer(turn.text, plan, outcomes,
+                                            self.agent.config.instructions)
         if replaced:
             await self.events.status(S.TASK_STATE_WORKING, f"{replaced}; answering with the "
                                      "workers' reports", {"event": "synthesis_replaced"})

@@ -143,33 +143,31 @@ def _scaffold(plan: Plan, outcomes: Sequence[Outcome]) -> set[str]:
     return lines
 
 
-@functools.lru_cache(maxsize=1)
-def _synthesis_sentences() -> tuple[str, ...]:
-    return tuple(instruction_sentences([SYNTHESIS_INSTRUCTIONS]))
+@functools.lru_cache(maxsize=16)
+def _sentences(texts: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(instruction_sentences(texts))
 
 
-def synthesis_answer(text: str, plan: Plan, outcomes: Sequence[Outcome]) -> tuple[str, str]:
+def synthesis_answer(text: str, plan: Plan, outcomes: Sequence[Outcome],
+                     instructions: Sequence[str] = ()) -> tuple[str, str]:
     """(the answer, '' or why the workers' reports replaced the synthesis): the turn's
     text without markup, loops and repeated paragraphs; the reports
     (:func:`joined_answers`) when it is empty or reproduces its instructions (a sentence
-    of :data:`SYNTHESIS_INSTRUCTIONS`, or a line of the prompt's frame: a report's header,
-    ``Answer:``...)."""
+    of :data:`SYNTHESIS_INSTRUCTIONS` or of ``instructions``, the prefix's instruction
+    texts, or a line of the prompt's frame: a report's header, ``Answer:``...)."""
     answer = without_repeats(clean(text))
     if not answer:
         return joined_answers(outcomes), "the synthesis wrote nothing"
     frame = _scaffold(plan, outcomes)
-    if echoed(answer, _synthesis_sentences()) or any(
+    if echoed(answer, _sentences((SYNTHESIS_INSTRUCTIONS, *instructions))) or any(
             line.strip().lower() in frame for line in answer.splitlines()):
         return joined_answers(outcomes), "the synthesis reproduced its instructions"
     return answer, ""
 
 
-@functools.lru_cache(maxsize=16)
-def _plan_sentences(tools: tuple[str, ...], max_subtasks: int) -> tuple[str, ...]:
-    return tuple(instruction_sentences([plan_prompt("\n", "", tools, max_subtasks)]))
-
-
-def direct_answer(answer: str, tools: Sequence[str], max_subtasks: int) -> str:
+def direct_answer(answer: str, tools: Sequence[str], max_subtasks: int,
+                  instructions: Sequence[str] = ()) -> str:
     """A plan's own answer (action ``answer``) as the user may read it: no markup, no
-    loop, none of the planning prompt's sentences."""
-    return without_echo(clean(answer), _plan_sentences(tuple(tools), max_subtasks))
+    loop, none of the planning prompt's sentences nor of ``instructions``."""
+    texts = (plan_prompt("\n", "", tuple(tools), max_subtasks), *instructions)
+    return without_echo(clean(answer), _sentences(texts))

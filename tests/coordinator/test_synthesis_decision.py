@@ -86,3 +86,18 @@ def test_a_plans_own_answer_loses_loops_markup_and_the_planning_prompt() -> None
             "It is 30 kg.")
     assert direct_answer(echo, ("read_file",), 4) == "It is 30 kg."
     assert direct_answer("<answer>30 kg</answer>", (), 4) == "30 kg"
+
+
+def test_a_synthesis_or_direct_answer_restating_the_system_text_is_an_echo() -> None:
+    from mesh.template import load_template
+    from mesh.worker.text import NO_ANSWER, template_texts
+
+    system = tuple(template_texts(load_template("light")))
+    plan = Plan("delegate", (PlannedSubtask("part p1"), PlannedSubtask("part p2")))
+    outs = [_ok("p1", "parcels.py"), _ok("p2", "ValueError")]
+    gemma = 'You are a small coding assistant working in the project "sample".\n' \
+            "Use a tool only when you need to look at the project."
+    answer, why = synthesis_answer(gemma, plan, outs, system)
+    assert why and answer.startswith("[p1]\nparcels.py")
+    assert synthesis_answer(gemma, plan, outs)[1] == ""  # without the texts it cannot tell
+    assert direct_answer(gemma, ("read_file",), 4, system) == NO_ANSWER
