@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mesh.engine import warm
-from mesh.engine.llama import Batch, LlamaContext, LlamaModel
+from mesh.engine.llama import Batch, LlamaContext, LlamaModel, gpu_offload_supported
+from mesh.engine.llama_rules import resolve_flash_attn
 from mesh.engine.tiers import KVShape, elements_per_block
 from mesh.engine.types import EngineConfig, PoolInfo
 
@@ -92,16 +93,18 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
     # n_outputs_max: at most one logits row per session per step. llama.cpp requires it to
     # be >= n_seq_max at construction; the default (n_batch rows of a 262K vocabulary)
     # would allocate a 514 MiB logits buffer.
+    on_gpu = cfg.n_gpu_layers != 0 and gpu_offload_supported()
+    flash_attn = resolve_flash_attn(cfg.flash_attn, cfg.kv_type, on_gpu=on_gpu)
     ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=cfg.n_batch,
                        n_outputs_max=n_seq_max, n_threads=threads, swa_full=cfg.swa_full,
-                       flash_attn=cfg.flash_attn, kv_type=cfg.kv_type)
+                       flash_attn=flash_attn, kv_type=cfg.kv_type)
     batch = Batch(cfg.n_batch)
     prefix_hash = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in tokens)).hexdigest()
     warm_started = False
     snap = None
     if cfg.cache_dir and cfg.share_prefix:
         snap = warm.snapshot_path(Path(cfg.cache_dir), cfg.model_path, prefix_hash,
-                                  ctx_key=f"{n_ctx}:{n_seq_max}:{cfg.swa_full}:unified")
+                                  ctx_key=f"{n_ctx}:{n_seq_max}:{cfg.swa_full}:unified:fa-{flash_attn}")
         warm_started = warm.restore(ctx, snap, PREFIX_SEQ, tokens)
     if cfg.share_prefix and not warm_started:
         _prefill_prefix(ctx, batch, tokens, cfg.prefill_chunk, progress)

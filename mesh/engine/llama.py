@@ -43,7 +43,7 @@ from mesh.engine.sampling import (
 from mesh.engine.types import ModelError, SamplingParams
 
 __all__ = ["Batch", "GreedySampler", "LlamaContext", "LlamaModel", "Sampler", "TokenSampler",
-           "backend_init", "make_sampler"]
+           "backend_init", "gpu_offload_supported", "make_sampler"]
 
 _FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
@@ -56,6 +56,12 @@ def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 
 _LOG_CB = ll.llama_log_callback(_silent_log)  # kept alive for the process's life
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, ...)."""
+    backend_init()
+    return bool(ll.llama_supports_gpu_offload())
 
 
 def backend_init(verbose: bool = False) -> None:
@@ -454,6 +460,21 @@ class Sampler:
     def sample(self, ctx: ContextView, index: int) -> int:
         tok = int(ll.llama_sampler_sample(self._active(), ctx.handle, index))
         return self.constrain(ctx, index, tok)
+
+    def draw_row(self, row: Logits) -> int:
+        """What the native step does with one row (every logit a candidate, the active
+        chain applied, its draw accepted), on a row we hold; for measuring the chain's
+        cost (``bench/sampling_bench.py``), no grammar check."""
+        cand = token_data(np.arange(len(row), dtype=np.int32), row)
+        arr = ll.llama_token_data_array(
+            data=cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
+            size=len(row), selected=-1, sorted=False,
+        )
+        chain = self._active()
+        ll.llama_sampler_apply(chain, ctypes.byref(arr))
+        tok = int(cand["id"][arr.selected])
+        ll.llama_sampler_accept(chain, tok)
+        return tok
 
     def constrain(self, ctx: ContextView, index: int, tok: int) -> int:
         """The token to take after the chain drew ``tok`` from row ``index`` (here or in

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["KV_GGML_TYPE", "batch_problem", "kv_shape_from_meta"]
+__all__ = ["KV_GGML_TYPE", "batch_problem", "kv_shape_from_meta", "resolve_flash_attn"]
 
 KV_GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # ggml.h's enum ggml_type
 
@@ -47,3 +47,20 @@ def batch_problem(n_tokens: int, n_outputs: int, max_seq: int, *, n_batch: int,
     if max_seq >= n_seq_max:
         return f"sequence id {max_seq} >= n_seq_max {n_seq_max}"
     return None
+
+
+def resolve_flash_attn(requested: str, kv_type: str, *, on_gpu: bool) -> str:
+    """The flash-attention setting to hand llama.cpp for ``--flash-attn requested``.
+
+    ``auto`` means the known-best path for the device and cache type, not llama.cpp's own
+    default: on a CPU with an f16 cache that is flash attention *off* — llama.cpp's
+    non-flash path multiplies all rows' queries against all cells in one matrix product,
+    reading the shared prefix's K once per step, while its CPU flash kernel reads it once
+    per row (SmolLM2, 8 decoding rows: 1.25x faster at a 1.9K prefix, 1.77x at 6K; see
+    DESIGN.md, third round). A quantized V cache needs flash attention, and on a GPU
+    llama.cpp's own choice (flash kernels) stands, so ``auto`` stays ``auto`` there.
+    ``on`` and ``off`` are passed through.
+    """
+    if requested == "auto" and not on_gpu and kv_type == "f16":
+        return "off"
+    return requested

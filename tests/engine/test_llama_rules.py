@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from mesh.engine.llama_rules import batch_problem, kv_shape_from_meta
+from mesh.engine.llama_rules import batch_problem, kv_shape_from_meta, resolve_flash_attn
 from mesh.engine.sampling import REDRAW_TOP, Ids, Logits, redraw, token_data
 
 LIMITS = {"n_batch": 8, "n_outputs_max": 2, "n_seq_max": 4}
@@ -63,3 +63,11 @@ def test_redraw_tries_the_best_logits_before_the_whole_vocabulary() -> None:
 def test_token_data_is_llama_token_data_laid_out() -> None:
     cand = token_data(np.array([3, 5], dtype=np.int32), np.array([0.5, 1.5], np.float32))
     assert cand.itemsize == 12 and cand["id"].tolist() == [3, 5] and cand["p"].sum() == 0
+
+
+def test_flash_attn_auto_is_the_known_best_path() -> None:
+    assert resolve_flash_attn("auto", "f16", on_gpu=False) == "off"  # CPU: one matmul
+    assert resolve_flash_attn("auto", "q8_0", on_gpu=False) == "auto"  # needs flash
+    assert resolve_flash_attn("auto", "f16", on_gpu=True) == "auto"  # llama.cpp's choice
+    assert resolve_flash_attn("on", "f16", on_gpu=False) == "on"
+    assert resolve_flash_attn("off", "f16", on_gpu=True) == "off"
