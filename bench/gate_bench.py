@@ -2,6 +2,7 @@
 
     python bench/gate_bench.py [--model tiny|default|PATH] [--slots 32] [--floor auto|F]
                                [--policies floor,none] [--run-s 25] [--out FILE]
+                               [--neighbour cpu|mesh [--neighbour-schedule SPEC] ...]
 
 * Decision latency (pure): µs per ``decide`` on synthetic snapshots of 0, 4 and 16 sessions.
 * Floor at the client (real pool): the pool has ``--slots`` session slots, well above what
@@ -21,6 +22,13 @@
   ``--idle-private`` private tokens, measured vs projected with and without the
   rows × cells-used term.
 
+* Neighbour (``--neighbour cpu|mesh``, the flags of ``mesh simulate``): a second tenant
+  started and stopped on a seeded schedule, the same for every policy (each policy's run
+  replays it from its own start; a mesh neighbour's server is started once, before the
+  first). Every figure above is also given per phase (neighbour off / on), with each
+  turn's decode-gate wait (``TurnResult.wait_s``), tokens/s over all workers and the
+  workers holding tickets; the phases are in ``runs[].neighbour_on``.
+
 ``--floor auto`` sets the floor at the seeded model's per-worker rate with a quarter of
 the slots decoding, so that the floor, not the slots, is what binds.
 """
@@ -35,15 +43,20 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from mesh.cli.sim_neighbour import add_neighbour_args, neighbour_config
 from mesh.engine.types import Engine, PoolLoad, SamplingParams, SessionLoad, SessionState
 from mesh.gate import FloorGate, GateConfig, GateInput, ThroughputModel, decide
 from mesh.gate.calibrate import micro_benchmark
+from mesh.sim.measure import percentile
+from mesh.sim.neighbour import Neighbour
+from mesh.sim.phases import phase_of, spans_from
+from mesh.sim.types import PhaseRecord
 
 PREFIX = (
     "You are a careful software agent working on a shared project. Read the task, plan, "
@@ -103,6 +116,9 @@ class Trace:
     windows: list[tuple[float, float, int]] = field(default_factory=list)  # (t, tps, tickets)
     admissions: list[dict[str, Any]] = field(default_factory=list)
     turns: int = 0
+    waits: list[tuple[float, float]] = field(default_factory=list)  # (turn asked at, wait_s)
+    token_times: list[float] = field(default_factory=list)
+    load: list[tuple[float, int, float | None]] = field(default_factory=list)  # t, tickets, running
 
 
 def tool_result(rng: random.Random) -> str:
@@ -129,11 +145,17 @@ async def worker(engine: Engine, gate: FloorGate, trace: Trace, i: int, args: ar
                 if stop.is_set():
                     break
                 stamps: list[float] = []
-                async for _ in session.generate(params):
+                asked = time.monotonic()
+                generation = session.generate(params)
+                async for _ in generation:
                     stamps.append(time.monotonic())
                     if stop.is_set():
                         break
                 trace.turns += 1
+                trace.token_times += stamps
+                result = getattr(generation, "result", None)
+                if result is not None:
+                    trace.waits.append((asked, float(getattr(result, "wait_s", 0.0))))
                 gaps = [b - a for a, b in itertools.pairwise(stamps)]
                 for k in range(0, len(gaps) - args.window + 1, args.window):
                     span = sum(gaps[k : k + args.window])
@@ -151,27 +173,83 @@ async def worker(engine: Engine, gate: FloorGate, trace: Trace, i: int, args: ar
         await ticket.release()
 
 
+def _phase_figures(trace: Trace, t0: float, wall: float, floor: float,
+                   records: list[PhaseRecord]) -> dict[str, Any]:
+    """Per phase (``all``, and ``off`` / ``on`` with a neighbour): the client windows,
+    turn waits, tokens/s over every worker and workers holding tickets."""
+    cut = spans_from(records, wall)
+    out: dict[str, Any] = {}
+    for phase in ("all", "off", "on") if cut else ("all",):
+
+        def inside(t: float, phase: str = phase) -> bool:
+            return phase == "all" or phase_of(cut, t - t0) == phase
+
+        time_s = wall if phase == "all" else sum(s.end - s.start for s in cut
+                                                 if s.state == phase)
+        tps = [w[1] for w in trace.windows if inside(w[0])]
+        waits = [w for t, w in trace.waits if inside(t)]
+        load = [x for x in trace.load if inside(x[0])]
+        running = [x[2] for x in load if x[2] is not None]
+        n = len(tps)
+        out[phase] = {
+            "time_s": round(time_s, 3),
+            "windows": n,
+            "p50_tps": statistics.median(tps) if tps else None,
+            "share_below_floor": sum(t < floor for t in tps) / n if n else None,
+            "share_below_half_floor": sum(t < floor / 2 for t in tps) / n if n else None,
+            "turn_wait_p50_s": percentile(waits, 50),
+            "turn_wait_p95_s": percentile(waits, 95),
+            "agg_tps": sum(1 for t in trace.token_times if inside(t)) / time_s
+            if time_s > 0 else None,
+            "mean_workers": statistics.mean(x[1] for x in load) if load else None,
+            "max_workers": max((x[1] for x in load), default=None),
+            "mean_running": statistics.mean(running) if running else None,
+        }
+    return out
+
+
 async def run_policy(engine: Engine, model: ThroughputModel, policy: str, floor: float,
-                     args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+                     args: argparse.Namespace,
+                     neighbour: Neighbour | None = None) -> dict[str, Any]:  # fmt: skip
     config = GateConfig.create(policy=policy, floor_tps=floor, max_queue=args.requests)
     gate = FloorGate(engine, config, model)
     budget = gate.pool_budget()
     setter = getattr(engine, "set_prefill_budget", None)
     if setter is not None:
         setter(budget)
+    turns_setter = getattr(engine, "set_turn_admission", None)
+    if turns_setter is not None:  # floor: each turn waits for its step, as `mesh serve` does
+        turns_setter(gate.decode_gate())
     trace = Trace()
     stop = anyio.Event()
     peak = 0
     started = anyio.current_time()
-    async with anyio.create_task_group() as tg:
-        for i in range(args.requests):
-            tg.start_soon(worker, engine, gate, trace, i, args, stop)
-        while anyio.current_time() - started < args.run_s:
-            await anyio.sleep(0.2)
-            peak = max(peak, len(engine.load().sessions))
-        stop.set()
+    t0 = time.monotonic()
+    records: list[PhaseRecord] = []
+    if neighbour is not None:
+        neighbour.begin(t0)
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(args.requests):
+                tg.start_soon(worker, engine, gate, trace, i, args, stop)
+            while anyio.current_time() - started < args.run_s:
+                await anyio.sleep(0.2)
+                peak = max(peak, len(engine.load().sessions))
+                # what /capacity shows (and, as its polling does in `mesh serve`, a refresh
+                # of the gate's model from the steps just measured)
+                turns = gate.capacity().get("turns") or {}
+                running = turns.get("running")
+                trace.load.append((time.monotonic(), gate.num_tickets,
+                                   float(running) if running is not None else None))
+            stop.set()
+    finally:
+        if neighbour is not None:
+            records = neighbour.end()
+    wall = time.monotonic() - t0
     if setter is not None:
         setter(None)
+    if turns_setter is not None:
+        turns_setter(None)
     tps = [w[1] for w in trace.windows]
     n = len(tps)
     rows: list[dict[str, Any]] = []
@@ -203,6 +281,8 @@ async def run_policy(engine: Engine, model: ThroughputModel, policy: str, floor:
         "share_below_half_floor": sum(t < floor / 2 for t in tps) / n if n else None,
         "projection": rows,
         "median_abs_projection_error": statistics.median(errors) if errors else None,
+        "neighbour_on": [{"start": r.start, "end": r.end} for r in records],
+        "phases": _phase_figures(trace, t0, wall, floor, records),
     }
 
 
@@ -263,6 +343,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
         "decide_latency": bench_latency(args.iterations),
     }
+    neighbour: Neighbour | None = None
+    if args.neighbour_config.enabled:
+        # The mesh neighbour's server starts before this pool (its own start-up is not the
+        # run's) and serves every policy's run.
+        neighbour = Neighbour(args.neighbour_config, args.seed,
+                              None if args.model == "default" else args.model)
+        await anyio.to_thread.run_sync(neighbour.setup)
+    try:
+        return await _bench(args, result, neighbour)
+    finally:
+        if neighbour is not None:
+            await anyio.to_thread.run_sync(neighbour.close)
+
+
+async def _bench(args: argparse.Namespace, result: dict[str, Any],
+                 neighbour: Neighbour | None) -> dict[str, Any]:
     engine = await open_pool(args.model, args.slots, args.session_budget)
     try:
         result["model"] = engine.info.model_name
@@ -279,10 +375,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             floor = float(args.floor)
         result["floor_tps"] = floor
         result["runs"] = []
+        result["neighbour"] = asdict(args.neighbour_config) if neighbour is not None else None
         for policy in args.policies.split(","):
             m = ThroughputModel()  # every policy starts from the same seed
             m.seed(seed)
-            result["runs"].append(await run_policy(engine, m, policy, floor, args))
+            result["runs"].append(await run_policy(engine, m, policy, floor, args, neighbour))
             model = m if policy == "floor" else model
         result["cells_term"] = await bench_cells(engine, model, args.slots // 4,
                                                  args.slots // 2, args.idle_private)
@@ -309,6 +406,19 @@ def print_table(result: dict[str, Any]) -> None:
               f"{_f(r['p50_tps'], '.1f'):>9}{_f(r['p05_tps'], '.1f'):>9}"
               f"{_f(r['share_below_floor'], '.1%'):>8}{_f(r['share_below_half_floor'], '.1%'):>9}"
               f"{_f(r['median_abs_projection_error'], '.1%'):>9}")  # fmt: skip
+    phases = [p for p in ("all", "off", "on") if any(p in r["phases"] for r in result["runs"])]
+    print(f"{'policy':<12}{'phase':<6}{'time s':>8}{'windows':>8}{'<floor':>8}{'<floor/2':>9}"
+          f"{'wait p50':>9}{'wait p95':>9}{'agg t/s':>8}{'workers':>8}")
+    for r in result.get("runs", []):
+        for phase in phases:
+            f = r["phases"].get(phase)
+            if f is None:
+                continue
+            print(f"{r['policy']:<12}{phase:<6}{f['time_s']:>8.1f}{f['windows']:>8}"
+                  f"{_f(f['share_below_floor'], '.1%'):>8}"
+                  f"{_f(f['share_below_half_floor'], '.1%'):>9}"
+                  f"{_f(f['turn_wait_p50_s'], '.3f'):>9}{_f(f['turn_wait_p95_s'], '.3f'):>9}"
+                  f"{_f(f['agg_tps'], '.1f'):>8}{_f(f['mean_workers'], '.2f'):>8}")  # fmt: skip
     for r in result.get("runs", []):
         if r["projection"]:
             print(f"projection, policy {r['policy']}: workers projected measured error idle-est")
@@ -339,7 +449,12 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--iterations", type=int, default=5_000)
     p.add_argument("--out", type=Path, default=Path("bench/results/gate.json"))
+    add_neighbour_args(p)
     args = p.parse_args()
+    try:
+        args.neighbour_config = neighbour_config(args)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.requests is None:
         args.requests = args.slots
     result = anyio.run(main_async, args)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh.sim.measure import floor_of, percentile, workers
-from mesh.sim.types import SimRun, TaskTimeline
+from mesh.sim.types import PhaseRecord, SimRun, TaskTimeline
 
 __all__ = [
     "PHASES",
@@ -48,6 +48,7 @@ __all__ = [
     "phase_summary",
     "phase_table",
     "spans",
+    "spans_from",
     "turn_starts",
 ]
 
@@ -73,10 +74,17 @@ def spans(run: SimRun) -> list[Span]:
     """The run's on/off spans covering ``[0, wall]``; empty for a run with no neighbour."""
     if not run.config.neighbour.enabled:
         return []
-    wall = max(run.wall_s, max((r.end for r in run.neighbour_phases), default=0.0))
+    return spans_from(run.neighbour_phases, run.wall_s) or [Span("off", 0.0, run.wall_s)]
+
+
+def spans_from(records: Sequence[PhaseRecord], wall_s: float) -> list[Span]:
+    """On/off spans covering ``[0, wall]`` from the recorded "on" spans (empty for none)."""
+    if not records:
+        return []
+    wall = max(wall_s, max(r.end for r in records))
     out: list[Span] = []
     t = 0.0
-    for rec in sorted(run.neighbour_phases, key=lambda r: r.start):
+    for rec in sorted(records, key=lambda r: r.start):
         start, end = max(rec.start, t), min(max(rec.end, rec.start), wall)
         if start > t:
             out.append(Span("off", t, start))

@@ -145,3 +145,22 @@ def test_a_planned_scenario_shows_planner_and_synthesis_sessions(tmp_path: Path)
     doc = json.loads((plain / "report.json").read_text(encoding="utf-8"))
     assert doc["summary"]["planner_sessions"] == doc["summary"]["synthesis_sessions"] == 0
     assert not any(r["planner"] or r["synthesis"] for r in doc["kv_series"])
+
+
+def test_a_cpu_neighbour_comes_and_goes_during_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "neighbour"
+    argv = ["simulate", *_scenario(3), "--steps", "3", "--tokens-per-step", "16",
+            "--floor-tps", "1", "--neighbour", "cpu", "--neighbour-schedule", "off:0.3,on:0.6",
+            "--out", str(out)]
+    assert _main(argv) == 0
+    doc = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert doc["config"]["neighbour"]["kind"] == "cpu"
+    on = doc["neighbour"]["on"]
+    assert on and on[0]["start"] >= 0.3 and all(s["end"] > s["start"] for s in on)
+    assert all(s["end"] <= doc["summary"]["wall_s"] + 1.0 for s in on)  # stopped at the end
+    phases = doc["phases"]
+    assert {"all", "off", "on"} <= set(phases)
+    assert phases["on"]["time_s"] > 0 and phases["off"]["time_s"] > 0
+    assert phases["all"]["windows"] > 0 and phases["all"]["turns"] == 9
+    assert phases["off"]["turns"] + phases["on"]["turns"] == 9
+    assert "Neighbour `cpu`, schedule `off:0.3,on:0.6`" in (out / "report.md").read_text()
