@@ -4,9 +4,10 @@ The grammar admits only well-formed calls of the listed tools, each ``<tool_call
 "NAME","arguments":{...}}</tool_call>`` with the tool's arguments typed by its JSON schema,
 or, with ``tool_choice`` ``auto``, plain prose that does not start with ``<``.
 
-Strings and arrays are bounded by the request's ``max_tokens`` (:class:`Bounds`): a string
-holds at most ``4 * max_tokens`` characters (about what ``max_tokens`` tokens of text hold)
-and an array at most ``max_tokens`` items (each takes a token at least). Past
+Strings and arrays are bounded by the request's ``max_tokens`` (:class:`Bounds`), so that a
+call closes before the reply runs out of tokens even on a noisy model: a string holds at
+most ``max_tokens`` characters (a token is one character at least) and an array at most
+``max_tokens // 2`` items (an item and its comma take two tokens or one). Past
 :data:`STRING_BOUNDED_MAX` characters or :data:`ARRAY_BOUNDED_MAX` items the repetition is
 left open (``*``): llama.cpp expands ``x{0,n}`` into ``n`` rules, and ``max_tokens`` ends
 the reply anyway.
@@ -48,7 +49,7 @@ class Bounds:
 
     @classmethod
     def of(cls, max_tokens: int) -> Bounds:
-        chars, items = 4 * max(1, max_tokens), max(1, max_tokens)
+        chars, items = max(1, max_tokens), max(1, max_tokens // 2)
         return cls(chars if chars <= STRING_BOUNDED_MAX else None,
                    items if items <= ARRAY_BOUNDED_MAX else None)
 
