@@ -47,9 +47,8 @@ from mesh.worker.text import (
     LoopGuard,
     clean,
     echoed,
-    instruction_sentences,
     prose_params,
-    template_texts,
+    template_sentences,
     without_echo,
 )
 from mesh.worker.toolcalls import ToolCall, parse_turn
@@ -177,7 +176,7 @@ class AgentWorker:
         self.limits = limits or WorkerLimits.from_template(template)
         self.limits.validate()
         # The template's own sentences: an answer that reproduces one is an echo.
-        self._sentences = instruction_sentences(template_texts(template))
+        self._sentences = template_sentences(template)
 
     async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
         try:

@@ -40,6 +40,7 @@ __all__ = [
     "instruction_sentences",
     "prose_params",
     "strip_markup",
+    "template_sentences",
     "template_texts",
     "without_echo",
 ]
@@ -221,3 +222,18 @@ def template_texts(template: Template) -> list[str]:
         except Exception:  # a user's template may need a real value here: skip it
             continue
     return out
+
+
+_SENTENCES: dict[int, tuple[Template, tuple[str, ...]]] = {}
+
+
+def template_sentences(template: Template) -> tuple[str, ...]:
+    """:func:`instruction_sentences` of :func:`template_texts`, rendered once per template
+    (a worker is made per subtask; this keeps the rendering off each request)."""
+    hit = _SENTENCES.get(id(template))
+    if hit is None or hit[0] is not template:
+        if len(_SENTENCES) > 64:  # templates are few; a reloading caller must not grow this
+            _SENTENCES.clear()
+        hit = _SENTENCES[id(template)] = (
+            template, tuple(instruction_sentences(template_texts(template))))
+    return hit[1]
