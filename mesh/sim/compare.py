@@ -36,7 +36,7 @@ __all__ = [
     "sweet_spot",
 ]
 
-COMPARE_KEYS = ("policy", "pool", "floor", "template")
+COMPARE_KEYS = ("policy", "pool", "floor", "template", "neighbour")
 RunOne = Callable[[SimConfig, str], SimRun]  # (config, label) -> run
 
 
@@ -65,6 +65,9 @@ def apply_value(config: SimConfig, key: str, value: str) -> SimConfig:
         changed = dataclasses.replace(config, pool=value)
     elif key == "template":
         changed = dataclasses.replace(config, template=value)
+    elif key == "neighbour":  # the same schedule, with and without the load
+        changed = dataclasses.replace(
+            config, neighbour=dataclasses.replace(config.neighbour, kind=value))
     else:
         raise ValueError(f"cannot compare over {key!r}; choose one of {COMPARE_KEYS}")
     changed.validate()

@@ -10,7 +10,8 @@ Two loads:
 * :class:`MeshLoad` — a second ``mesh serve`` (policy ``none``, its own port and data
   directory), started once before the run and idle while "off"; at "on" a client process
   (:mod:`mesh.sim.neighbour_load`) streams chat requests at it from ``clients`` loops,
-  and at "off" that client is killed (the server cancels the turns it was streaming).
+  and at "off" that client is killed (a turn in flight may run on for at most
+  ``max_tokens``, so the default is small).
 
 The load runs in child processes, never on the harness's event loop, so the client-side
 timestamps of the run under test are not perturbed by the neighbour's own client.
@@ -34,11 +35,12 @@ from mesh.sim.types import NeighbourConfig, PhaseRecord, SimConfig
 
 __all__ = ["CpuLoad", "Load", "MeshLoad", "Neighbour", "make_load"]
 
-# One core, busy for DUTY of every PERIOD seconds; an orphan dies with its parent's pipe.
+# One core, busy for DUTY of every PERIOD seconds; it ends itself when its parent (the
+# harness) is gone, so a killed harness leaves no core burning.
 _BUSY = """
-import sys, time
-duty, period = float(sys.argv[1]), 0.1
-while True:
+import os, sys, time
+duty, period, parent = float(sys.argv[1]), 0.1, int(sys.argv[2])
+while os.getppid() == parent:
     end = time.monotonic() + duty * period
     while time.monotonic() < end:
         pass
@@ -85,7 +87,7 @@ class CpuLoad:
 
     def start(self) -> None:
         self._procs = [
-            subprocess.Popen([sys.executable, "-c", _BUSY, f"{self.duty:g}"],
+            subprocess.Popen([sys.executable, "-c", _BUSY, f"{self.duty:g}", str(os.getpid())],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             for _ in range(self.cores)
         ]
@@ -139,7 +141,8 @@ class MeshLoad:
             raise RuntimeError("MeshLoad.start before setup; call Neighbour.setup first")
         cmd = [sys.executable, "-m", "mesh.sim.neighbour_load", "--url", self.url,
                "--clients", str(self.config.clients), "--max-tokens",
-               str(self.config.max_tokens), "--seed", str(self.seed)]
+               str(self.config.max_tokens), "--seed", str(self.seed),
+               "--parent", str(os.getpid())]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._client = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, env=env)

@@ -2,8 +2,9 @@
 
 ``--clients`` loops, each streaming ``/v1/chat/completions`` requests of ``--max-tokens``
 tokens one after another (a 429 waits its ``Retry-After``; any other error waits a
-second), until the process is killed — :class:`~mesh.sim.neighbour.MeshLoad` kills it at
-the end of each "on" phase, and the server cancels the turns whose stream went away.
+second), until the process is killed or its ``--parent`` is gone.
+:class:`~mesh.sim.neighbour.MeshLoad` kills it at the end of each "on" phase; a turn in
+flight then may run on for at most ``--max-tokens`` tokens (hence the small default).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 
@@ -51,11 +53,22 @@ async def _client(http: httpx.AsyncClient, url: str, index: int, max_tokens: int
             await asyncio.sleep(1.0)
 
 
-async def run(url: str, clients: int, max_tokens: int, seed: int) -> None:
+async def _orphaned(parent: int | None) -> None:
+    """Return once the parent (the harness) is gone: a killed harness leaves no load."""
+    while parent is None or os.getppid() == parent:
+        await asyncio.sleep(0.5)
+
+
+async def run(url: str, clients: int, max_tokens: int, seed: int,
+              parent: int | None = None) -> None:
     timeout = httpx.Timeout(30.0, read=None)
     async with httpx.AsyncClient(timeout=timeout) as http:
-        await asyncio.gather(*(_client(http, url.rstrip("/"), i, max_tokens, seed)
-                               for i in range(clients)))
+        loops = [asyncio.ensure_future(_client(http, url.rstrip("/"), i, max_tokens, seed))
+                 for i in range(clients)]
+        await _orphaned(parent)
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parent", type=int, default=None, help="exit when this pid is gone")
     args = p.parse_args(argv)
     print(json.dumps({"neighbour_load": vars(args)}), file=sys.stderr, flush=True)
-    asyncio.run(run(args.url, args.clients, args.max_tokens, args.seed))
+    asyncio.run(run(args.url, args.clients, args.max_tokens, args.seed, args.parent))
     return 0
 
 

@@ -148,3 +148,18 @@ def test_the_mesh_neighbour_serves_its_own_clients(tiny_model_path: Path,
         assert client is not None and client.poll() is not None
     finally:
         load.close()
+
+
+def test_a_busy_loop_ends_itself_when_its_parent_is_gone() -> None:
+    import subprocess
+    import sys
+
+    from mesh.sim.neighbour import _BUSY
+
+    # the parent pid it watches is not its parent: it must exit at once, not burn forever
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY, "1.0", "1"])
+    try:
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

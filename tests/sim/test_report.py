@@ -176,6 +176,10 @@ def test_apply_value_validates() -> None:
         apply_value(config, "pool", "bogus")
     with pytest.raises(ValueError, match="policy must be"):
         apply_value(config, "policy", "static")
+    assert apply_value(config, "policy", "projection").policy == "projection"
+    assert apply_value(config, "neighbour", "cpu").neighbour.kind == "cpu"
+    with pytest.raises(ValueError, match="neighbour must be one of"):
+        apply_value(config, "neighbour", "gpu")
 
 
 def _planned_task(package: int, start: float) -> TaskTimeline:
