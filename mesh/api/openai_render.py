@@ -5,12 +5,12 @@ Two rules, picked per request (:func:`is_strict`):
 
 * **drop-in** (the default): any OpenAI client's messages are served on top of the pool's
   prefix. Messages that already start with the pool's system message (``GET /v1/prefix``'s
-  ``system``, exactly) render as they are; any other list is rendered after it, so a client's
-  own system message follows the pool's like a second system turn. A chat template that
-  refuses a second system turn (Gemma 3's insists on user/assistant alternation) gets the
-  client's system text at the head of the next user message instead. A raw
-  ``/v1/completions`` prompt that does not start with the prefix is the text after it (the
-  prefix ends where the first user message's content starts).
+  ``system``, exactly) render as they are; any other list is rendered after it, and a
+  client's own system message follows the pool's system text as the head of the next user
+  message: the pool's prefix ends where the first user message's content starts (inside
+  the user turn, in every chat format), so a system turn of its own cannot follow it, and
+  some templates (Gemma 3's) refuse a second system turn anyway. A raw ``/v1/completions``
+  prompt that does not start with the prefix is the text after it.
 * **strict**: the text must start with the pool's prefix, else a 400 ``prefix_mismatch``
   naming the first differing token. Picked by a model name ending in ``:strict``
   (``/v1/models`` lists one) or for every request by ``OpenAIAPI(strict_prefix=True)``.
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from mesh.api.openai_tools import ToolChoice, ToolSpec, render_calls, tools_prompt
 from mesh.api.openai_turns import Bad
 from mesh.api.openai_wire import ChatMessage
-from mesh.template.chat import ChatFormat, ChatFormatError
+from mesh.template.chat import ChatFormat
 
 __all__ = ["STRICT_SUFFIX", "Prompter", "is_strict", "template_messages"]
 
@@ -80,12 +80,6 @@ class Prompter:
         if strict or own:
             return self._rest(self._render(messages), "messages")
         pool = {"role": "system", "content": self.system_text}
-        try:
-            text = self._render([pool, *messages])
-            if text.startswith(self.prefix):
-                return text[len(self.prefix):]
-        except ChatFormatError:
-            pass  # e.g. a template that allows one system message only, first
         return self._rest(self._render([pool, *_fold_system(messages)]), "messages")
 
     def completion_rest(self, prompt: str, *, strict: bool) -> str:

@@ -83,6 +83,15 @@ def test_sdk_without_and_with_a_system_message(served: ServeProc, prefix_tokens:
             {"role": "system", "content": "something else"}, {"role": "user", "content": "hi"}])
 
 
+def test_sdk_completion_of_a_bare_prompt(served: ServeProc, prefix_tokens: int) -> None:
+    out = client(served).completions.create(model=TINY_NAME, prompt="def add(a, b):",
+                                            max_tokens=4, temperature=0)
+    assert out.usage is not None and out.usage.prompt_tokens > prefix_tokens
+    with pytest.raises(openai.BadRequestError, match="differ at token"):
+        client(served).completions.create(model=TINY_NAME + ":strict", prompt="def add(",
+                                          max_tokens=2)
+
+
 def test_sdk_with_tools_and_the_tool_result(served: ServeProc) -> None:
     oa = client(served)
     messages: list[Any] = [{"role": "system", "content": "You use tools."},
