@@ -25,6 +25,8 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError
 
+from mesh.cli.errors import describe, server_message, status_line
+
 __all__ = ["exit_status", "register"]
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_CANCELED, EXIT_OTHER, EXIT_ERROR = 0, 1, 2, 3, 4
@@ -87,6 +89,13 @@ def _err(message: str) -> int:
     return EXIT_ERROR
 
 
+def _failed(exc: BaseException, args: argparse.Namespace) -> int:
+    """A request that failed: one line naming the fix (the traceback with --debug)."""
+    if getattr(args, "debug", False):
+        raise exc
+    return _err(describe(exc, args.url))
+
+
 # --------------------------------------------------------------------------- send
 
 
@@ -139,7 +148,7 @@ async def _send(args: argparse.Namespace) -> int:
                 return _err("the agent answered with neither a message nor a task")
             task = await client.get_task(pb.GetTaskRequest(id=task_id))
         except A2AError as e:
-            return _err(str(e))
+            return _failed(e, args)
         finally:
             await client.close()
     if streamed:
@@ -178,7 +187,7 @@ async def _tasks(args: argparse.Namespace) -> int:
         try:
             page = await client.list_tasks(request)
         except A2AError as e:
-            return _err(str(e))
+            return _failed(e, args)
         finally:
             await client.close()
     if not page.tasks:
@@ -200,7 +209,7 @@ async def _cancel(args: argparse.Namespace) -> int:
         try:
             task = await client.cancel_task(pb.CancelTaskRequest(id=args.id))
         except A2AError as e:
-            print(f"error: cannot cancel {args.id}: {e}", file=sys.stderr)
+            print(f"error: cannot cancel {args.id}: {describe(e, args.url)}", file=sys.stderr)
             return EXIT_FAILED
         finally:
             await client.close()
@@ -213,9 +222,10 @@ async def _capacity(args: argparse.Namespace) -> int:
         try:
             response = await http.get(args.url.rstrip("/") + "/capacity")
         except httpx.HTTPError as e:
-            return _err(f"cannot reach {args.url}: {e}")
+            return _failed(e, args)
     if response.status_code != 200:
-        return _err(f"GET /capacity answered {response.status_code}: {response.text[:200]}")
+        return _err(status_line(response.status_code, args.url.rstrip("/"),
+                                server_message(response)))
     print(json.dumps(response.json(), indent=2, sort_keys=True))
     return 0
 
@@ -227,10 +237,8 @@ def _runner(coro_fn: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(asyncio.run(coro_fn(args)))
-        except httpx.HTTPError as e:
-            return _err(str(e))
-        except A2AError as e:
-            return _err(str(e))
+        except (httpx.HTTPError, A2AError, OSError) as e:
+            return _failed(e, args)
 
     return run
 

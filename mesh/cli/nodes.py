@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from mesh.cli.preflight import coordinator_config
 from mesh.cli.project import build_project_prefix
 
 __all__ = ["build_nodes"]
@@ -31,7 +32,6 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
         poll_nodes,
     )
     from mesh.coordinator.app import build_app
-    from mesh.coordinator.config import CoordinatorConfig
     from mesh.coordinator.node_worker import NodeClient, NodeWorker
     from mesh.coordinator.nodes import NodePool, read_node_cards
     from mesh.coordinator.taskboard import TaskBoard
@@ -43,12 +43,7 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
     if args.engine != "llama.cpp":
         raise ValueError("--node and --engine exclude each other: start the nodes with "
                          "--engine instead")
-    coord = CoordinatorConfig(host=args.host, port=args.port, public_url=args.public_url,
-                              data_dir=args.data_dir, auth_token=args.auth_token,
-                              allow_private_push=args.allow_private_push,
-                              simulation=args.simulation, max_hops=args.max_hops,
-                              plan="never")
-    coord.validate()
+    coord = coordinator_config(args, plan="never")
     built = build_project_prefix(args, want_ids=True)
     template, model, ids = built.template, built.model, built.ids
     assert ids is not None

@@ -12,6 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
+import httpx
+from a2a.utils.errors import A2AError
+
+from mesh.cli.errors import describe
 from mesh.cli.sim_neighbour import add_neighbour_args, neighbour_config
 from mesh.sim.compare import RunOne, parse_compare, run_compare, run_sweep
 from mesh.sim.progress import ProgressBar
@@ -173,7 +177,7 @@ def _watched(config: SimConfig) -> ServerCommand:
 def _runner(args: argparse.Namespace) -> RunOne:
     def run_one(config: SimConfig, label: str) -> SimRun:
         total = len(plan_for(config).packages)
-        if config.url is not None:
+        if config.url is not None and sys.stderr.isatty():  # for a person watching
             print(f"dashboard: {config.url.rstrip('/')}/dashboard", file=sys.stderr, flush=True)
         command = None if config.url is not None else _watched(config)
         with ProgressBar(total, label or "packages", disable=args.no_progress) as bar:
@@ -185,6 +189,14 @@ def _runner(args: argparse.Namespace) -> RunOne:
 def _fail(message: str) -> int:
     print(f"mesh: {message}", file=sys.stderr)
     return 1
+
+
+def _failed(exc: Exception, args: argparse.Namespace) -> int:
+    """A server that is not there, refuses or answers 4xx: one line naming the fix (the
+    traceback with --debug)."""
+    if getattr(args, "debug", False):
+        raise exc
+    return _fail(describe(exc, args.url))
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -203,6 +215,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         files = write_report(run, args.out)
     except (ValueError, ServerError) as exc:
         return _fail(str(exc))
+    except (A2AError, httpx.HTTPError, OSError) as exc:
+        return _failed(exc, args)
     print(files.markdown.read_text(encoding="utf-8").split("\n\n| package")[0])
     print(f"report: {files.json} , {files.markdown} and {len(files.plots)} plots", file=sys.stderr)
     summary = files.summary

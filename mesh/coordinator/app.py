@@ -22,6 +22,7 @@ cover ``extra_routes`` too.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -189,8 +190,13 @@ def run_server(
     *,
     log_level: str = "info",
     graceful_s: int = 5,
+    sock: socket.socket | None = None,
 ) -> int:
     """Serve ``app`` with uvicorn until SIGINT/SIGTERM; returns an exit status.
+
+    ``sock``: an already bound, listening socket to serve on (``mesh serve`` binds the port
+    before its slow start-up, so a port in use fails at once); without it uvicorn binds
+    ``host:port`` itself.
 
     On a signal uvicorn stops accepting, gives open streams ``graceful_s`` seconds, then
     runs the app's shutdown: running tasks are cancelled (sessions freed) and recorded as
@@ -206,5 +212,5 @@ def run_server(
             timeout_graceful_shutdown=graceful_s,
         )
     )
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     return 0 if server.started else 1

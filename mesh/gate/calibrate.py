@@ -1,11 +1,16 @@
-"""Seeding the throughput model at start-up: a micro-benchmark, cached per model and machine.
+"""Seeding the throughput model at start-up: a short probe, cached per model and machine.
 
 This is the gate's only module with I/O (the engine and one small JSON file); the model
-itself stays pure. A seed is a handful of :class:`StepSample`s taken with 1, 2, 4, 8 and
-16 sessions decoding together (as many as the pool holds), with and without private text
-held (so the rows × cells-used term is identified); :meth:`ThroughputModel.seed`
+itself stays pure. A seed is a handful of :class:`StepSample`s; :meth:`ThroughputModel.seed`
 keeps them for good, so the model can tell fixed cost from per-session cost even before
 the pool has seen varied load.
+
+``mesh serve`` seeds from :func:`quick_probe` (a few steps at 1, 2 and 4 sessions, with and
+without a little private text: a few seconds on the default model), and the model learns
+the rest online from the pool's own steps, whose live samples soon outweigh the seed; the
+model's prior fills in what the probe cannot tell apart. :func:`micro_benchmark` with its
+defaults (1 to 16 sessions, 512 private tokens each: a minute or more on a CPU) is the full
+measurement ``bench/gate_bench.py`` uses and ``seed_model(..., full=True)`` asks for.
 """
 
 from __future__ import annotations
@@ -23,11 +28,24 @@ import anyio
 from mesh.engine.types import Engine, PoolInfo, SamplingParams, Session, StepSample
 from mesh.gate.model import ThroughputModel
 
-__all__ = ["load_seed", "micro_benchmark", "save_seed", "seed_model", "seed_path"]
+__all__ = ["QUICK_PRIVATE_TOKENS", "QUICK_SIZES", "QUICK_TOKENS", "SeedError", "load_seed",
+           "micro_benchmark", "quick_probe", "read_seed", "save_seed", "seed_model",
+           "seed_path"]
 
 # 2: sizes up to 16 (a fit on 1, 2, 4 under-estimated the slope at 8+); 3: cells_used, and
-# each size also run with private text held (the rows × cells term).
+# each size also run with private text held (the rows × cells term). A quick probe's seed
+# has the same schema (fewer samples), so a full benchmark cached earlier is still read.
 _FORMAT = 3
+
+# The start-up probe: 3 sizes × 2 private sizes × 6 steps (plus each size's prefill step).
+# Small on purpose: the slope at 8+ sessions comes from the prior, then from live steps.
+QUICK_SIZES = (1, 2, 4)
+QUICK_TOKENS = 6
+QUICK_PRIVATE_TOKENS = (0, 96)
+
+
+class SeedError(ValueError):
+    """A cached seed exists but cannot be used; the message says why."""
 
 
 def seed_path(cache_dir: str | os.PathLike[str], info: PoolInfo) -> Path:
@@ -49,13 +67,20 @@ def seed_path(cache_dir: str | os.PathLike[str], info: PoolInfo) -> Path:
     return Path(cache_dir) / f"gate-seed-{digest}.json"
 
 
-def load_seed(path: Path) -> tuple[StepSample, ...] | None:
-    """The cached samples, or None if missing or unreadable (a bad cache is ignored)."""
+def read_seed(path: Path) -> tuple[StepSample, ...] | None:
+    """The cached samples; None if there is no file; :class:`SeedError` if the file is
+    there but unreadable, of another format, or holds no sample."""
     try:
-        raw = json.loads(path.read_text())
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SeedError(f"cannot read it: {exc}") from None
+    try:
+        raw = json.loads(text)
         if raw.get("format") != _FORMAT:
-            return None
-        return tuple(
+            raise SeedError(f"format {raw.get('format')!r}, this mesh reads {_FORMAT}")
+        samples = tuple(
             StepSample(
                 num_decode=int(s["num_decode"]),
                 num_prefill_tokens=int(s["num_prefill_tokens"]),
@@ -65,7 +90,22 @@ def load_seed(path: Path) -> tuple[StepSample, ...] | None:
             )
             for s in raw["samples"]
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except SeedError:
+        raise
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise SeedError(f"not valid: {exc}") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise SeedError(f"not a seed file ({type(exc).__name__}: {exc})") from None
+    if not samples:
+        raise SeedError("it holds no samples")
+    return samples
+
+
+def load_seed(path: Path) -> tuple[StepSample, ...] | None:
+    """The cached samples, or None if missing or unreadable (a bad cache is ignored)."""
+    try:
+        return read_seed(path)
+    except SeedError:
         return None
 
 
@@ -151,6 +191,13 @@ async def _drain(session: Session, params: SamplingParams) -> None:
         pass
 
 
+async def quick_probe(engine: Engine) -> tuple[StepSample, ...]:
+    """The start-up probe: :func:`micro_benchmark` at :data:`QUICK_SIZES` sessions,
+    :data:`QUICK_TOKENS` steps each, with :data:`QUICK_PRIVATE_TOKENS` private text."""
+    return await micro_benchmark(engine, sizes=QUICK_SIZES, num_tokens=QUICK_TOKENS,
+                                 private_tokens=QUICK_PRIVATE_TOKENS)
+
+
 async def seed_model(
     model: ThroughputModel,
     engine: Engine,
@@ -158,24 +205,35 @@ async def seed_model(
     *,
     refresh: bool = False,
     announce: Callable[[], None] | None = None,
+    on_corrupt: Callable[[Path, str], None] | None = None,
+    full: bool = False,
 ) -> str:
-    """Seed ``model`` from the cache, else from a micro-benchmark (then cached);
-    ``announce`` is called just before a benchmark starts (it takes seconds to a minute).
+    """Seed ``model`` from the cache, else from a probe (then cached): :func:`quick_probe`
+    (seconds), or with ``full`` the whole :func:`micro_benchmark` (a minute or more).
 
+    ``announce`` is called just before a probe runs because there was no seed;
+    ``on_corrupt(path, reason)`` instead when there was one that cannot be used (it is
+    then replaced; without ``on_corrupt``, ``announce`` is called in that case too).
     Returns where the seed came from: ``"cache"`` or ``"benchmark"``.
     """
     path = seed_path(cache_dir, engine.info) if cache_dir is not None else None
+    corrupt: str | None = None
     if path is not None and not refresh:
-        cached = load_seed(path)
+        try:
+            cached = read_seed(path)
+        except SeedError as exc:
+            cached, corrupt = None, str(exc)
         if cached:
             model.seed(cached)
             return "cache"
-    if announce is not None:
+    if corrupt is not None and path is not None and on_corrupt is not None:
+        on_corrupt(path, corrupt)
+    elif announce is not None:
         announce()
-    samples = await micro_benchmark(engine)
+    samples = await (micro_benchmark(engine) if full else quick_probe(engine))
     model.seed(samples)
     if path is not None and samples:
-        # A read-only cache only costs the next start another benchmark.
+        # A read-only cache only costs the next start another probe.
         with contextlib.suppress(OSError):
             save_seed(path, samples)
     return "benchmark"

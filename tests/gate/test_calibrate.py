@@ -1,4 +1,4 @@
-"""The start-up micro-benchmark and its cache, over FakeEngine."""
+"""The start-up probe, the full micro-benchmark and the seed cache, over FakeEngine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,19 @@ import pytest
 
 from mesh.engine.fake import FakeEngine
 from mesh.engine.types import StepSample
-from mesh.gate.calibrate import load_seed, micro_benchmark, save_seed, seed_model, seed_path
+from mesh.gate.calibrate import (
+    QUICK_PRIVATE_TOKENS,
+    QUICK_SIZES,
+    QUICK_TOKENS,
+    SeedError,
+    load_seed,
+    micro_benchmark,
+    quick_probe,
+    read_seed,
+    save_seed,
+    seed_model,
+    seed_path,
+)
 from mesh.gate.model import ThroughputModel
 
 pytestmark = pytest.mark.anyio
@@ -44,3 +56,77 @@ def test_seed_round_trip_and_bad_cache(tmp_path: Path) -> None:
     path.write_text("{broken")
     assert load_seed(path) is None
     assert load_seed(tmp_path / "missing.json") is None
+
+
+# --------------------------------------------------------------------------- quick start
+
+
+async def test_seed_model_runs_a_short_probe_not_the_full_benchmark(tmp_path: Path) -> None:
+    # The start-up probe stays small (issue 25 item 4: first answer within 20 s): a few
+    # sizes up to 4 sessions, a little private text; the fit takes the rest from the prior
+    # and from live steps. The full benchmark (up to 16 sessions × 512 private tokens) took
+    # ~90 s on SmolLM2 at start-up.
+    engine = FakeEngine(max_sessions=16)
+    model = ThroughputModel()
+    assert await seed_model(model, engine, tmp_path) == "benchmark"
+    sizes = {s.num_decode for s in load_seed(seed_path(tmp_path, engine.info)) or ()}
+    assert sizes == set(QUICK_SIZES) and max(sizes) <= 4
+    assert QUICK_TOKENS <= 8 and max(QUICK_PRIVATE_TOKENS) <= 128
+    assert engine.prefill_tokens <= 2_000, "the probe prefills a few hundred tokens at most"
+    assert model.num_seeded == 2 * len(QUICK_SIZES)
+    full = ThroughputModel()
+    await seed_model(full, FakeEngine(max_sessions=16), None, full=True)
+    assert full.num_seeded == 10  # 1, 2, 4, 8, 16 sessions × with and without private text
+
+
+async def test_quick_probe_detaches_everything() -> None:
+    engine = FakeEngine(max_sessions=2)
+    samples = await quick_probe(engine)
+    assert [s.num_decode for s in samples] == [1, 2, 1, 2]  # 4 sessions do not fit
+    assert not engine.sessions
+
+
+# --------------------------------------------------------------------------- corrupt seed
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ("{broken", "not valid"),
+        ('{"format": 3, "samples": []}', "no samples"),
+        ('{"format": 1, "samples": []}', "format 1"),
+        ('{"format": 3, "samples": [{"num_decode": 1}]}', "not a seed file"),
+        ("[1, 2]", "not a seed file"),
+    ],
+    ids=["json", "empty", "old-format", "missing-key", "not-an-object"],
+)
+async def test_a_corrupt_seed_is_reported_as_such_and_rebuilt(
+    tmp_path: Path, body: str, why: str
+) -> None:
+    engine = FakeEngine()
+    path = seed_path(tmp_path, engine.info)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    announced: list[str] = []
+    corrupt: list[tuple[Path, str]] = []
+    source = await seed_model(ThroughputModel(), engine, tmp_path,
+                              announce=lambda: announced.append("first start"),
+                              on_corrupt=lambda p, reason: corrupt.append((p, reason)))
+    assert source == "benchmark"
+    assert announced == [], "a corrupt seed is not a first start"
+    assert len(corrupt) == 1 and corrupt[0][0] == path and why in corrupt[0][1], corrupt
+    assert load_seed(path), "the seed was rebuilt"
+    with pytest.raises(SeedError):
+        bad = tmp_path / "bad.json"
+        bad.write_text(body)
+        read_seed(bad)
+
+
+async def test_a_missing_seed_is_a_first_start(tmp_path: Path) -> None:
+    announced: list[str] = []
+    corrupt: list[tuple[Path, str]] = []
+    await seed_model(ThroughputModel(), FakeEngine(), tmp_path,
+                     announce=lambda: announced.append("first start"),
+                     on_corrupt=lambda p, reason: corrupt.append((p, reason)))
+    assert announced == ["first start"] and corrupt == []
+    assert read_seed(tmp_path / "missing.json") is None

@@ -145,7 +145,8 @@ class RequestGuard:
     async def _too_large(self, send: Send, surface: str) -> None:
         text = (
             f"request body exceeds {self.config.max_body_bytes} bytes; "
-            "send less (split the work into subtasks or raise max_body_bytes)"
+            "send less (split the work into subtasks), or start the server with a larger "
+            "`mesh serve --max-body-bytes N`"
         )
         if surface == "jsonrpc":
             payload = rpc_error(None, -32600, text)
