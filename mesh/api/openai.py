@@ -74,7 +74,8 @@ from mesh.template.chat import ChatFormat, ChatFormatError, read_gguf_chat
 __all__ = ["OpenAIAPI", "caller_of", "model_names"]
 
 Tokenize = Callable[[str], list[int]]
-_PREP_THREADS = 4  # requests prepared at once (the rest wait their turn, off the loop)
+_PREP_THREADS = 2  # requests prepared at once (the rest wait, off the loop; few, so the
+# event loop thread is not starved of the GIL by many preparing threads at once)
 
 
 @dataclass(frozen=True)
