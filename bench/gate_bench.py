@@ -49,10 +49,10 @@ from typing import Any
 
 import anyio
 
-from mesh.cli.sim_neighbour import add_neighbour_args, neighbour_config
 from mesh.engine.types import Engine, PoolLoad, SamplingParams, SessionLoad, SessionState
 from mesh.gate import FloorGate, GateConfig, GateInput, ThroughputModel, decide
 from mesh.gate.calibrate import micro_benchmark
+from mesh.sim.flags import add_neighbour_args, neighbour_config
 from mesh.sim.measure import percentile
 from mesh.sim.neighbour import Neighbour
 from mesh.sim.phases import phase_of, spans_from

@@ -16,8 +16,8 @@ import httpx
 from a2a.utils.errors import A2AError
 
 from mesh.cli.errors import describe
-from mesh.cli.sim_neighbour import add_neighbour_args, neighbour_config
 from mesh.sim.compare import RunOne, parse_compare, run_compare, run_sweep
+from mesh.sim.flags import add_neighbour_args, neighbour_config
 from mesh.sim.progress import ProgressBar
 from mesh.sim.run import plan_for, run_simulation, write_report
 from mesh.sim.server import ServerCommand, ServerError, serve_command
