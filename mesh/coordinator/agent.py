@@ -187,7 +187,9 @@ class Agent:
         session = await self.engine.attach()
         try:
             session.append(self.render(prompt))
-            result = await stream_turn(session, params, _sink_emit(sink), 1)
+            # free text (the synthesis) stops at a loop; a plan's JSON is never cut
+            result = await stream_turn(session, params, _sink_emit(sink), 1,
+                                       loop_stop=params.grammar is None)
             await sink.flush(last=True)
             return result
         except WorkerFailed as e:

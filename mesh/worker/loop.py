@@ -100,18 +100,18 @@ class WorkerLimits:
 
 async def stream_turn(
     session: Session, params: SamplingParams, emit: Emit, turn: int, *,
-    loop_stop: bool | None = None,
+    loop_stop: bool = False,
 ) -> EngineTurn:
     """Generate one turn, emitting each piece; on any early exit, stop the generation.
 
-    With ``loop_stop`` (default: on for a turn without a grammar, i.e. free text) a turn
-    that repeats a phrase (:class:`~mesh.worker.text.LoopGuard`) is stopped there: its
-    result is the text before the repeat, with finish reason ``loop`` (a finished turn).
+    With ``loop_stop`` (answers and syntheses; never a scenario's turn, whose length is
+    the load it simulates) a turn that repeats a phrase
+    (:class:`~mesh.worker.text.LoopGuard`) is stopped there: its result is the text before
+    the repeat, with finish reason ``loop`` (a finished turn).
     """
     generation = session.generate(params)
     pieces = generation.__aiter__()
-    on = params.grammar is None if loop_stop is None else loop_stop
-    guard = LoopGuard() if on else None
+    guard = LoopGuard() if loop_stop else None
     generated = 0
     finished = False
     try:

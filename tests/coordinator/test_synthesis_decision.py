@@ -101,3 +101,15 @@ def test_a_synthesis_or_direct_answer_restating_the_system_text_is_an_echo() -> 
     assert why and answer.startswith("[p1]\nparcels.py")
     assert synthesis_answer(gemma, plan, outs)[1] == ""  # without the texts it cannot tell
     assert direct_answer(gemma, ("read_file",), 4, system) == NO_ANSWER
+
+
+@pytest.mark.anyio
+async def test_a_looping_synthesis_is_stopped_at_the_loop_and_cut(tmp_path: Path) -> None:
+    sentence = "The weight is checked in parcels.py by the Parcel class itself."
+    engine = ScriptedEngine(Scripted([plan_json("find the check", "say what 40 kg does")],
+                                     synthesis=" ".join([sentence] * 30)))
+    with serve_agent(tmp_path, engine) as served:
+        task = await _send(served.url, request("where and how?"))
+    assert text_of(artifact(task, "answer").parts) == sentence
+    streamed = text_of(artifact(task, "stream-synthesis").parts)
+    assert len(streamed) < 4 * len(sentence)  # stopped at the third copy, not run to 30
