@@ -508,7 +508,15 @@ class Sampler:
                     for t in self._history:
                         ll.llama_sampler_accept(smpl, t)
         if self._tracker is not None and self._model is not None:
+            was = self._tracker.prose
             self._tracker.feed(self._model.piece(tok))
+            if self._tracker.prose and not was and self._history:
+                # A new prose field (an answer after the reasoning, a plan's next string)
+                # is measured against itself: naming again a file the reasoning named is
+                # no loop.
+                self._history.clear()
+                for smpl in self._rep:
+                    ll.llama_sampler_reset(smpl)
 
     def _redraw(self, ctx: ContextView, index: int, chain: Any) -> int:
         """Draw again among the tokens the grammar allows (:func:`~mesh.engine.sampling.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,27 @@ def test_prose_is_tracked_from_the_markers_of_a_worker_turn_and_a_plan() -> None
         plan.feed(piece)
         seen.append(plan.prose)
     assert seen == [False, False, True, True, True, False]
+
+
+@pytest.mark.parametrize("native_step", STEPS)
+def test_a_grammar_turn_penalizes_only_its_prose_and_follows_the_grammar(
+        tiny_model_path: Path, native_step: bool) -> None:
+    grammar = 'root ::= [ab]{6} "<x>" [ab]{12} "<"'
+    base = SamplingParams(max_tokens=40, stop_at_eos=False, grammar=grammar)
+    rep = replace(base, repeat_penalty=2.0, presence_penalty=2.0, prose_open=("<x>",),
+                  prose_close="<")
+
+    async def text(params: SamplingParams) -> str:
+        pool = await make_pool(tiny_model_path, max_sessions=2, native=native_step)
+        try:
+            s = await pool.attach()
+            s.append(PROMPT)
+            return "".join([p.text async for p in s.generate(params)])
+        finally:
+            await pool.aclose()
+
+    out = run(text(rep))  # runs through both chains, switching at "<x>"
+    head, _, tail = out.partition("<x>")
+    assert len(head) == 6 and set(head) <= {"a", "b"}, out
+    assert tail.endswith("<") and set(tail[:-1]) <= {"a", "b"}, out
+    assert head == run(text(base))[:6]  # before the prose: as without penalties
