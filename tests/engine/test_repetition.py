@@ -28,7 +28,8 @@ def _tokens(model: Path, params: SamplingParams, native_step: bool) -> list[int]
         finally:
             await pool.aclose()
 
-    return run(body())
+    tokens: list[int] = run(body())
+    return tokens
 
 
 def _repeats(tokens: list[int], n: int = 2) -> int:
