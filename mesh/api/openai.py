@@ -255,7 +255,7 @@ class OpenAIAPI:
     async def _run(self, prep: _Prepared, caller: str, *, chat: bool) -> Response:
         self._sweeper.ensure_started()
         req, rest = prep.req, prep.rest
-        refusal = queue_refusal(self.admission)
+        refusal = queue_refusal(self.admission, caller)
         if refusal is not None:
             return Bad.refused(refusal).response()
         conv = self.cache.take(caller, rest)
@@ -265,7 +265,7 @@ class OpenAIAPI:
         ticket: Ticket | None = None
         if conv is None:  # a new conversation is a new worker: the gate admits it
             try:
-                ticket = await self.turns.admit()
+                ticket = await self.turns.admit(caller)
             except Bad as exc:
                 return exc.response()
         try:

@@ -80,9 +80,10 @@ class OpenAITurns:
         self.engine, self.admission, self.cache = engine, admission, cache
         self.max_wait_s = max_wait_s
 
-    async def admit(self) -> Ticket:
-        """A ticket for a new conversation. While it waits, idle conversations give way
-        (least recently used first, one per ``_EVICT_AFTER_S``); 429 past ``max_wait_s``."""
+    async def admit(self, caller: str = "") -> Ticket:
+        """A ticket for a new conversation (one of ``caller``'s queue places). While it
+        waits, idle conversations give way (least recently used first, one per
+        ``_EVICT_AFTER_S``); 429 past ``max_wait_s``."""
         deadline = anyio.current_time() + self.max_wait_s
         while True:
             while not self.engine.check_attach().ok and await self.cache.evict_lru():
@@ -90,7 +91,8 @@ class OpenAITurns:
             left = deadline - anyio.current_time()
             slice_s = min(left, _EVICT_AFTER_S) if len(self.cache) else left
             try:
-                ticket = await admit_within(self.admission, "openai", max(0.0, slice_s))
+                ticket = await admit_within(self.admission, "openai", max(0.0, slice_s),
+                                            caller)
             except Refusal as exc:
                 raise Bad.refused(exc) from None
             if ticket is not None:
