@@ -5,8 +5,8 @@ itself stays pure. A seed is a handful of :class:`StepSample`s; :meth:`Throughpu
 keeps them for good, so the model can tell fixed cost from per-session cost even before
 the pool has seen varied load.
 
-``mesh serve`` seeds from :func:`quick_probe` (a few steps at 1, 2 and 4 sessions, with and
-without a little private text: a few seconds on the default model), and the model learns
+``mesh serve`` seeds from :func:`quick_probe` (a few steps at 1, 2 and 4 sessions: about a
+second on the default model on a quiet 2-core machine), and the model learns
 the rest online from the pool's own steps, whose live samples soon outweigh the seed; the
 model's prior fills in what the probe cannot tell apart. :func:`micro_benchmark` with its
 defaults (1 to 16 sessions, 512 private tokens each: a minute or more on a CPU) is the full
@@ -37,11 +37,13 @@ __all__ = ["QUICK_PRIVATE_TOKENS", "QUICK_SIZES", "QUICK_TOKENS", "SeedError", "
 # has the same schema (fewer samples), so a full benchmark cached earlier is still read.
 _FORMAT = 3
 
-# The start-up probe: 3 sizes × 2 private sizes × 6 steps (plus each size's prefill step).
-# Small on purpose: the slope at 8+ sessions comes from the prior, then from live steps.
+# The start-up probe: 3 sizes × 6 steps (plus each size's prefill step of a few tokens).
+# Small on purpose: the slope at 8+ sessions and the cells terms come from the prior, then
+# from live steps. No private text: on SmolLM2 (2 busy cores) prefilling 96 private tokens
+# per session cost 19 of the probe's 23 s, for a cells term it barely identified.
 QUICK_SIZES = (1, 2, 4)
 QUICK_TOKENS = 6
-QUICK_PRIVATE_TOKENS = (0, 96)
+QUICK_PRIVATE_TOKENS = (0,)
 
 
 class SeedError(ValueError):

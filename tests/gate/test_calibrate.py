@@ -73,7 +73,7 @@ async def test_seed_model_runs_a_short_probe_not_the_full_benchmark(tmp_path: Pa
     assert sizes == set(QUICK_SIZES) and max(sizes) <= 4
     assert QUICK_TOKENS <= 8 and max(QUICK_PRIVATE_TOKENS) <= 128
     assert engine.prefill_tokens <= 2_000, "the probe prefills a few hundred tokens at most"
-    assert model.num_seeded == 2 * len(QUICK_SIZES)
+    assert model.num_seeded == len(QUICK_SIZES) * len(QUICK_PRIVATE_TOKENS)
     full = ThroughputModel()
     await seed_model(full, FakeEngine(max_sessions=16), None, full=True)
     assert full.num_seeded == 10  # 1, 2, 4, 8, 16 sessions × with and without private text
@@ -82,7 +82,8 @@ async def test_seed_model_runs_a_short_probe_not_the_full_benchmark(tmp_path: Pa
 async def test_quick_probe_detaches_everything() -> None:
     engine = FakeEngine(max_sessions=2)
     samples = await quick_probe(engine)
-    assert [s.num_decode for s in samples] == [1, 2, 1, 2]  # 4 sessions do not fit
+    fit = [1, 2] * len(QUICK_PRIVATE_TOKENS)  # 4 sessions do not fit
+    assert [s.num_decode for s in samples] == fit
     assert not engine.sessions
 
 
