@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh.sim.panels import write_panels
-from mesh.sim.phases import MIN_WINDOW_TOKENS, phase_summary, phase_table
+from mesh.sim.phases import MIN_WINDOW_S, MIN_WINDOW_TOKENS, phase_summary, phase_table
 from mesh.sim.plots import write_sweep_plot
 from mesh.sim.report import Summary, summary_table, write_json
 from mesh.sim.run import write_report
@@ -129,7 +129,7 @@ def write_comparison(
     sections += [
         "## Whole run\n\n" + phase_table(rows, "all"),
         f"Turn start: {', '.join(sorted(source))} (see docs/gate.md); client windows of "
-        f"at least {MIN_WINDOW_TOKENS} tokens.",
+        f"at least {MIN_WINDOW_TOKENS} tokens over at least {MIN_WINDOW_S:g} s.",
         "## Every metric (whole run)\n\n"
         + summary_table(list(zip(labels, summaries, strict=True))),
     ]

@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from mesh.sim.measure import floor_of, workers
+from mesh.sim.measure import floor_of, percentile, workers
 from mesh.sim.phases import client_windows
 from mesh.sim.plots import _cap, _figure, shade_neighbour
 from mesh.sim.types import SimRun
@@ -78,10 +78,11 @@ def plot_tps_by_run(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any
         note = "" if under is None else f" — {100 * under:.1f} % of windows < floor"
         ax.set_title(_name(run) + note, fontsize="medium")
         ax.set_ylim(bottom=0)
-    if axes:
-        top = max((w.tps for r in runs for w in client_windows(r)), default=0.0)
+    if axes:  # a robust top: a few outlying windows must not flatten every panel
+        rates = [w.tps for r in runs for w in client_windows(r)]
+        top = percentile(rates, 98) or 0.0
         floors = [f for r in runs if (f := floor_of(r)) is not None]
-        axes[0].set_ylim(0, max([top * 1.05, *(2.5 * f for f in floors), 1.0]))
+        axes[0].set_ylim(0, max([top * 1.1, *(2.5 * f for f in floors), 1.0]))
         fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=5,
                    fontsize="small")
     fig.tight_layout(rect=(0, 0.04, 1, 1))

@@ -13,8 +13,9 @@ stop (:attr:`~mesh.sim.types.SimRun.neighbour_phases`), "off" in between, both c
 characters. A turn generates a known number of tokens (a scenario step's
 ``tokens_per_step``), so a chunk's tokens are estimated as its characters at the turn's
 mean characters per token. A window is the run of consecutive chunks of one turn after
-the first that brings at least ``min_tokens`` estimated tokens; its tokens/s is those tokens
-over the time from the chunk before it to its last chunk (the gap to a turn's first chunk
+the first that brings at least ``min_tokens`` estimated tokens over at least ``min_span_s``
+(so the stamps' jitter stays small against it); its tokens/s is those tokens over the time
+from the chunk before it to its last chunk (the gap to a turn's first chunk
 is the wait and the tool result's prefill, not a stall, and is left out — as
 ``bench/gate_bench.py`` does per token). Planned runs (turns of unknown length) have no
 windows.
@@ -54,6 +55,9 @@ __all__ = [
 
 PHASES = ("all", "off", "on")
 MIN_WINDOW_TOKENS = 8
+# A window also spans at least this long: chunk stamps carry the harness's own scheduling
+# jitter (a few ms, more on a busy machine), which would make a 10 ms window's rate noise.
+MIN_WINDOW_S = 0.25
 _ENDS = ("completed", "failed", "rejected", "canceled", "input_required", "error")
 
 
@@ -139,7 +143,8 @@ def chunk_tokens(run: SimRun) -> list[tuple[float, float]]:
     return out
 
 
-def client_windows(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> list[Window]:
+def client_windows(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS,
+                   min_span_s: float = MIN_WINDOW_S) -> list[Window]:
     """Every client window of the run (see the module docstring); none when planned."""
     if run.scenario.get("plan", False):
         return []
@@ -153,10 +158,9 @@ def client_windows(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> list[W
             a, tokens = 0, 0.0
             for b in range(1, len(cs)):
                 tokens += cs[b][1] * per_char
-                if tokens >= min_tokens:
-                    span = cs[b][0] - cs[a][0]
-                    if span > 0:
-                        out.append(Window(cs[a][0], tokens / span))
+                span = cs[b][0] - cs[a][0]
+                if tokens >= min_tokens and span >= min_span_s:
+                    out.append(Window(cs[a][0], tokens / span))
                     a, tokens = b, 0.0
     return out
 
@@ -213,6 +217,7 @@ def phase_summary(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> dict[st
         "spans": [{"state": s.state, "start": s.start, "end": s.end} for s in cut],
         "turn_start_source": source,
         "min_window_tokens": min_tokens,
+        "min_window_s": MIN_WINDOW_S,
     }
     for phase in PHASES if cut else ("all",):
 

@@ -95,6 +95,18 @@ def test_client_windows_leave_out_the_first_chunk_and_estimate_tokens() -> None:
     assert sum(n for _, n in tokens) == pytest.approx(80.0)  # 2 tasks x 2 turns x 20
 
 
+def test_a_window_spans_enough_time_for_the_stamps_jitter() -> None:
+    """Chunks 10 ms apart (a fast model, or two chunks read at once): 8 tokens take 20 ms,
+    too short to time; each window runs on until it spans 0.25 s."""
+    run = make_run(NeighbourConfig())
+    task = run.tasks[0]
+    task.events = [*_turn(1, 0.0, [0.01] * 60, [4] * 61)]  # 61 chunks, 20 tokens in all
+    run.tasks = [task]
+    windows = client_windows(run)
+    assert windows and all(w.tps == pytest.approx(20 / 61 / 0.01, rel=0.1) for w in windows)
+    assert len(windows) == 2  # 60 gaps of 10 ms: two windows of 26 gaps (0.26 s)
+
+
 def test_turn_starts_come_from_the_gate_when_events_carry_it() -> None:
     run = make_run()
     starts, source = turn_starts(run)

