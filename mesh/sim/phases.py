@@ -11,12 +11,16 @@ stop (:attr:`~mesh.sim.types.SimRun.neighbour_phases`), "off" in between, both c
 **Client windows.** The coordinator streams each worker's text in chunks (coalesced every
 ``text_flush_s``, 50 ms); the harness stamps each chunk on arrival and counts its
 characters. A turn generates a known number of tokens (a scenario step's
-``tokens_per_step``), so a chunk's tokens are estimated as its characters at the turn's
-mean characters per token. A window is the run of consecutive chunks of one turn after
-the first that brings at least ``min_tokens`` estimated tokens over at least ``min_span_s``
-(so the stamps' jitter stays small against it); its tokens/s is those tokens over the time
-from the chunk before it to its last chunk (the gap to a turn's first chunk
-is the wait and the tool result's prefill, not a stall, and is left out — as
+``tokens_per_step``) and a chunk is flushed on a token's arrival, so every chunk holds at
+least one token; the turn's remaining tokens are shared among its chunks by characters.
+When every token arrives in its own chunk (rates under ~20 tok/s at the 50 ms flush,
+so near any floor below that) the count is exact; above, it is an estimate (the characters
+of 8 tokens vary by a standard deviation of 36 %: SmolLM2's tokenizer on the README), but
+there the window is far above such a floor. A window is the run of consecutive chunks of
+one turn after the first that brings at least ``min_tokens`` tokens over at least
+``min_span_s`` (so the stamps' jitter stays small against it); its tokens/s is those
+tokens over the time from the chunk before it to its last chunk (the gap to a turn's first
+chunk is the wait and the tool result's prefill, not a stall, and is left out — as
 ``bench/gate_bench.py`` does per token). Planned runs (turns of unknown length) have no
 windows.
 
@@ -122,6 +126,18 @@ def _turn_groups(task: TaskTimeline) -> list[tuple[int, float, list[tuple[float,
     return ([(0, 0.0, loose)] if loose else []) + groups
 
 
+def _estimate(chars: Sequence[int], tokens: float) -> list[float]:
+    """Tokens per chunk of a turn (or task) of ``tokens`` tokens streamed in chunks of
+    ``chars`` characters: every chunk holds at least one token (a chunk is flushed on a
+    token's arrival), the rest are shared by characters. Exact when each token came in its
+    own chunk (``tokens == len(chars)``: rates under ~1/``text_flush_s``)."""
+    total = sum(chars)
+    extra = tokens - len(chars)
+    if extra < 0 or not total:  # fewer tokens than chunks: a short turn; by characters
+        return [tokens * c / total for c in chars] if total else [0.0] * len(chars)
+    return [1.0 + extra * c / total for c in chars]
+
+
 def chunk_tokens(run: SimRun) -> list[tuple[float, float]]:
     """``(arrival t, estimated tokens)`` of every text chunk of the run (see the module
     docstring): per turn at ``tokens_per_step`` when the scenario is not planned, else per
@@ -132,14 +148,12 @@ def chunk_tokens(run: SimRun) -> list[tuple[float, float]]:
         groups = _turn_groups(task)
         if planned or any(turn == 0 for turn, _, _ in groups):
             chunks = [c for _, _, cs in groups for c in cs]
-            chars = sum(c for _, c in chunks)
-            if chars:
-                out += [(t, task.num_generated * c / chars) for t, c in chunks]
+            estimates = _estimate([c for _, c in chunks], task.num_generated)
+            out += [(t, n) for (t, _), n in zip(chunks, estimates, strict=True)]
             continue
         for _, _, cs in groups:
-            chars = sum(c for _, c in cs)
-            if chars:
-                out += [(t, run.tokens_per_step * c / chars) for t, c in cs]
+            estimates = _estimate([c for _, c in cs], run.tokens_per_step)
+            out += [(t, n) for (t, _), n in zip(cs, estimates, strict=True)]
     return out
 
 
@@ -151,13 +165,12 @@ def client_windows(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS,
     out: list[Window] = []
     for task in run.tasks:
         for turn, _, cs in _turn_groups(task):
-            chars = sum(c for _, c in cs)
-            if turn == 0 or not chars or len(cs) < 2:
+            if turn == 0 or len(cs) < 2:
                 continue
-            per_char = run.tokens_per_step / chars
+            estimates = _estimate([c for _, c in cs], run.tokens_per_step)
             a, tokens = 0, 0.0
             for b in range(1, len(cs)):
-                tokens += cs[b][1] * per_char
+                tokens += estimates[b]
                 span = cs[b][0] - cs[a][0]
                 if tokens >= min_tokens and span >= min_span_s:
                     out.append(Window(cs[a][0], tokens / span))

@@ -107,6 +107,20 @@ def test_a_window_spans_enough_time_for_the_stamps_jitter() -> None:
     assert len(windows) == 2  # 60 gaps of 10 ms: two windows of 26 gaps (0.26 s)
 
 
+def test_one_token_per_chunk_is_counted_exactly_whatever_its_characters() -> None:
+    """A slow turn (each token its own chunk, 0.125 s apart: 8 tok/s) of tokens 1 to 12
+    characters long: every window is 8 tokens over 1 s, not a rate scaled by characters."""
+    run = make_run(NeighbourConfig())
+    chars = [1, 12, 2, 11, 3, 10, 1, 12, 2, 11, 3, 10, 1, 12, 2, 11, 3, 10, 1, 12]
+    task = run.tasks[0]
+    task.events = [*_turn(1, 0.0, [0.125] * 19, chars)]  # 20 chunks, 20 tokens
+    run.tasks = [task]
+    windows = client_windows(run)
+    assert len(windows) == 2
+    assert all(w.tps == pytest.approx(8.0) for w in windows)
+    assert [n for _, n in chunk_tokens(run)] == [1.0] * 20
+
+
 def test_turn_starts_come_from_the_gate_when_events_carry_it() -> None:
     run = make_run()
     starts, source = turn_starts(run)
