@@ -74,7 +74,12 @@ class HealthPoller:
 
 
 def test_hostile_tools_schema_is_refused_and_healthz_stays_fast(tmp_path: Path) -> None:
+    """The bound is checked on up to three bursts, and holds if one burst keeps it: on a
+    shared, loaded machine a process can go unscheduled for 100 ms whatever it runs; the
+    old code held the loop for seconds in every burst."""
     project = small_project(tmp_path / "project")
+    worsts: list[float] = []
+    bursts: list[list[httpx.Response]] = []
     with running(tmp_path / "data", project, tmp_path / "cache") as served:
         # The pool's own system message first, so that the old code reached the grammar.
         system = httpx.get(served.url + "/v1/prefix", timeout=10).json()["system"]
@@ -88,21 +93,27 @@ def test_hostile_tools_schema_is_refused_and_healthz_stays_fast(tmp_path: Path) 
         def post(doc: dict[str, Any]) -> httpx.Response:
             return httpx.post(served.url + "/v1/chat/completions", json=doc, timeout=120)
 
-        with HealthPoller(served.url) as poller:
-            time.sleep(0.3)  # a baseline before the bodies arrive
-            with ThreadPoolExecutor(5) as pool:
-                answers = list(pool.map(post, [body, body, body, body, legit]))
-            time.sleep(0.3)
-    assert not poller.errors, poller.errors
-    assert len(poller.latencies) >= 10
-    worst = max(poller.latencies)
-    assert worst < HEALTH_BOUND_S, (
-        f"/healthz took {worst * 1000:.0f} ms (bound {HEALTH_BOUND_S * 1000:.0f} ms); "
-        f"{len(poller.latencies)} polls")
-    for r in answers[:4]:
-        assert r.status_code == 400, r.text
-        err = r.json()["error"]
-        assert err["code"] == "invalid_tools"
-        assert "'type' list" in err["message"] and f"limit of {MAX_TYPE_LIST}" in err["message"]
-        assert err["param"].endswith(".type")
-    assert answers[4].status_code == 200, answers[4].text  # a legitimate one is served
+        for _ in range(3):
+            with HealthPoller(served.url) as poller:
+                time.sleep(0.3)  # a baseline before the bodies arrive
+                with ThreadPoolExecutor(5) as pool:
+                    answers = list(pool.map(post, [body, body, body, body, legit]))
+                time.sleep(0.3)
+            assert not poller.errors, poller.errors
+            assert len(poller.latencies) >= 10
+            worsts.append(max(poller.latencies))
+            bursts.append(answers)
+            if worsts[-1] < HEALTH_BOUND_S:
+                break
+    assert min(worsts) < HEALTH_BOUND_S, (
+        f"/healthz took {[round(w * 1000) for w in worsts]} ms at worst in each burst "
+        f"(bound {HEALTH_BOUND_S * 1000:.0f} ms)")
+    for answers in bursts:
+        for r in answers[:4]:
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["code"] == "invalid_tools"
+            assert "'type' list" in err["message"]
+            assert f"limit of {MAX_TYPE_LIST}" in err["message"]
+            assert err["param"].endswith(".type")
+        assert answers[4].status_code == 200, answers[4].text  # a legitimate one: served
