@@ -12,6 +12,7 @@ import argparse
 import errno
 import logging
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -111,18 +112,32 @@ def _bind_error(host: str, port: int, exc: OSError) -> str:
     return f"cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port or --host"
 
 
+# Config fields a flag sets, as the configs' messages name them: an operator reads the flag.
+_FLAGS = {name: "--" + name.replace("_", "-") for name in (
+    "public_url", "max_hops", "max_body_bytes", "floor_tps", "max_queue", "auth_token")}
+_FIELD = re.compile(r"\b(" + "|".join(_FLAGS) + r")\b")
+
+
+def _flagged(message: str) -> str:
+    """``message`` with config field names written as the flags that set them."""
+    return _FIELD.sub(lambda m: _FLAGS[m.group(1)], message).replace("gate policy", "--policy")
+
+
 def preflight(args: argparse.Namespace) -> socket.socket:
     """Every check that needs no model, then the bound socket. Raises ValueError naming
     the flag to change. Order: warnings, flags, folders, template, then the port."""
     if args.host not in _LOOPBACK and not args.auth_token:
         print(f"warning: binding {args.host} without --auth-token: anyone who can reach "
               "this address can use the agent", file=sys.stderr)
-    coordinator_config(args)
-    if not args.node:
-        from mesh.gate import GateConfig
+    try:
+        coordinator_config(args)
+        if not args.node:
+            from mesh.gate import GateConfig
 
-        GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
-                          max_queue=args.max_queue).validate()
+            GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
+                              max_queue=args.max_queue).validate()
+    except ValueError as exc:
+        raise ValueError(_flagged(str(exc))) from None
     check_data_dir(Path(args.data_dir))
     if args.prefix_cache:
         check_data_dir(Path(args.prefix_cache), "--prefix-cache")

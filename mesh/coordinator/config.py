@@ -84,8 +84,7 @@ class CoordinatorConfig:
             if short:
                 raise ValueError("every auth token must be at least 8 characters long")
         if self.max_body_bytes < 1024:
-            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}; "
-                             "pass --max-body-bytes 1024 or more")
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_parts < 1:
             raise ValueError(f"max_parts must be >= 1, got {self.max_parts}")
         if self.max_message_chars < 1:

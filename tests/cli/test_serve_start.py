@@ -7,6 +7,7 @@ Real ``mesh serve --model tiny`` processes (see :mod:`tests.reliability.serve_pr
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import socket
@@ -16,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mesh.cli import serve as serve_cli
+from mesh.cli.preflight import preflight
 from tests.reliability.serve_proc import free_port, serve_argv, serve_env, small_project, start
 
 
@@ -127,3 +130,25 @@ def test_policies_that_project_nothing_do_not_seed(tmp_path: Path, policy: str) 
     err = served.stderr()
     assert "timing" not in err and "needs no seed" in err, err
     assert not list((tmp_path / "data").rglob("gate-seed-*.json"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--floor-tps", "-1"], "--floor-tps"),
+        (["--policy", "fastest"], "--policy"),
+        (["--max-queue", "-3"], "--max-queue"),
+        (["--public-url", "ftp://x"], "--public-url"),
+        (["--max-hops", "0"], "--max-hops"),
+        (["--max-body-bytes", "5"], "--max-body-bytes"),
+    ],
+)
+def test_config_mistakes_name_the_flag_before_anything_starts(
+    tmp_path: Path, argv: list[str], flag: str
+) -> None:
+    parser = argparse.ArgumentParser(prog="mesh")
+    serve_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--data-dir", str(tmp_path / "data"), *argv])
+    with pytest.raises(ValueError, match=f"^[^;]*{flag}"):
+        preflight(args)
+    assert not (tmp_path / "data").exists(), "nothing was created for a bad flag"
