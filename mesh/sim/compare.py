@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mesh.sim.goals import goals, goals_markdown
 from mesh.sim.panels import write_panels
 from mesh.sim.phases import MIN_WINDOW_S, MIN_WINDOW_TOKENS, phase_summary, phase_table
 from mesh.sim.plots import write_sweep_plot
@@ -125,6 +126,11 @@ def write_comparison(
             "## Neighbour off\n\n" + phase_table(rows, "off"),
             "## Neighbour on\n\n" + phase_table(rows, "on"),
         ]
+    goal = None
+    if key == "policy":  # heavy: the issue allows 10 % at a floor one worker holds
+        hold = 0.10 if runs and runs[0].config.template == "heavy" else 0.05
+        goal = goals(values, phases, summaries, hold)
+        sections.append("## Goals\n\n" + goals_markdown(goal))
     source = {p["turn_start_source"] for p in phases}
     sections += [
         "## Whole run\n\n" + phase_table(rows, "all"),
@@ -158,6 +164,7 @@ def write_comparison(
                 }
                 for lbl, r, s, ph in zip(labels, runs, summaries, phases, strict=True)
             ],
+            "goals": goal,
         },
     )
     return CompareResult(key, tuple(values), tuple(summaries), md, tuple(plots))

@@ -190,10 +190,11 @@ def test_the_comparison_writes_per_phase_tables_and_one_panel_per_run(tmp_path: 
     result = write_comparison("policy", ["floor", "static:2"], runs,
                               [summarize(r) for r in runs], tmp_path)
     md = result.table.read_text()
-    for heading in ("## Neighbour off", "## Neighbour on", "## Whole run"):
+    for heading in ("## Neighbour off", "## Neighbour on", "## Whole run", "## Goals"):
         assert heading in md
     assert sum(line.startswith("| policy=static:2 |") for line in md.splitlines()) == 3
     assert [p.stem for p in result.plots] == list(PANEL_NAMES)
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in result.plots)
     doc = json.loads((tmp_path / "compare.json").read_text())
     assert doc["runs"][1]["phases"]["off"]["windows_under_floor"] == 0.0
+    assert doc["goals"]["phases"]["on"]["floor_holds"] is False
