@@ -120,7 +120,8 @@ _FIELD = re.compile(r"\b(" + "|".join(_FLAGS) + r")\b")
 
 def _flagged(message: str) -> str:
     """``message`` with config field names written as the flags that set them."""
-    return _FIELD.sub(lambda m: _FLAGS[m.group(1)], message).replace("gate policy", "--policy")
+    message = _FIELD.sub(lambda m: _FLAGS[m.group(1)], message)
+    return re.sub(r"^port must", "--port must", message).replace("gate policy", "--policy")
 
 
 def preflight(args: argparse.Namespace) -> socket.socket:

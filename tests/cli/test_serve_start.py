@@ -141,6 +141,7 @@ def test_policies_that_project_nothing_do_not_seed(tmp_path: Path, policy: str) 
         (["--public-url", "ftp://x"], "--public-url"),
         (["--max-hops", "0"], "--max-hops"),
         (["--max-body-bytes", "5"], "--max-body-bytes"),
+        (["--port", "70000"], "--port"),
     ],
 )
 def test_config_mistakes_name_the_flag_before_anything_starts(
