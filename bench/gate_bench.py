@@ -27,7 +27,8 @@
   replays it from its own start; a mesh neighbour's server is started once, before the
   first). Every figure above is also given per phase (neighbour off / on), with each
   turn's decode-gate wait (``TurnResult.wait_s``), tokens/s over all workers and the
-  workers holding tickets; the phases are in ``runs[].neighbour_on``.
+  workers holding tickets; the phases are in ``runs[].neighbour_on``, and issue 25's goals
+  (:mod:`mesh.sim.goals`, 5 % of windows) in ``goals``.
 
 ``--floor auto`` sets the floor at the seeded model's per-worker rate with a quarter of
 the slots decoding, so that the floor, not the slots, is what binds.
@@ -53,6 +54,7 @@ from mesh.engine.types import Engine, PoolLoad, SamplingParams, SessionLoad, Ses
 from mesh.gate import FloorGate, GateConfig, GateInput, ThroughputModel, decide
 from mesh.gate.calibrate import micro_benchmark
 from mesh.sim.flags import add_neighbour_args, neighbour_config
+from mesh.sim.goals import goals, goals_markdown
 from mesh.sim.measure import percentile
 from mesh.sim.neighbour import Neighbour
 from mesh.sim.phases import phase_of, spans_from
@@ -286,6 +288,15 @@ async def run_policy(engine: Engine, model: ThroughputModel, policy: str, floor:
     }
 
 
+def bench_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 25's goals (:mod:`mesh.sim.goals`) over the policies' per-phase windows."""
+    phases = [{phase: {"windows_under_floor": f["share_below_floor"], "agg_tps": f["agg_tps"]}
+               for phase, f in r["phases"].items()} for r in runs]
+    whole = [{"windows_under_floor": r["share_below_floor"],
+              "windows_under_half_floor": r["share_below_half_floor"]} for r in runs]
+    return goals([r["policy"] for r in runs], phases, whole, hold=0.05)
+
+
 async def bench_cells(engine: Engine, model: ThroughputModel, decoding: int, idle: int,
                       private: int) -> list[dict[str, Any]]:  # fmt: skip
     """Step time with ``decoding`` sessions decoding beside ``idle`` idle ones holding
@@ -381,6 +392,7 @@ async def _bench(args: argparse.Namespace, result: dict[str, Any],
             m.seed(seed)
             result["runs"].append(await run_policy(engine, m, policy, floor, args, neighbour))
             model = m if policy == "floor" else model
+        result["goals"] = bench_goals(result["runs"])
         result["cells_term"] = await bench_cells(engine, model, args.slots // 4,
                                                  args.slots // 2, args.idle_private)
         result["model_after"] = model.describe()
@@ -419,6 +431,8 @@ def print_table(result: dict[str, Any]) -> None:
                   f"{_f(f['share_below_half_floor'], '.1%'):>9}"
                   f"{_f(f['turn_wait_p50_s'], '.3f'):>9}{_f(f['turn_wait_p95_s'], '.3f'):>9}"
                   f"{_f(f['agg_tps'], '.1f'):>8}{_f(f['mean_workers'], '.2f'):>8}")  # fmt: skip
+    if result.get("goals"):
+        print(goals_markdown(result["goals"]))
     for r in result.get("runs", []):
         if r["projection"]:
             print(f"projection, policy {r['policy']}: workers projected measured error idle-est")
