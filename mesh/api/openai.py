@@ -48,7 +48,6 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -61,17 +60,18 @@ from starlette.routing import BaseRoute, Route
 from mesh.api.admit import Periodic, queue_refusal, release
 from mesh.api.conversations import ConversationCache
 from mesh.api.openai_grammar import cached_grammar
+from mesh.api.openai_models import model_names
 from mesh.api.openai_render import STRICT_SUFFIX, Prompter, is_strict, template_messages
 from mesh.api.openai_replies import reply_body, reply_stream
 from mesh.api.openai_tools import ToolsError, ToolSpec, parse_tool_choice, parse_tools
 from mesh.api.openai_turns import Bad, OpenAITurns, engine_error
 from mesh.api.openai_wire import ChatRequest, CompletionRequest, SamplingFields, oa_error
 from mesh.api.wire import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, TurnStream
-from mesh.engine.types import Engine, EngineError, PoolInfo, SamplingParams
+from mesh.engine.types import Engine, EngineError, SamplingParams
 from mesh.gate.types import Admission, Ticket
-from mesh.template.chat import ChatFormat, ChatFormatError, read_gguf_chat
+from mesh.template.chat import ChatFormat, ChatFormatError
 
-__all__ = ["OpenAIAPI", "caller_of", "model_names"]
+__all__ = ["OpenAIAPI", "caller_of"]
 
 Tokenize = Callable[[str], list[int]]
 _PREP_THREADS = 2  # requests prepared at once (the rest wait, off the loop; few, so the
@@ -95,20 +95,6 @@ def caller_of(request: Request) -> str:
     user = request.scope.get("user")
     name = getattr(user, "username", None) or getattr(user, "display_name", None)
     return str(name) if name else ""
-
-
-def model_names(info: PoolInfo) -> tuple[str, str]:
-    """(id, file basename) of the pool's model: the GGUF's ``general.name`` (else the
-    file's stem) and the file's name; an engine without a local file keeps its own name."""
-    path = Path(info.model_path)
-    if not path.is_file():
-        return info.model_name, info.model_path
-    try:
-        name = read_gguf_chat(path).get("name")
-    except (ChatFormatError, OSError):
-        name = None
-    label = str(name).strip() if name else ""
-    return label or path.stem, path.name
 
 
 class OpenAIAPI:
