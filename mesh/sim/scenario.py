@@ -19,8 +19,10 @@ from mesh.worker.simulated import ScenarioParams, StepPlan, plan_schedule
 
 __all__ = ["PackagePlan", "Scenario", "plan_scenario"]
 
+# Two parts (";"): a planned package fans out to two workers and a synthesis turn (a plan
+# of one subtask answers with its worker alone).
 _INSTRUCTIONS = (
-    "Package {index}: check the courier code paths this delivery touches, then report "
+    "Package {index}: check the courier code paths this delivery touches; then report "
     "what to change."
 )
 
