@@ -16,6 +16,11 @@ Turn loop (formats come from the template):
    read their results) or ``max_total_tokens``; a session that outgrows its context budget
    ends with ``max_tokens`` too.
 
+What the user reads (:mod:`mesh.worker.text`): prose is sampled with repetition control
+(DRY, never on a call's syntax), a turn that repeats a phrase is stopped at the repeat
+(finish ``loop``, a finished turn), and the final answer loses turn tags and any sentence of
+the template's own instructions.
+
 With ``first_call`` the first turn's grammar offers only tool calls (small models
 otherwise answer from the prompt without looking). Under the grammar the last turn offers
 no tools (only the answer), and so does the turn
