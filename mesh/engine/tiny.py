@@ -34,7 +34,8 @@ from numpy.typing import NDArray
 
 from mesh.engine.paths import default_cache_dir
 
-__all__ = ["TINY_FORMAT_VERSION", "TinyVariant", "tiny_model_path", "write_tiny_model"]
+__all__ = ["TINY_FORMAT_VERSION", "TinyVariant", "add_vocabulary", "tiny_model_path",
+           "vocabulary_size", "write_tiny_model"]
 
 TinyVariant = Literal["llama", "gemma3"]
 
@@ -105,6 +106,29 @@ def _vocab(n_vocab: int | None = None) -> tuple[list[str], list[float], list[int
         types += [T.NORMAL] * pad
         scores += [-float(len(scores) + i) for i in range(pad)]
     return tokens, scores, [int(t) for t in types]
+
+
+def vocabulary_size() -> int:
+    """Entries of the unpadded vocabulary: the smallest ``n_vocab`` a model may declare."""
+    return len(_vocab()[0])
+
+
+def add_vocabulary(writer: gguf.GGUFWriter, n_vocab: int | None = None) -> int:
+    """Write the tiny models' SentencePiece vocabulary (padded to ``n_vocab``) and its
+    special tokens into ``writer``'s metadata; returns the vocabulary size. For siblings
+    that write other geometries (:mod:`mesh.engine.geometry`) with the same tokenizer."""
+    tokens, scores, types = _vocab(n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(_BOS)
+    writer.add_eos_token_id(_EOS)
+    writer.add_unk_token_id(_UNK)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(True)
+    return len(tokens)
 
 
 def write_tiny_model(
