@@ -59,8 +59,22 @@ REGISTRY = "mesh-bfcl-FC"
 INSTALL = ("pip install --no-deps bfcl-eval==2026.3.23 tree-sitter==0.21.3 "
            "tree-sitter-java==0.21.0 tree-sitter-javascript==0.21.4 overrides filelock "
            "tenacity openai")
-# Published, not measured here: (model, BFCL figure, what it is, source).
-PUBLISHED: list[dict[str, str]] = []
+# Published, not measured here. Overall figures over all of a BFCL version's categories
+# (multi-turn, irrelevance, ... included), not the five AST categories this bench runs; the
+# closest things in print to a small model's BFCL score. Found with a search, copied as given.
+_WHATMODEL = "https://raw.githubusercontent.com/jakemanger/whatmodel/main/pages/model/"
+PUBLISHED: list[dict[str, str]] = [
+    {"model": "Qwen3 1.7B", "figure": "54.7 % BFCL v3; 28.4 % BFCL V4 (December 2025 archive)",
+     "source": _WHATMODEL + "qwen3-1-7b.md", "kind": "aggregator (whatmodel.sh)"},
+    {"model": "Qwen3 0.6B", "figure": "47.3 % BFCL v3; 23.9 % BFCL V4 (December 2025 archive)",
+     "source": _WHATMODEL + "qwen3-0-6b.md", "kind": "aggregator (whatmodel.sh)"},
+    {"model": "Falcon3 1B Instruct",
+     "figure": "19.7 % BFCL v3; 11.1 % BFCL V4 (December 2025 archive)",
+     "source": _WHATMODEL + "falcon3-1b.md", "kind": "aggregator (whatmodel.sh)"},
+    {"model": "Llama 3.2 3B Instruct", "figure": "67.0 % BFCL v2",
+     "source": "https://wikibench.ai/benchmarks/bfcl-v2/",
+     "kind": "self-reported by Meta, listed by llm-stats"},
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +225,7 @@ def summarize(verdicts: list[dict[str, Any]], available: int) -> dict[str, Any]:
 def run(bfcl: Bfcl, client: Any, model: str, *, categories: Sequence[str],
         tool_choices: Sequence[str], sample: int | None, seed: int, max_tokens: int,
         temperature: float, progress: Callable[[str], None] = lambda _: None,
+        checkpoint: Callable[[dict[str, dict[str, Any]]], None] = lambda _: None,
         ) -> dict[str, dict[str, Any]]:
     """{tool_choice: {category: summary + per-entry verdicts}}; entries one at a time."""
     results: dict[str, dict[str, Any]] = {c: {} for c in tool_choices}
@@ -230,7 +245,18 @@ def run(bfcl: Bfcl, client: Any, model: str, *, categories: Sequence[str],
                 progress(f"{choice} {entry['id']}: {verdicts[-1]['error_type'] or 'valid'}")
             results[choice][category] = {**summarize(verdicts, len(entries)),
                                          "verdicts": verdicts}
+            checkpoint(results)
     return results
+
+
+def overall(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Per tool_choice, the unweighted mean of the categories' accuracies (how BFCL's
+    overall figure is formed from its sub-categories; here only the AST ones run)."""
+    means: dict[str, float | None] = {}
+    for choice, cats in results.items():
+        accs = [s["accuracy"] for s in cats.values() if s["accuracy"] is not None]
+        means[choice] = round(statistics.fmean(accs), 4) if accs else None
+    return means
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -243,6 +269,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             p50 = "-" if s["p50_latency_s"] is None else f"{s['p50_latency_s']:.2f}"
             rows.append(f"| {choice} | {cat} | {s['entries']} of {s['available']} | {acc} "
                         f"| {calls} | {p50} | {s['http_errors']} |")
+        mean = overall(results)[choice]
+        if mean is not None and len(cats) > 1:
+            rows.append(f"| {choice} | mean of the {len(cats)} | | {100 * mean:.0f} % | | | |")
     return "\n".join(rows)
 
 
@@ -327,33 +356,38 @@ def main(argv: list[str] | None = None) -> int:
                       .json()["prefix_tokens"]}
         client = openai.OpenAI(base_url=url + "/v1", api_key=os.environ.get(
             "MESH_AUTH_TOKEN", "unused"), timeout=a.timeout, max_retries=0)
-        load_before = os.getloadavg()[0]
+        label = a.label or default_label(a.spawn_mesh, model)
+        out = Path(a.out or f"bench/results/bfcl_{label}.json")
+        doc: dict[str, Any] = {
+            "bench": "bench/bfcl_bench.py", "bfcl_eval": BFCL_VERSION, "model": model,
+            "server": {"mesh_args": a.spawn_mesh, "url": a.url, "startup_s": startup,
+                       **prefix},
+            "request": {"max_tokens": a.max_tokens, "temperature": a.temperature,
+                        "parallel_tool_calls": "server default", "one at a time": True},
+            "sample": {"per_category": a.sample, "seed": a.seed},
+            "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                        "cpus": os.cpu_count(), "load_before": os.getloadavg()[0]},
+            "published_not_measured": PUBLISHED,
+        }
         t0 = time.monotonic()
+
+        def write(results: dict[str, dict[str, Any]], complete: bool) -> None:
+            # Written after every category, so a run cut short keeps what it measured.
+            doc.update(complete=complete, wall_s=round(time.monotonic() - t0, 1),
+                       accuracy_mean=overall(results), results=results)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(doc, indent=1) + "\n")
+
         results = run(bfcl, client, model, categories=categories, tool_choices=choices,
                       sample=a.sample, seed=a.seed, max_tokens=a.max_tokens,
-                      temperature=a.temperature,
+                      temperature=a.temperature, checkpoint=lambda r: write(r, False),
                       progress=(lambda _: None) if a.quiet else
                       (lambda line: print(line, file=sys.stderr, flush=True)))
-        wall = time.monotonic() - t0
+        write(results, True)
     finally:
         if proc is not None:
             stop(proc)
     print(table(results))
-    label = a.label or default_label(a.spawn_mesh, model)
-    out = Path(a.out or f"bench/results/bfcl_{label}.json")
-    doc = {
-        "bench": "bench/bfcl_bench.py", "bfcl_eval": BFCL_VERSION, "model": model,
-        "server": {"mesh_args": a.spawn_mesh, "url": a.url, "startup_s": startup, **prefix},
-        "request": {"max_tokens": a.max_tokens, "temperature": a.temperature,
-                    "parallel_tool_calls": "server default"},
-        "sample": {"per_category": a.sample, "seed": a.seed}, "wall_s": round(wall, 1),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "load_before": load_before},
-        "published_not_measured": PUBLISHED,
-        "results": results,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")
     errors = sum(s["http_errors"] for cats in results.values() for s in cats.values())
     return 0 if errors == 0 else 1

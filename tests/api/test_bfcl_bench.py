@@ -107,7 +107,8 @@ def test_bench_against_mesh_serve_tiny(tmp_path: Path) -> None:
     assert rc == 0  # no HTTP error
     doc = json.loads(out.read_text())
     assert doc["model"] == "mesh-tiny-llama (random weights)"
-    assert doc["server"]["prefix_tokens"] > 0
+    assert doc["server"]["prefix_tokens"] > 0 and doc["complete"] is True
+    assert sorted(doc["accuracy_mean"]) == ["auto", "required"]
     results = doc["results"]
     assert sorted(results) == ["auto", "required"]
     for choice in results.values():
