@@ -51,9 +51,10 @@ class NeighbourConfig:
             )
         if not 0.0 < self.duty <= 1.0:
             raise ValueError(f"neighbour duty must be in (0, 1], got {self.duty}")
-        for key in ("cores", "clients", "max_tokens"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"neighbour {key} must be >= 1, got {getattr(self, key)}")
+        for key in ("cores", "clients", "max_tokens", "threads"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"neighbour {key} must be >= 1, got {value}")
         parse_schedule(self.schedule)
 
 

@@ -50,6 +50,8 @@ def test_config_validation() -> None:
         NeighbourConfig(kind="gpu").validate()
     with pytest.raises(ValueError, match="duty"):
         NeighbourConfig(kind="cpu", duty=0).validate()
+    with pytest.raises(ValueError, match="neighbour threads must be >= 1"):
+        NeighbourConfig(kind="mesh", threads=0).validate()
     with pytest.raises(ValueError, match="neighbour schedule"):
         SimConfig(neighbour=NeighbourConfig(kind="cpu", schedule="sometimes")).validate()
 
