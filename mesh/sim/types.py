@@ -47,14 +47,18 @@ class NeighbourConfig:
     def validate(self) -> None:
         if self.kind not in NEIGHBOURS:
             raise ValueError(
-                f"neighbour must be one of {', '.join(NEIGHBOURS)}, got {self.kind!r}"
+                f"neighbour must be one of {', '.join(NEIGHBOURS)}, got {self.kind!r}; "
+                "pass --neighbour none, cpu or mesh"
             )
         if not 0.0 < self.duty <= 1.0:
-            raise ValueError(f"neighbour duty must be in (0, 1], got {self.duty}")
-        for key in ("cores", "clients", "max_tokens", "threads"):
+            raise ValueError(f"neighbour duty must be in (0, 1], got {self.duty}; "
+                             "pass --neighbour-duty 1.0 for a whole core")
+        flags = {"cores": "--neighbour-cores", "clients": "--neighbour-clients",
+                 "max_tokens": "--neighbour-tokens", "threads": "--neighbour-threads"}
+        for key, flag in flags.items():
             value = getattr(self, key)
             if value is not None and value < 1:
-                raise ValueError(f"neighbour {key} must be >= 1, got {value}")
+                raise ValueError(f"neighbour {key} must be >= 1, got {value}; fix {flag}")
         parse_schedule(self.schedule)
 
 
