@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 __all__ = ["PlannedPhase", "Schedule", "iter_phases", "parse_schedule", "plan_phases"]
 
-_HELP = "random:LO-HI[/LO-HI] (seconds on[/off]) or on:S,off:S,... (repeated)"
+_HELP = ("--neighbour-schedule random:LO-HI[/LO-HI] (seconds on[/off]) or on:S,off:S,... "
+         "(repeated)")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def _range(text: str, spec: str) -> tuple[float, float]:
         low = float(lo)
         high = float(hi) if sep else low
     except ValueError:
-        raise ValueError(f"bad neighbour schedule {spec!r}; expected {_HELP}") from None
+        raise ValueError(f"bad neighbour schedule {spec!r}; pass {_HELP}") from None
     if not 0 < low <= high:
         raise ValueError(f"neighbour schedule {spec!r}: a range needs 0 < LO <= HI")
     return low, high
@@ -63,7 +64,7 @@ def parse_schedule(spec: str) -> Schedule:
     for item in text.split(","):
         state, sep, secs = item.strip().partition(":")
         if not sep or state not in ("on", "off"):
-            raise ValueError(f"bad neighbour schedule {spec!r}; expected {_HELP}")
+            raise ValueError(f"bad neighbour schedule {spec!r}; pass {_HELP}")
         length = _range(secs, spec)[0]
         phases.append((state == "on", length))
     if not any(on for on, _ in phases):
