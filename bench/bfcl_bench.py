@@ -185,6 +185,9 @@ def check_entry(bfcl: Bfcl, handler: Any, entry: dict[str, Any], plain: dict[str
         verdict.update(http_error=type(exc).__name__, error_type="http_error",
                        message=str(exc)[:300])
         return verdict
+    except Exception as exc:  # bfcl-eval's generation records any other failure, goes on
+        verdict.update(error_type="inference_error", message=f"{type(exc).__name__}: {exc}"[:300])
+        return verdict
     verdict["latency_s"] = round(float(meta["latency"]), 4)
     verdict["completion_tokens"] = meta.get("output_token_count")
     verdict["calls"] = len(result) if isinstance(result, list) else 0

@@ -34,12 +34,14 @@ class ScriptedCompletions:
 
     def create(self, **kwargs: Any) -> Any:
         self.requests.append(kwargs)
-        message = self.replies.pop(0)
+        message = dict(self.replies.pop(0))
+        usage = None if message.pop("no_usage", False) else {
+            "prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
         return openai.types.chat.ChatCompletion.model_validate({
             "id": "x", "object": "chat.completion", "created": 0, "model": "m",
             "choices": [{"index": 0, "finish_reason": "stop", "message": {
                 "role": "assistant", **message}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+            "usage": usage})
 
 
 class ScriptedClient:
@@ -65,6 +67,9 @@ def test_checker_wiring_gives_bfcls_verdicts(bfcl: bfcl_bench.Bfcl) -> None:
         {"content": "The factorial of 5 is 120."},
         {"content": None, "tool_calls": [call("math_factorial", {"number": 5}, 0),
                                          call("math_factorial", {"number": 5}, 1)]},
+        # A reply BFCL's handler cannot read (no usage): recorded, the run goes on.
+        {"content": None, "tool_calls": [call("math_factorial", {"number": 5})],
+         "no_usage": True},
     ]
     client = ScriptedClient(replies)
     handler = bfcl_bench.make_handler(bfcl, client, "m", tool_choice="required",
@@ -76,12 +81,13 @@ def test_checker_wiring_gives_bfcls_verdicts(bfcl: bfcl_bench.Bfcl) -> None:
                  if e["id"] == "simple_python_1")
     answer = next(a for a in bfcl.load_answers("simple_python") if a["id"] == "simple_python_1")
     verdicts = [bfcl_bench.check_entry(bfcl, handler, entry, plain, answer, "simple_python")
-                for _ in range(4)]
-    assert [v["valid"] for v in verdicts] == [True, False, False, False]
+                for _ in range(5)]
+    assert [v["valid"] for v in verdicts] == [True, False, False, False, False]
     assert [v["error_type"] for v in verdicts] == [
         None, "value_error:others", "ast_decoder:decoder_failed",
-        "simple_function_checker:wrong_count"]
-    assert [v["calls"] for v in verdicts] == [1, 1, 0, 2]
+        "simple_function_checker:wrong_count", "inference_error"]
+    assert [v["calls"] for v in verdicts] == [1, 1, 0, 2, 0]
+    assert all(v["http_error"] is None for v in verdicts)
     sent = client.completions.requests[0]
     assert sent["tool_choice"] == "required" and sent["max_tokens"] == 77
     assert [t["function"]["name"] for t in sent["tools"]] == ["math_factorial"]
