@@ -5,7 +5,8 @@ ground truths (``bfcl_eval.utils.load_dataset_entry`` / ``load_ground_truth_entr
 OpenAI chat handler (``OpenAICompletionsHandler``: tool conversion, first-turn messages,
 reply parsing, ``decode_ast``) and its AST checker (``ast_checker``), called in the order of
 its evaluator's ``_evaluate_single_ast_entry``. The only change to the handler is the request
-itself: ``tool_choice`` (``auto`` or ``required``) and ``max_tokens`` are sent, and the client
+itself: ``tool_choice`` (``auto`` or ``required``) is sent (and ``max_tokens`` when given;
+BFCL sends none, so the server's default applies), and the client
 does not retry, so every HTTP error is counted.
 
 bfcl-eval is installed without its dependencies (they pull torch, vLLM's extras, a dozen
@@ -130,17 +131,19 @@ def load_bfcl() -> Bfcl:
                 checker.ast_checker, enums.Language.PYTHON, enums.ReturnFormat.PYTHON)
 
 
-def make_handler(bfcl: Bfcl, client: Any, model: str, *, tool_choice: str, max_tokens: int,
-                 temperature: float) -> Any:
+def make_handler(bfcl: Bfcl, client: Any, model: str, *, tool_choice: str,
+                 max_tokens: int | None, temperature: float) -> Any:
     """bfcl-eval's OpenAI chat handler, its request sending ``tool_choice`` and
-    ``max_tokens`` through ``client`` (an ``openai.OpenAI`` that does not retry)."""
+    ``max_tokens`` (unless None) through ``client`` (an ``openai.OpenAI`` that does not
+    retry)."""
 
     class Handler(bfcl.handler_class):  # type: ignore[misc,name-defined]
         def _query_FC(self, inference_data: dict[str, Any]) -> tuple[Any, float]:
             kwargs: dict[str, Any] = {
                 "messages": inference_data["message"], "model": self.model_name,
-                "temperature": self.temperature, "tool_choice": tool_choice,
-                "max_tokens": max_tokens}
+                "temperature": self.temperature, "tool_choice": tool_choice}
+            if max_tokens is not None:
+                kwargs["max_tokens"] = max_tokens
             if inference_data["tools"]:
                 kwargs["tools"] = inference_data["tools"]
             t0 = time.perf_counter()
@@ -226,7 +229,7 @@ def summarize(verdicts: list[dict[str, Any]], available: int) -> dict[str, Any]:
 
 
 def run(bfcl: Bfcl, client: Any, model: str, *, categories: Sequence[str],
-        tool_choices: Sequence[str], sample: int | None, seed: int, max_tokens: int,
+        tool_choices: Sequence[str], sample: int | None, seed: int, max_tokens: int | None,
         temperature: float, progress: Callable[[str], None] = lambda _: None,
         checkpoint: Callable[[dict[str, dict[str, Any]]], None] = lambda _: None,
         ) -> dict[str, dict[str, Any]]:
@@ -325,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=None,
                    help="entries per category, drawn with --seed (default: all)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="default: not sent, as BFCL's handler does (mesh: 128)")
     p.add_argument("--temperature", type=float, default=0.001, help="bfcl-eval's default")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--label", default=None, help="names the result file (default: the "
@@ -365,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             "bench": "bench/bfcl_bench.py", "bfcl_eval": BFCL_VERSION, "model": model,
             "server": {"mesh_args": a.spawn_mesh, "url": a.url, "startup_s": startup,
                        **prefix},
-            "request": {"max_tokens": a.max_tokens, "temperature": a.temperature,
+            "request": {"max_tokens": a.max_tokens or "server default",
+                        "temperature": a.temperature,
                         "parallel_tool_calls": "server default", "one at a time": True},
             "sample": {"per_category": a.sample, "seed": a.seed},
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
