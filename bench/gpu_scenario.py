@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,10 @@ class Clock:
 
     def __init__(self, seconds: float) -> None:
         self.deadline = time.monotonic() + seconds
+        self.reserve = 0.0  # seconds held back for the sections after this one
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline - self.reserve - time.monotonic()
 
 
 class Tokens:
@@ -302,25 +304,28 @@ class Scenario:
 
     async def server_ttft(self, srv: LlamaServer, P: int,
                           prefix: list[int]) -> tuple[float, int]:
-        """Cold slot 0, then new agents on slots 1.. (the prefix is in slot 0, or in the
-        RAM cache); returns (cold seconds, slots now holding the prefix)."""
+        """A cold slot (slot 0, pinned: the prefix is decoded from scratch), then new agents
+        the server places itself (``id_slot`` -1: it picks the slot whose prompt matches
+        best, or loads the prefix from ``--cache-ram``); returns (cold seconds, slots that
+        hold the prefix)."""
         a = self.a
         wall, doc = await srv.complete(prefix + self.tok.ids(a.task_tokens), 1, 0,
                                        self.clock.left())
         self.row(section="ttft", system="llama-server", P=P, case="cold slot (prefix not "
                  "decoded)", ttft_s=round(wall, 4), runs=1,
                  prompt_n=(doc.get("timings") or {}).get("prompt_n"))
-        times, processed = [], []
-        for slot in range(1, 1 + max(1, a.ttft_runs - 1)):
-            w, d = await srv.complete(prefix + self.tok.ids(a.task_tokens), 1, slot,
+        times, processed, slots = [], [], []
+        for _ in range(max(1, a.ttft_runs - 1)):
+            w, d = await srv.complete(prefix + self.tok.ids(a.task_tokens), 1, -1,
                                       self.clock.left())
             times.append(w)
             processed.append((d.get("timings") or {}).get("prompt_n"))
-        self.row(section="ttft", system="llama-server", P=P, case="new agent, prefix in "
-                 "another slot / --cache-ram", ttft_s=round(statistics.median(times), 4),
+            slots.append(d.get("id_slot"))
+        self.row(section="ttft", system="llama-server", P=P, case="new agent, prefix "
+                 "decoded (server picks the slot)", ttft_s=round(statistics.median(times), 4),
                  runs=len(times), prompt_n=processed[0], all_s=[round(t, 4) for t in times],
-                 all_prompt_n=processed)
-        return wall, 1 + len(times)
+                 all_prompt_n=processed, slots=slots)
+        return wall, len({0, *(x for x in slots if isinstance(x, int))})
 
     async def server_agents(self, srv: LlamaServer, prefix: list[int], n: int,
                             s: int) -> list[AgentRun]:
@@ -373,6 +378,8 @@ def ints(text: str) -> list[int]:
 
 async def amain(a: argparse.Namespace) -> int:
     clock = Clock(a.deadline_s)
+    # one thread per in-flight llama-server request (the default pool has cores + 4)
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=80))
     probe = LlamaModel(a.model, vocab_only=True)
     layers, kv_heads, head_k, head_v, n_ctx_train = probe.kv_shape()
     name = probe.meta("general.name") or Path(a.model).stem
@@ -394,7 +401,9 @@ async def amain(a: argparse.Namespace) -> int:
     sc = Scenario(a, report, clock)
     if a.llama_server:
         meta["llama_server_args"] = " ".join(["llama-server", *sc.server_args()])
-    for P in a.prefixes:
+    for i, P in enumerate(a.prefixes):
+        # what later prefixes need is held back from this one's rows
+        clock.reserve = a.reserve_s * (len(a.prefixes) - 1 - i)
         if clock.left() < a.min_row_s:
             sc.row(section="build", system="mesh", P=P, error="skipped: out of time")
             continue
@@ -442,6 +451,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--deadline-s", type=float, default=420.0)
     p.add_argument("--min-row-s", type=float, default=15.0)
+    p.add_argument("--reserve-s", type=float, default=240.0, help="seconds held back from "
+                   "each prefix's rows for every later prefix")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="label the results a CPU dry run")
     return p.parse_args(argv)

@@ -39,15 +39,21 @@ nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv
 
 pythonpath="$PWD"
 if [ -z "$dry" ]; then
-    if ls .whl/*.whl >/dev/null 2>&1; then
+    shopt -s nullglob
+    wheels=(.whl/*.whl .whl/py/*.whl)
+    shopt -u nullglob
+    if [ "${#wheels[@]}" -gt 0 ]; then
         say "installing the carried wheels into $site"
         "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
-            .whl/*.whl >>"$log" 2>&1 || say "wheel install failed (see $log)"
+            "${wheels[@]}" >>"$log" 2>&1 || say "wheel install failed (see $log)"
     fi
     if [ -f .whl/llama_cpp_cuda_site.tar.xz ]; then
         say "unpacking the carried CUDA build of llama_cpp into $site"
         mkdir -p "$site" && rm -rf "$site/llama_cpp" && tar xJf .whl/llama_cpp_cuda_site.tar.xz -C "$site"
         [ -f .whl/llama_cpp_dist_info.tar.gz ] && tar xzf .whl/llama_cpp_dist_info.tar.gz -C "$site"
+    elif [ -d "$site/llama_cpp/lib" ]; then
+        # two calls on one warm machine: an earlier one unpacked it (docs/gpu-scenario.md)
+        say "using the CUDA build of llama_cpp an earlier call unpacked into $site"
     else
         say "no .whl/llama_cpp_cuda_site.tar.xz: run bench/gpu_wheel.sh here first; stopping"
         exit 2
@@ -72,8 +78,10 @@ fi
 # libggml* from llama_cpp's lib folder (the CUDA ones here) through LD_LIBRARY_PATH.
 server_args=()
 srv_dir=/tmp/mesh-llama-server
-if [ -f .whl/llama_server_bin.tar.xz ]; then
-    rm -rf "$srv_dir" && mkdir -p "$srv_dir" && tar xJf .whl/llama_server_bin.tar.xz -C "$srv_dir"
+if [ -f .whl/llama_server_bin.tar.xz ] || [ -x "$srv_dir/llama-server-bin/llama-server" ]; then
+    if [ -f .whl/llama_server_bin.tar.xz ]; then
+        rm -rf "$srv_dir" && mkdir -p "$srv_dir" && tar xJf .whl/llama_server_bin.tar.xz -C "$srv_dir"
+    fi
     bin="$srv_dir/llama-server-bin/llama-server"
     export LD_LIBRARY_PATH="$srv_dir/llama-server-bin:$lib:${LD_LIBRARY_PATH:-}"
     if timeout 60 "$bin" --list-devices >"$out/llama_server_devices.txt" 2>&1; then
@@ -112,7 +120,7 @@ if [ -n "$dry" ]; then
     # the same shape, ~64x smaller: budget 16K cells, P = S = budget / 8 (as 128K of 1M)
     scenario=(--kv-budget 16384 --agent-budget 2048 --prefixes 512,2048 --private 128
               --short-private 32 --turns 2 --gen 8 --tool-tokens 32 --task-tokens 32
-              --n-batch 512 --cache-ram-mib 256 --min-row-s 5 --dry-run)
+              --n-batch 512 --cache-ram-mib 256 --min-row-s 5 --reserve-s 60 --dry-run)
 else
     scenario=(--kv-budget auto)
 fi

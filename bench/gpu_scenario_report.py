@@ -107,6 +107,7 @@ def table(doc: dict[str, Any]) -> str:
                 f"{_fmt(r.get('decode_tps'))} | {_fmt(r.get('aggregate_tps'))} | "
                 f"{_fmt(r.get('wall_s'))} | {r.get('note', '')} |" for r in dec]
         out.append("")
+    out += goals(doc)
     errors = [r for r in doc["rows"] if r.get("error")]
     if errors:
         out += ["## Rows that did not finish", ""]
@@ -114,6 +115,47 @@ def table(doc: dict[str, Any]) -> str:
                 for r in errors]
         out.append("")
     return "\n".join(out)
+
+
+def _one(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for r in rows:
+        if all(r.get(k) == v for k, v in match.items()) and not r.get("error"):
+            return r
+    return None
+
+
+def goals(doc: dict[str, Any]) -> list[str]:
+    """The issue's goals, per prefix: capacity >= 1.75x, new-agent TTFT >= 50x better
+    than a cold llama-server slot, per-agent tokens/s not below llama-server's at equal N."""
+    rows = doc["rows"]
+    out: list[str] = []
+    for P in sorted({r["P"] for r in rows if "P" in r}):
+        cap = {r["system"]: r["agents"] for r in rows
+               if r.get("section") == "capacity" and r["P"] == P and "agents" in r}
+        mesh_t = _one(rows, section="ttft", system="mesh", P=P,
+                      case="new agent, prefix decoded")
+        cold = _one(rows, section="ttft", system="llama-server", P=P,
+                    case="cold slot (prefix not decoded)")
+        line = [f"- P = {P:,}:"]
+        if "mesh" in cap:
+            base = cap.get("llama-server", cap.get("mesh naive"))
+            ratio = f" = {cap['mesh'] / base:.2f}x (goal 1.75x)" if base else ""
+            line.append(f"agents that fit {cap['mesh']} vs {base}{ratio};")
+        if mesh_t and cold and mesh_t.get("ttft_s"):
+            line.append(f"new-agent TTFT {cold['ttft_s']:.3f} s (cold llama-server slot) / "
+                        f"{mesh_t['ttft_s']:.4f} s (mesh) = "
+                        f"{cold['ttft_s'] / mesh_t['ttft_s']:.0f}x (goal 50x);")
+        pairs = []
+        for r in rows:
+            if r.get("section") == "decode" and r.get("system") == "mesh" and r["P"] == P:
+                other = _one(rows, section="decode", system="llama-server", P=P, N=r["N"],
+                             S=r.get("S"))
+                if other and r.get("agent_tps") and other.get("agent_tps"):
+                    pairs.append(f"N={r['N']} {r['agent_tps'] / other['agent_tps']:.2f}x")
+        if pairs:
+            line.append("per-agent tok/s mesh / llama-server: " + ", ".join(pairs))
+        out.append(" ".join(line))
+    return ["## Against the goals", "", *out, ""] if out else []
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,17 +10,17 @@ are kept beside them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import httpx
-
-from bench.servers import free_port, stop, wait_healthy
 
 __all__ = ["AgentRun", "LlamaServer", "server_agent"]
 
@@ -31,7 +31,7 @@ class AgentRun:
 
     generated: int = 0
     wall_s: float = 0.0
-    decode_s: float = 0.0  # first to last token of each turn, summed (mesh only)
+    decode_s: float = 0.0  # first to last token of each turn (llama-server: predicted_ms)
     decoded_after_first: int = 0
     prompt_n: int = 0  # prompt tokens the server processed (llama-server only)
     start_s: float = 0.0  # the untimed warm-up turn: its private context prefilled
@@ -39,10 +39,15 @@ class AgentRun:
 
 
 class LlamaServer:
-    """``llama-server`` on a free loopback port; :meth:`close` stops it (bounded)."""
+    """``llama-server`` on a free loopback port; :meth:`close` stops it (bounded).
+
+    Standard library HTTP only (in a thread per request): the GPU machine reaches no
+    package index, and httpx is not among the wheels carried there."""
 
     def __init__(self, binary: str, model: str, args: Sequence[str], log: Path) -> None:
-        self.port = free_port()
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
                      *args]
@@ -50,29 +55,54 @@ class LlamaServer:
         with log.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
                                          env=os.environ.copy())
-        self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
 
     def wait(self, limit_s: float) -> float:
-        return wait_healthy(self.url, self.proc, limit_s=limit_s, log=self.log,
-                            name="llama-server", poll_s=0.25)
+        """Seconds until ``/health`` answers 200; RuntimeError with the log's tail when the
+        process exits first or ``limit_s`` passes."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < limit_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: "
+                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"llama-server did not start within {limit_s:.0f} s; see {self.log}")
+
+    def _post(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=max(1.0, timeout_s)) as r:
+                doc: dict[str, Any] = json.loads(r.read())
+                return doc
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"llama-server answered {exc.code}: "
+                               f"{exc.read()[:300]!r}") from None
 
     async def complete(self, prompt: list[int], n_predict: int, slot: int,
                        timeout_s: float) -> tuple[float, dict[str, Any]]:
-        """(wall seconds, the server's answer) of one non-streamed completion."""
+        """(wall seconds, the server's answer) of one non-streamed completion; ``slot``
+        -1 lets the server pick."""
         body = {"prompt": prompt, "n_predict": n_predict, "id_slot": slot,
                 "cache_prompt": True, "temperature": 0.0, "ignore_eos": True,
                 "return_tokens": True, "stream": False}
         t0 = time.perf_counter()
-        r = await self.client.post("/completion", json=body, timeout=max(1.0, timeout_s))
-        wall = time.perf_counter() - t0
-        if r.status_code != 200:
-            raise RuntimeError(f"llama-server answered {r.status_code}: {r.text[:300]}")
-        doc: dict[str, Any] = r.json()
-        return wall, doc
+        doc = await asyncio.to_thread(self._post, body, timeout_s)
+        return time.perf_counter() - t0, doc
 
     async def close(self) -> None:
-        await self.client.aclose()
-        stop(self.proc)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                await asyncio.to_thread(self.proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.wait, 10)
 
 
 def tokens_of(doc: dict[str, Any]) -> list[int]:
