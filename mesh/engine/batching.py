@@ -69,10 +69,16 @@ def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLed
     pos = [st.prefix_len + st.private for st in states]
     first = batch.add_rows(carries, pos, list(plan.decode))  # type: ignore[arg-type]
     rows = [(st, first + i) for i, st in enumerate(states)]
+    # Every token written for a sequence is recorded in its suffix (a parked session
+    # re-prefills it on resume); a failed decode releases the session, so after a step
+    # ``len(suffix) == private`` holds.
+    for st, tok in zip(states, carries, strict=True):
+        st.suffix.append(tok)  # type: ignore[arg-type]
     counts = dict.fromkeys(plan.decode, 1)
     for chunk in plan.prefill:
         st = sessions[chunk.seq]
         toks = ledger.take(st, chunk.tokens)
+        st.suffix.extend(toks)
         for i, tok in enumerate(toks):
             is_out = chunk.logits and i == len(toks) - 1
             idx = batch.add(tok, st.pos + i, st.seq, is_out)

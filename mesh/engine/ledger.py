@@ -7,6 +7,11 @@ not promised: llama.cpp never sees a batch it has no room for. It touches no lla
 ``SeqState.reserved`` counts the cells a session holds or is promised (decoded suffix cells,
 queued tokens, the sampled-but-undecoded carry); ``SeqState.pending`` is its queue. The
 ledger is the only writer of both.
+
+Parking (:mod:`mesh.engine.parking`) goes through it too: :meth:`CellLedger.park` gives a
+session's decoded cells and its sequence id back (its queued text stays promised), and
+:meth:`CellLedger.unpark` takes an id and promises the cells its saved suffix re-prefills.
+Attached sessions (resident or parked) are bounded by ``max_attached``.
 """
 
 from __future__ import annotations
@@ -24,11 +29,15 @@ class CellLedger:
     """Reservations and free sequence ids of one pool (``n_ctx`` cells, ``shared`` held by
     the prefix sequence, sequence ids ``1..max_sessions`` for sessions)."""
 
-    def __init__(self, *, n_ctx: int, shared: int, max_sessions: int, attach_need: int) -> None:
+    def __init__(self, *, n_ctx: int, shared: int, max_sessions: int, attach_need: int,
+                 max_attached: int | None = None) -> None:
         self._lock = threading.Lock()
         self.n_ctx = n_ctx
         self.shared = shared
         self.max_sessions = max_sessions
+        # Sessions attached at once, resident or parked (None: max_sessions, no parking).
+        self.max_attached = max_sessions if max_attached is None else max_attached
+        self.num_attached = 0
         self._attach_need = attach_need  # cells a new session needs at once
         self._free_seqs = list(range(max_sessions, 0, -1))  # pop() hands out 1 first
         self._reserved = 0
@@ -47,27 +56,74 @@ class CellLedger:
         with self._lock:
             return len(self._free_seqs)
 
-    def check_attach(self) -> AttachCheck:
-        with self._lock:
-            return self._check_locked()
+    @property
+    def attach_need(self) -> int:
+        return self._attach_need
 
-    def _check_locked(self) -> AttachCheck:
-        if not self._free_seqs:
-            return AttachCheck(False, f"all {self.max_sessions} session slots are in use; "
-                               "detach a session or raise --max-sessions")
-        if self._free_locked() < self._attach_need:
+    def check_attach(self, parkable: int = 0, parkable_cells: int = 0) -> AttachCheck:
+        """Would an attach succeed now? ``parkable`` idle resident sessions holding
+        ``parkable_cells`` private cells could be parked to make room."""
+        with self._lock:
+            return self._check_locked(parkable, parkable_cells)
+
+    def _check_locked(self, parkable: int = 0, parkable_cells: int = 0) -> AttachCheck:
+        if self.num_attached >= self.max_attached:
+            if self.max_attached == self.max_sessions:
+                return AttachCheck(False, f"all {self.max_sessions} session slots are in "
+                                   "use; detach a session or raise --max-sessions")
+            return AttachCheck(False, f"{self.num_attached} sessions are attached, "
+                               f"max_attached is {self.max_attached}; detach a session or "
+                               "raise --max-attached")
+        if not self._free_seqs and parkable <= 0:
+            return AttachCheck(False, f"all {self.max_sessions} session slots are in a turn "
+                               "(none idle to park); wait for a turn to end or raise "
+                               "--max-sessions")
+        if self._free_locked() + parkable_cells < self._attach_need:
             return AttachCheck(False, f"the KV buffer ({self.n_ctx} cells) is full")
         return AttachCheck(True)
 
     # -- commits -----------------------------------------------------------------------
 
     def take_seq(self) -> int:
-        """Check, then hand out a free sequence id; raises PoolFull with the reason."""
+        """Check, then hand out a free sequence id to a new session (counted attached);
+        raises PoolFull with the reason."""
         with self._lock:
             check = self._check_locked()
             if not check.ok:
                 raise PoolFull(check.reason)
+            if not self._free_seqs:
+                raise PoolFull(f"all {self.max_sessions} session slots are in use; "
+                               "detach a session or raise --max-sessions")
+            self.num_attached += 1
             return self._free_seqs.pop()
+
+    def park(self, st: SeqState) -> None:
+        """The session's decoded cells left the cache: give them and its sequence id
+        back (queued text stays promised). Engine thread; the session holds no carry."""
+        with self._lock:
+            if st.carry is not None:
+                raise AssertionError(f"session {st.id} is parked with a carry token")
+            self._reserved -= st.private
+            st.reserved -= st.private
+            st.private = 0
+            self._free_seqs.append(st.seq)
+            st.seq = -1
+            st.parked = True
+
+    def unpark(self, st: SeqState, saved: list[int]) -> int | None:
+        """Take a free sequence id and promise cells for ``saved`` (queued in front of
+        the session's pending text, to re-prefill); None: no id or no cells free."""
+        with self._lock:
+            if st.detached:
+                raise SessionFailed(st.failed or f"session {st.id} is detached")
+            if not self._free_seqs or self._free_locked() < len(saved):
+                return None
+            st.pending.extendleft(reversed(saved))
+            st.reserved += len(saved)
+            self._reserved += len(saved)
+            st.seq = self._free_seqs.pop()
+            st.parked = False
+            return st.seq
 
     def queue(self, st: SeqState, tokens: list[int]) -> None:
         """Promise cells for ``tokens`` and queue them; raises ContextOverflow if they do
@@ -76,9 +132,10 @@ class CellLedger:
         with self._lock:
             if st.detached:  # checked under the lock: a release cannot slip in between
                 raise SessionFailed(st.failed or f"session {st.id} is detached")
-            if st.reserved + n > st.budget:
+            held = st.reserved + (len(st.suffix) if st.parked else 0)  # parked: re-prefilled
+            if held + n > st.budget:
                 raise ContextOverflow(
-                    f"session {st.id} holds {st.reserved} of its {st.budget} suffix tokens; "
+                    f"session {st.id} holds {held} of its {st.budget} suffix tokens; "
                     f"appending {n} more would overflow it (raise --session-budget or start "
                     "a new session)"
                 )
@@ -133,4 +190,6 @@ class CellLedger:
             st.pending.clear()
             st.carry = None
             st.private = 0
-            self._free_seqs.append(st.seq)
+            self.num_attached -= 1
+            if not st.parked:  # a parked session's id went back when it was parked
+                self._free_seqs.append(st.seq)

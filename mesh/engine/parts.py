@@ -59,6 +59,7 @@ def assemble(built: Built, config: EngineConfig, lib: ctypes.CDLL | None,
     ledger = CellLedger(
         n_ctx=built.info.n_ctx, shared=built.shared_cells, max_sessions=config.max_sessions,
         attach_need=1 if config.share_prefix else len(built.prefix) + 1,
+        max_attached=config.attached_limit,
     )
     turns = Turns(built.model, ledger, outbox, config.seed)
     stepper, nbatch = None, None

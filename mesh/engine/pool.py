@@ -86,6 +86,7 @@ class SharedKVPool:
         self._sessions: dict[int, SeqState] = {}
         self._prefill_budget: PrefillBudget | None = None
         self._turn_admission: TurnAdmission | None = None
+        self._park_checked = 0.0
         self.stats = StepStats()
         self._snapshots = Snapshots(self.stats)
 
@@ -201,7 +202,10 @@ class SharedKVPool:
     def check_attach(self) -> AttachCheck:
         if self._parts is None:
             return AttachCheck(False, "the pool is not started")
-        return self._parts.ledger.check_attach()
+        # Any thread: tuple() copies the dict's values under the GIL; the idle sessions
+        # in it could be parked to make room (the attach itself checks again).
+        idle = [st for st in tuple(self._sessions.values()) if st.turn is None]
+        return self._parts.ledger.check_attach(len(idle), sum(st.private for st in idle))
 
     async def attach(self) -> PooledSession:
         def do() -> PooledSession:
@@ -220,10 +224,24 @@ class SharedKVPool:
         loop = asyncio.get_running_loop()
 
         def do() -> Turn:
-            turn = self._p().turns.open(st, params, loop)
+            p = self._p()
+            turn = p.turns.open(st, params, loop)
             if self._turn_admission is None:  # no decode gate: the turn runs at once
                 turn.admitted_at = turn.started
+            if st.parked:  # resumed before the turn's text; else it waits for room
+                p.registry.resume_waiting()
+                self._publish()
             return turn
+
+        return await self._call(do)
+
+    async def park(self, session: PooledSession) -> bool:
+        """Park an idle session now (its cells leave the cache; it stays attached and is
+        re-prefilled before its next turn). False: it is in a turn or already parked."""
+        def do() -> bool:
+            done = self._p().registry.park(session.state)
+            self._publish()
+            return done
 
         return await self._call(do)
 
@@ -244,6 +262,7 @@ class SharedKVPool:
         while not self._stopping:
             try:
                 self._commands.drain(block=not self._has_work())
+                self._park_idle()
                 if not self._stopping and self._has_work():
                     self._step()
             except Exception as exc:  # the engine thread must survive anything
@@ -259,13 +278,27 @@ class SharedKVPool:
         self._poster.post_outbox(self._outbox)
 
     def _has_work(self) -> bool:
-        return not self._held and any(st.turn is not None for st in self._sessions.values())
+        return not self._held and (any(st.turn is not None for st in self._sessions.values())
+                                   or self._p().registry.has_waiting())
+
+    def _park_idle(self) -> None:
+        """With ``park_idle_s`` set: park sessions idle that long (checked at most once a
+        second; the engine thread wakes at least every 0.25 s)."""
+        idle_s = self.config.park_idle_s
+        now = time.monotonic()
+        if idle_s is None or self._parts is None or now - self._park_checked < 1.0:
+            return
+        self._park_checked = now
+        if self._parts.registry.park_idle(now, idle_s):
+            self._publish()
 
     def _step(self) -> None:
         """Plan → decode → sample → publish (``_run`` posts the pieces after)."""
         p = self._p()
         t0 = time.monotonic()
-        p.turns.finish_cancelled(self._sessions.values())  # cancelled turns take no room
+        p.turns.finish_cancelled(p.registry.all_states())  # cancelled turns take no room
+        if p.registry.has_waiting():  # parked sessions whose turn was asked for
+            p.registry.resume_waiting()
         cells = p.registry.cells_used()
         plan = batching.plan(self._sessions.values(), p.ledger, n_batch=self.config.n_batch,
                              output_rows=p.built.ctx.n_outputs_max, cells_used=cells,
@@ -275,6 +308,8 @@ class SharedKVPool:
             p.turns.admit(self._sessions[seq] for seq in plan.started)
         if plan.empty:
             self._publish()  # cancellations above changed states
+            if p.registry.has_waiting():  # a parked turn waits for room: do not spin
+                time.sleep(0.005)
             return
         done = p.runner.decode(plan, step_started=t0, cells_used=cells)
         if isinstance(done, DecodeFailed):
@@ -293,8 +328,7 @@ class SharedKVPool:
         """Rebuild the load snapshot (every command that changes the pool does; a step
         does when a turn started or ended, else at most every SNAPSHOT_INTERVAL_S)."""
         p = self._p()
-        self._snapshots.publish(self._sessions.values(), p.built, p.ledger, self.config,
-                                p.turns.changes, sessions_attached=p.registry.attached)
+        self._snapshots.publish(p.registry, p.built, p.ledger, self.config, p.turns.changes)
 
     def load(self) -> PoolLoad:
         return self._snapshots.load()

@@ -1,13 +1,23 @@
-"""The pool's live sessions: attach and release on the engine thread.
+"""The pool's attached sessions: attach, park, resume and release on the engine thread.
 
 Attach takes a free sequence id from the ledger and shares the prefix with it
 (``llama_memory_seq_cp`` of sequence 0: metadata only, the cells are shared), or, in the
 naive baseline, queues a private copy of the prefix. Release drops the session's private
 cells (the prefix stays: sequence 0 holds it), fails its turn in flight through the outbox
 and gives its promises and sequence id back to the ledger.
+
+Parking (recompute): an IDLE resident session's private cells leave the cache
+(``seq_remove``), its sequence id and cells go back to the ledger, and it moves from
+``sessions`` (by sequence id) to ``parked`` (by session id), keeping its ``suffix`` tokens;
+it stays attached (same SeqState, same handle). Before its next turn runs it is resumed:
+a free id (an LRU idle session is parked for one if needed), the prefix shared again, and
+its suffix queued in front of any new text, so the ordinary chunked prefill re-decodes it
+at positions ``prefix_len..``. A session is in exactly one of the two dicts until released.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from mesh.engine.build import PREFIX_SEQ, Built
 from mesh.engine.ledger import CellLedger
@@ -19,7 +29,8 @@ __all__ = ["SessionRegistry"]
 
 
 class SessionRegistry:
-    """Sessions by sequence id (``sessions``, shared with the pool); engine thread only."""
+    """Sessions by sequence id (``sessions``, shared with the pool) and parked sessions by
+    session id (``parked``); engine thread only."""
 
     def __init__(self, built: Built, ledger: CellLedger, outbox: Outbox,
                  config: EngineConfig, sessions: dict[int, SeqState]) -> None:
@@ -28,15 +39,29 @@ class SessionRegistry:
         self._outbox = outbox
         self._config = config
         self.sessions = sessions
+        self.parked: dict[str, SeqState] = {}
         self._next_id = 0
+        self.parks = 0  # totals since start, for the load snapshot
+        self.resumes = 0
+        self.resume_tokens = 0
 
     @property
     def attached(self) -> int:
         """Sessions attached since start (the ids handed out)."""
         return self._next_id
 
+    def all_states(self) -> Iterator[SeqState]:
+        """Every attached session, resident then parked."""
+        yield from self.sessions.values()
+        yield from self.parked.values()
+
     def attach(self) -> SeqState:
-        """A new session on a free sequence id; raises PoolFull with the reason."""
+        """A new session on a free sequence id (an idle one is parked for it if none is
+        free); raises PoolFull with the reason."""
+        check = self._ledger.check_attach(*self._parkable())
+        if not check.ok:
+            raise PoolFull(check.reason)
+        self.make_room(self._ledger.attach_need)
         seq = self._ledger.take_seq()
         self._next_id += 1
         sid, cfg, prefix = f"s{self._next_id}", self._config, self._built.prefix
@@ -55,33 +80,123 @@ class SessionRegistry:
                 raise PoolFull(str(exc)) from exc
         return st
 
+    # -- parking -----------------------------------------------------------------------
+
+    def _idle(self) -> list[SeqState]:
+        """Resident sessions not in a turn, least recently busy first (park order)."""
+        return sorted((st for st in self.sessions.values() if st.turn is None),
+                      key=lambda st: st.idle_since)
+
+    def _parkable(self) -> tuple[int, int]:
+        idle = [st for st in self.sessions.values() if st.turn is None]
+        return len(idle), sum(st.private for st in idle)
+
+    def park(self, st: SeqState) -> bool:
+        """Park an idle resident session (False: it is in a turn, parked or detached)."""
+        if st.detached or st.parked or st.turn is not None:
+            return False
+        self._ledger.requeue_carry(st)  # an idle session holds none; kept safe anyway
+        self._built.ctx.seq_remove(st.seq)  # shared prefix cells stay: sequence 0 holds them
+        del self.sessions[st.seq]
+        if len(st.suffix) != st.private:
+            raise AssertionError(f"session {st.id} recorded {len(st.suffix)} suffix tokens "
+                                 f"for {st.private} private cells")
+        self._ledger.park(st)
+        self.parked[st.id] = st
+        self.parks += 1
+        return True
+
+    def make_room(self, cells: int) -> bool:
+        """Park LRU idle sessions until a sequence id and ``cells`` cells are free; parks
+        nothing and returns False if even every idle session would not make the room."""
+        ledger = self._ledger
+        if ledger.free_seq_ids > 0 and ledger.free_cells() >= cells:
+            return True
+        idle = self._idle()
+        if not idle or ledger.free_cells() + sum(st.private for st in idle) < cells:
+            return False
+        for st in idle:
+            self.park(st)
+            if ledger.free_seq_ids > 0 and ledger.free_cells() >= cells:
+                return True
+        return False
+
+    def resume(self, st: SeqState) -> bool:
+        """Bring a parked session back (False: no room yet; its turn keeps waiting)."""
+        if not st.parked:
+            return True
+        saved = st.suffix
+        if not self.make_room(len(saved)):
+            return False
+        seq = self._ledger.unpark(st, saved)
+        if seq is None:
+            return False
+        st.suffix = []  # fill_batch records the tokens again as they are re-prefilled
+        if self._config.share_prefix:
+            self._built.ctx.seq_copy(PREFIX_SEQ, seq)
+        del self.parked[st.id]
+        self.sessions[seq] = st
+        self.resumes += 1
+        self.resume_tokens += len(saved)
+        return True
+
+    def resume_waiting(self) -> bool:
+        """Resume parked sessions whose turn was asked for, oldest turn first, until one
+        finds no room; True if any was resumed."""
+        waiting = sorted((st for st in self.parked.values() if st.turn is not None),
+                         key=lambda st: st.turn.started if st.turn else 0.0)
+        done = False
+        for st in waiting:
+            if not self.resume(st):
+                break
+            done = True
+        return done
+
+    def has_waiting(self) -> bool:
+        return any(st.turn is not None for st in self.parked.values())
+
+    def park_idle(self, now: float, idle_s: float) -> int:
+        """Park every resident session idle for ``idle_s`` or more; how many."""
+        old = [st for st in self.sessions.values()
+               if st.turn is None and now - st.idle_since >= idle_s]
+        return sum(self.park(st) for st in old)
+
+    def parked_tokens(self) -> int:
+        return sum(len(st.suffix) for st in self.parked.values())
+
+    # -- release -----------------------------------------------------------------------
+
     def release(self, st: SeqState, reason: str | None) -> None:
         """Drop the session's private cells and its sequence id (idempotent)."""
         if st.detached:
             return
-        self._built.ctx.seq_remove(st.seq)  # shared prefix cells stay: sequence 0 holds them
+        if st.parked:  # nothing in the cache; its id went back when it was parked
+            self.parked.pop(st.id, None)
+        else:
+            self._built.ctx.seq_remove(st.seq)  # shared prefix cells stay: seq 0 holds them
+            self.sessions.pop(st.seq, None)
         if st.turn is not None:
             self._outbox.append((st.turn, SessionFailed(reason or f"session {st.id} was "
                                                         "detached")))
             st.turn.sampler.close()
             st.turn = None
         self._ledger.release(st, reason)
-        self.sessions.pop(st.seq, None)
 
     def release_turns(self, reason: str) -> None:
         """Release every session with a turn in flight (the engine thread's last resort)."""
-        for st in list(self.sessions.values()):
+        for st in list(self.all_states()):
             if st.turn is not None:
                 self.release(st, reason)
 
     def fail_all(self, reason: str) -> None:
         """After the engine thread stopped: fail every turn in flight, detach everyone."""
-        for st in list(self.sessions.values()):
+        for st in list(self.all_states()):
             if st.turn is not None:
                 st.turn.post(SessionFailed(reason))  # the thread has stopped
                 st.turn.sampler.close()
             st.detached, st.failed = True, reason
         self.sessions.clear()
+        self.parked.clear()
 
     def cells_used(self) -> int:
         """Cells in use: the shared prefix's and every session's private suffix."""

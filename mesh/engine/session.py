@@ -105,6 +105,17 @@ class SeqState:
     _busy_since: float | None = None
     failed: str | None = None
     detached: bool = False
+    # The token ids decoded into this sequence's private cells, in order (written by
+    # ``batching.fill_batch`` as they go into a batch; ``len(suffix) == private`` between
+    # steps while resident). A parked session keeps them here to re-prefill on resume.
+    suffix: list[int] = field(default_factory=list)
+    parked: bool = False  # its private cells left the cache; ``seq`` is -1 meanwhile
+    idle_since: float = field(default_factory=time.monotonic)  # last busy -> idle edge
+
+    @property
+    def context_len(self) -> int:
+        """Prefix + the private tokens it holds (parked ones included)."""
+        return self.prefix_len + (len(self.suffix) if self.parked else self.private)
 
     @property
     def pos(self) -> int:
@@ -113,6 +124,8 @@ class SeqState:
 
     @property
     def state(self) -> SessionState:
+        if self.parked:  # a parked session's turn waits for its resume
+            return SessionState.IDLE if self.turn is None else SessionState.WAITING
         if self.turn is None:
             return SessionState.IDLE  # queued text waits for the next turn
         if self.turn.admitted_at is None:
@@ -129,6 +142,7 @@ class SeqState:
         elif not busy and self._busy_since is not None:
             self.busy_s += now - self._busy_since
             self._busy_since = None
+            self.idle_since = now
 
     def duty_cycle(self, now: float) -> float | None:
         return duty_cycle(now, self.created, self.busy_s, self._busy_since)
@@ -237,11 +251,17 @@ class PooledSession:
 
     @property
     def context_len(self) -> int:
-        return self.state.prefix_len + self.state.private
+        return self.state.context_len
 
     @property
     def seq_id(self) -> int:
+        """The sequence id it holds now (-1 while parked; a resume may give another)."""
         return self.state.seq
+
+    @property
+    def parked(self) -> bool:
+        """Whether its private cells are off the cache (restored before its next turn)."""
+        return self.state.parked
 
     def append(self, text: str) -> None:
         # A fast refusal; append_tokens checks ``detached`` again under the pool lock, which

@@ -9,12 +9,11 @@ ended (``Turns.changes`` moved) or when the last snapshot is older than
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 
 from mesh.engine.build import Built
 from mesh.engine.ledger import CellLedger
-from mesh.engine.session import SeqState
-from mesh.engine.stats import Capture, StepStats
+from mesh.engine.registry import SessionRegistry
+from mesh.engine.stats import Capture, Parking, StepStats
 from mesh.engine.types import EngineConfig, PoolLoad
 
 __all__ = ["SNAPSHOT_INTERVAL_S", "Snapshots"]
@@ -33,18 +32,20 @@ class Snapshots:
         self._at = 0.0
         self._changes = -1
 
-    def publish(self, sessions: Iterable[SeqState], built: Built, ledger: CellLedger,
-                config: EngineConfig, changes: int | None, *, sessions_attached: int) -> None:
-        """Rebuild the snapshot; ``changes`` is the turns' counter it reflects and
-        ``sessions_attached`` the sessions attached since start."""
+    def publish(self, registry: SessionRegistry, built: Built, ledger: CellLedger,
+                config: EngineConfig, changes: int | None) -> None:
+        """Rebuild the snapshot of every attached session (resident and parked);
+        ``changes`` is the turns' counter it reflects."""
         self._at = time.monotonic()
         if changes is not None:
             self._changes = changes
         self._capture = self._stats.snapshot(
-            sessions, prefix_cells=built.shared_cells, prefix_len=len(built.prefix),
-            n_ctx=built.info.n_ctx, free_seq_ids=ledger.free_seq_ids,
-            max_sessions=config.max_sessions, session_budget=config.session_budget,
-            sessions_attached=sessions_attached)
+            registry.all_states(), prefix_cells=built.shared_cells,
+            prefix_len=len(built.prefix), n_ctx=built.info.n_ctx,
+            free_seq_ids=ledger.free_seq_ids, max_sessions=config.max_sessions,
+            session_budget=config.session_budget, sessions_attached=registry.attached,
+            parking=Parking(ledger.max_attached, registry.parked_tokens(), registry.parks,
+                            registry.resumes, registry.resume_tokens))
 
     def due(self, changes: int, now: float) -> bool:
         """Whether a step that ends at ``now`` publishes (see the module docstring)."""

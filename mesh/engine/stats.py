@@ -5,14 +5,27 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from mesh.engine.session import SeqState, duty_cycle
 from mesh.engine.types import PoolLoad, SessionLoad, StepSample
 
-__all__ = ["Capture", "StepStats"]
+__all__ = ["Capture", "Parking", "StepStats"]
 
 _RATE_WINDOW_S = 5.0
+
+
+class Parking(NamedTuple):
+    """The parking side of a snapshot (see the PoolLoad fields of the same names)."""
+
+    max_attached: int = 0
+    parked_tokens: int = 0
+    parks: int = 0
+    resumes: int = 0
+    resume_tokens: int = 0
+
+
+NO_PARKING = Parking()
 
 
 class StepStats:
@@ -45,15 +58,17 @@ class StepStats:
 
     def snapshot(self, states: Iterable[SeqState], *, prefix_cells: int, prefix_len: int,
                  n_ctx: int, free_seq_ids: int, max_sessions: int,
-                 session_budget: int, sessions_attached: int = 0) -> Capture:
+                 session_budget: int, sessions_attached: int = 0,
+                 parking: Parking = NO_PARKING) -> Capture:
         """Capture the pool between steps (engine thread): plain tuples, cheap; the
         :class:`PoolLoad` is built from them when someone reads it."""
         now = time.monotonic()
         rows = tuple((st.id, st.state, st.private, st.pos, st.step_ewma_s, st.created,
-                      st.busy_s, st._busy_since, st.num_generated) for st in states)
+                      st.busy_s, st._busy_since, st.num_generated, st.parked,
+                      st.context_len) for st in states)
         return Capture(now, rows, self.step_ms, self.agg_tps(now), tuple(self.recent),
                        prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
-                       session_budget, (sessions_attached, self.prefill_tokens))
+                       session_budget, (sessions_attached, self.prefill_tokens), parking)
 
 
 class Capture:
@@ -62,9 +77,10 @@ class Capture:
     def __init__(self, now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
                  agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int,
                  prefix_len: int, n_ctx: int, free_seq_ids: int, max_sessions: int,
-                 session_budget: int, totals: tuple[int, int] = (0, 0)) -> None:
+                 session_budget: int, totals: tuple[int, int] = (0, 0),
+                 parking: Parking = NO_PARKING) -> None:
         self._args = (now, rows, step_ms, agg_tps, recent, prefix_cells, prefix_len, n_ctx,
-                      free_seq_ids, max_sessions, session_budget, totals)
+                      free_seq_ids, max_sessions, session_budget, totals, parking)
         self._load: PoolLoad | None = None
 
     def load(self) -> PoolLoad:
@@ -77,13 +93,15 @@ class Capture:
 def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
            agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int, prefix_len: int,
            n_ctx: int, free_seq_ids: int, max_sessions: int, session_budget: int,
-           totals: tuple[int, int]) -> PoolLoad:
+           totals: tuple[int, int], parking: Parking) -> PoolLoad:
     sessions = tuple(
-        SessionLoad(id=sid, state=state, private_cells=private, context_len=pos,
+        SessionLoad(id=sid, state=state, private_cells=private,
+                    context_len=ctx_len if parked else pos,
                     decode_tps=(1.0 / ewma if ewma else None),
                     duty_cycle=duty_cycle(now, created, busy_s, busy_since),
-                    age_s=now - created, num_generated=generated)
-        for sid, state, private, pos, ewma, created, busy_s, busy_since, generated in rows
+                    age_s=now - created, num_generated=generated, parked=parked)
+        for (sid, state, private, pos, ewma, created, busy_s, busy_since, generated, parked,
+             ctx_len) in rows
     )
     private_sum = sum(s.private_cells for s in sessions)
     return PoolLoad(
@@ -94,4 +112,6 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
         free_seq_ids=free_seq_ids, max_sessions=max_sessions,
         session_budget=session_budget, recent_steps=recent,
         sessions_attached=totals[0], prefill_tokens=totals[1],
+        max_attached=parking.max_attached, parked_tokens=parking.parked_tokens,
+        parks=parking.parks, resumes=parking.resumes, resume_tokens=parking.resume_tokens,
     )

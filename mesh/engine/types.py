@@ -110,12 +110,28 @@ class EngineConfig:
     native: bool | None = None
     flash_attn: str = "auto"  # auto | on | off (llama.cpp's flash attention)
     kv_type: str = "f16"  # f16 | q8_0 | q4_0: element type of the KV cache (K and V)
+    # Sessions attached at once, resident in the cache or parked off it (an idle session
+    # is parked when the pool needs its sequence id or cells, and re-prefilled before its
+    # next turn). None: 4 x max_sessions; max_sessions: attach never parks.
+    max_attached: int | None = None
+    # Park a session idle this long even when no one needs the room (None: on demand only).
+    park_idle_s: float | None = None
+
+    @property
+    def attached_limit(self) -> int:
+        """``max_attached`` resolved."""
+        return 4 * self.max_sessions if self.max_attached is None else self.max_attached
 
     def validate(self) -> None:
         if not self.model_path:
             raise ValueError("model_path is empty; pass --model PATH or set MESH_MODEL")
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.max_attached is not None and self.max_attached < self.max_sessions:
+            raise ValueError(f"max_attached ({self.max_attached}) must be >= max_sessions "
+                             f"({self.max_sessions}); pass --max-attached N or leave it unset")
+        if self.park_idle_s is not None and self.park_idle_s < 0:
+            raise ValueError(f"park_idle_s must be >= 0 seconds, got {self.park_idle_s}")
         if self.session_budget < 16:
             raise ValueError(f"session_budget must be >= 16 tokens, got {self.session_budget}")
         if self.n_ctx is not None and self.n_ctx < 64:
@@ -311,6 +327,7 @@ class SessionLoad:
     duty_cycle: float | None  # observed share of wall time spent prefilling or decoding
     age_s: float
     num_generated: int
+    parked: bool = False  # its private cells are off the cache (re-prefilled on resume)
 
 
 @dataclass(frozen=True)
@@ -349,6 +366,31 @@ class PoolLoad:
     # prefix_cells, say what the shared prefix saved: prefix × sessions not prefilled.
     sessions_attached: int = 0
     prefill_tokens: int = 0
+    # Parking (0 where an engine does not park): attached sessions allowed at once
+    # (resident + parked), the suffix tokens parked sessions hold off the cache, and since
+    # start: parks, resumes and the suffix tokens resumes re-prefilled (their recompute).
+    max_attached: int = 0
+    parked_tokens: int = 0
+    parks: int = 0
+    resumes: int = 0
+    resume_tokens: int = 0
+
+    @property
+    def num_parked(self) -> int:
+        return sum(1 for s in self.sessions if s.parked)
+
+    @property
+    def num_resident(self) -> int:
+        """Attached sessions whose cells are in the cache (they hold a sequence id)."""
+        return len(self.sessions) - self.num_parked
+
+    @property
+    def attach_room(self) -> int:
+        """Sessions that may still attach: free sequence ids, or with parking on, the
+        attached limit left (cells aside)."""
+        if self.max_attached > self.max_sessions:
+            return max(0, self.max_attached - len(self.sessions))
+        return self.free_seq_ids
 
     @property
     def reduction(self) -> float:

@@ -262,8 +262,8 @@ def test_corrupt_snapshot_is_rebuilt(tiny_model_path: Path, tmp_path: Path) -> N
 
 
 def test_attach_beyond_max_sessions_is_refused_with_reason(tiny_model_path: Path) -> None:
-    async def body() -> None:
-        pool = await make_pool(tiny_model_path, max_sessions=2)
+    async def body() -> None:  # max_attached = max_sessions: no parking
+        pool = await make_pool(tiny_model_path, max_sessions=2, max_attached=2)
         try:
             await pool.attach()
             await pool.attach()

@@ -1,0 +1,228 @@
+"""Parking on the real pool (tiny model): an idle session's private cells leave the cache,
+it stays attached, and it is re-prefilled before its next turn (issue 28)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from mesh.engine.pool import SharedKVPool
+from mesh.engine.session import PooledSession
+from mesh.engine.types import (
+    ContextOverflow,
+    EngineConfig,
+    PoolFull,
+    SamplingParams,
+    SessionState,
+)
+from tests.engine.test_pool import GREEDY, make_pool, run, tokens_of
+
+
+def ledger_of(pool: SharedKVPool) -> tuple[int, int]:
+    ledger = pool._ledger
+    assert ledger is not None
+    return ledger.free_seq_ids, ledger.free_cells()
+
+
+def suffix_matches(s: PooledSession) -> bool:
+    st = s.state
+    return st.parked or len(st.suffix) == st.private
+
+
+def test_park_frees_cells_and_id_and_resume_continues_like_an_unparked_twin(
+        tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=4)
+        try:
+            a, twin = await pool.attach(), await pool.attach()
+            first_a = await tokens_of(a, "the first question")
+            first_t = await tokens_of(twin, "the first question")
+            assert first_a == first_t
+            assert suffix_matches(a) and len(a.state.suffix) == a.state.private > 0
+            ctx_len, sid, census = a.context_len, a.id, await pool.cell_census()
+            free_ids, free_cells = ledger_of(pool)
+            private = a.state.private
+            assert await pool.park(a)
+            assert a.parked and a.id == sid and a.seq_id == -1
+            assert a.context_len == ctx_len  # the same history, off the cache
+            assert ledger_of(pool) == (free_ids + 1, free_cells + private)
+            after = await pool.cell_census()
+            if census is not None and after is not None:
+                assert after.cells == census.cells - private  # llama.cpp's own count
+            load = pool.load()
+            assert load.num_parked == 1 and load.num_resident == 1
+            assert load.parked_tokens == private and load.parks == 1
+            row = next(r for r in load.sessions if r.id == sid)
+            assert row.parked and row.state is SessionState.IDLE
+            assert row.context_len == ctx_len and row.private_cells == 0
+            assert not await pool.park(a)  # already parked
+            for text in ("and the second", "a third one"):
+                got_a, got_t = await tokens_of(a, text), await tokens_of(twin, text)
+                assert got_a == got_t
+                assert not a.parked and suffix_matches(a)
+                assert a.state.private == twin.state.private
+                await pool.park(a)
+            load = pool.load()
+            assert load.resumes == 2 and load.resume_tokens > 2 * private
+            ranges = await pool.seq_pos_ranges()
+            assert ranges[twin.seq_id][1] == twin.context_len - 1
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_attach_past_max_sessions_parks_the_least_recently_busy_idle_session(
+        tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=2)  # max_attached: 8
+        try:
+            a, b = await pool.attach(), await pool.attach()
+            await tokens_of(b, "b goes first")
+            await tokens_of(a, "a is the latest")  # b is now the least recently busy
+            assert pool.check_attach().ok
+            c = await pool.attach()
+            assert b.parked and not a.parked and not c.parked
+            assert pool.load().num_resident == 2 and len(pool.load().sessions) == 3
+            got = await tokens_of(b, "b again")  # resumes b, parking a (c never ran)
+            assert len(got) == GREEDY.max_tokens and not b.parked
+            assert c.parked or a.parked
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_max_attached_bounds_attached_sessions_and_names_the_flag(
+        tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=1, max_attached=3)
+        try:
+            s = [await pool.attach() for _ in range(3)]
+            assert [x.parked for x in s] == [True, True, False]
+            check = pool.check_attach()
+            assert not check.ok and "--max-attached" in check.reason
+            with pytest.raises(PoolFull, match="max_attached is 3"):
+                await pool.attach()
+            await s[0].detach()
+            await pool.attach()  # the detached parked one's place
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_a_parked_turn_waits_while_every_resident_session_is_in_a_turn(
+        tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=1, max_attached=3)
+        try:
+            a = await pool.attach()
+            await tokens_of(a, "a first")
+            b = await pool.attach()  # parks a
+            assert a.parked
+            a.append("a second")
+            b.append("b first")
+            long = SamplingParams(max_tokens=30, stop_at_eos=False)
+            gen_b, gen_a = b.generate(long), a.generate(GREEDY)
+            async with pool.held():
+                await gen_b.start()
+                await gen_a.start()  # b holds the one id and is in a turn: a waits
+                check = pool.check_attach()
+                assert not check.ok and "in a turn" in check.reason
+            rows = {r.id: r for r in pool.load().sessions}
+            assert rows[a.id].state is SessionState.WAITING and rows[a.id].parked
+            got_b = [p async for p in gen_b]
+            got_a = [p async for p in gen_a]
+            assert gen_b.result is not None and gen_b.result.num_generated == 30
+            assert gen_a.result is not None and gen_a.result.num_generated == GREEDY.max_tokens
+            assert len(got_b) >= 30 and got_a
+            assert not a.parked and b.parked  # b was parked, idle, to resume a
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_detach_of_a_parked_session_frees_nothing_twice(tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=2)
+        try:
+            a = await pool.attach()
+            base = ledger_of(pool)
+            await tokens_of(a, "some words to hold cells")
+            await pool.park(a)
+            carry = len(a.state.pending)  # the last sampled token, queued for next turn
+            assert carry == 1
+            assert ledger_of(pool) == (base[0] + 1, base[1] - carry)  # cells and id back
+            a.append("queued while parked")  # promised cells, still parked
+            assert ledger_of(pool)[1] < base[1] - carry
+            await a.detach()
+            await a.detach()
+            assert ledger_of(pool) == (base[0] + 1, base[1])  # all back, once
+            assert pool._ledger is not None and pool._ledger.num_attached == 0
+            assert pool.load().sessions == () and pool.load().parked_tokens == 0
+            x, y = await pool.attach(), await pool.attach()
+            assert {x.seq_id, y.seq_id} == {1, 2}
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_a_parked_session_keeps_its_budget(tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=2, session_budget=40)
+        try:
+            a = await pool.attach()
+            await tokens_of(a, "word " * 10)
+            held = a.state.reserved
+            await pool.park(a)
+            with pytest.raises(ContextOverflow, match=f"holds {held} of its 40"):
+                a.append_tokens([5] * (41 - held))
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_idle_threshold_parks_without_demand(tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=2, park_idle_s=0.0)
+        try:
+            a = await pool.attach()
+            await tokens_of(a, "hello")
+            deadline = time.monotonic() + 10.0
+            while not a.parked and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert a.parked
+            assert len(await tokens_of(a, "again")) == GREEDY.max_tokens
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_naive_mode_parks_and_re_prefills_its_private_prefix(tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=2, share_prefix=False)
+        twin_pool = await make_pool(tiny_model_path, max_sessions=2, share_prefix=False)
+        try:
+            a, t = await pool.attach(), await twin_pool.attach()
+            assert await tokens_of(a, "hello") == await tokens_of(t, "hello")
+            await pool.park(a)
+            assert await tokens_of(a, "more") == await tokens_of(t, "more")
+        finally:
+            await pool.aclose()
+            await twin_pool.aclose()
+
+    run(body())
+
+
+def test_config_rejects_max_attached_below_max_sessions() -> None:
+    with pytest.raises(ValueError, match="--max-attached"):
+        EngineConfig(model_path="m", max_sessions=4, max_attached=2).validate()
+    assert EngineConfig(model_path="m", max_sessions=4).attached_limit == 16
