@@ -101,7 +101,8 @@ def compare(model: Path) -> tuple[list[list[int]], list[list[int]], list[list[in
         like = await like_with_like(model, parked)
         return parked, twin, like
 
-    return run(body())
+    runs: tuple[list[list[int]], list[list[int]], list[list[int]]] = run(body())
+    return runs
 
 
 def test_tiny_parked_equals_unparked_twin_and_like_with_like(tiny_model_path: Path) -> None:
