@@ -318,6 +318,12 @@ class FloorGate:
                 "total": len(load.sessions),
                 **{state.value: load.count(state) for state in SessionState},
             },
+            # attached = resident (holding a sequence id and their cells) + parked (cells
+            # off the cache, re-prefilled before their next turn; 0 where none park)
+            "parking": {"max_attached": load.max_attached, "resident": load.num_resident,
+                        "parked": load.num_parked, "parked_tokens": load.parked_tokens,
+                        "parks": load.parks, "resumes": load.resumes,
+                        "resume_tokens": load.resume_tokens},
             "in_flight": inp.num_pending,
             "tickets": len(self._tickets),
             "measured_tps": {

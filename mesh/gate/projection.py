@@ -232,8 +232,10 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
             return new
         return max(new, step(1 + along + k, ctx.top(along + 1 + k, k), k))
 
-    limit = min(config.max_workers or load.max_sessions, load.max_sessions)
-    hard_room = max(0, min(limit - inp.num_workers, load.free_seq_ids - inp.num_pending))
+    # Attached sessions are bounded by sequence ids, or with parking by max_attached.
+    cap = max(load.max_sessions, load.max_attached)
+    limit = min(config.max_workers or cap, cap)
+    hard_room = max(0, min(limit - inp.num_workers, load.attach_room - inp.num_pending))
     budget_s = 1.0 / (config.floor_tps * (1.0 + config.margin))
     headroom = 0
     while headroom < hard_room and slowest_step(headroom + 1) <= budget_s:

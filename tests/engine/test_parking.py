@@ -226,3 +226,29 @@ def test_config_rejects_max_attached_below_max_sessions() -> None:
     with pytest.raises(ValueError, match="--max-attached"):
         EngineConfig(model_path="m", max_sessions=4, max_attached=2).validate()
     assert EngineConfig(model_path="m", max_sessions=4).attached_limit == 16
+
+
+def test_gate_hard_room_follows_max_attached_not_free_sequence_ids() -> None:
+    from mesh.engine.types import PoolLoad, SessionLoad
+    from mesh.gate.config import GateConfig
+    from mesh.gate.decide import GateInput
+    from mesh.gate.model import StepCost, ThroughputModel
+    from mesh.gate.projection import project
+
+    idle = tuple(SessionLoad(id=f"s{i}", state=SessionState.IDLE, private_cells=10,
+                             context_len=110, decode_tps=None, duty_cycle=0.01, age_s=60.0,
+                             num_generated=0) for i in range(4))
+
+    def load(max_attached: int) -> PoolLoad:
+        return PoolLoad(taken_at=0.0, sessions=idle, step_ms=None, agg_tps=0.0,
+                        cells_used=140, cells_total=10_000, prefix_cells=100, naive_cells=440,
+                        free_seq_ids=0, max_sessions=4, session_budget=512,
+                        max_attached=max_attached)
+
+    config = GateConfig.create(policy="projection", floor_tps=1.0, new_worker_cells=10,
+                               slow_start=False)
+    model = ThroughputModel(prior=StepCost(a=0.001, b=0.001, c=0.0, d=0.0))
+    no_parking = project(GateInput(load=load(0), num_tickets=4), config, model)
+    parking = project(GateInput(load=load(16), num_tickets=4), config, model)
+    assert no_parking.hard_room == 0  # every sequence id is taken
+    assert parking.hard_room == 12 and load(16).attach_room == 12
