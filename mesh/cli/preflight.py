@@ -114,7 +114,8 @@ def _bind_error(host: str, port: int, exc: OSError) -> str:
 
 # Config fields a flag sets, as the configs' messages name them: an operator reads the flag.
 _FLAGS = {name: "--" + name.replace("_", "-") for name in (
-    "public_url", "max_hops", "max_body_bytes", "floor_tps", "max_queue", "auth_token")}
+    "public_url", "max_hops", "max_body_bytes", "floor_tps", "max_queue_per_caller",
+    "max_queue", "auth_token")}
 _FIELD = re.compile(r"\b(" + "|".join(_FLAGS) + r")\b")
 
 
@@ -136,7 +137,8 @@ def preflight(args: argparse.Namespace) -> socket.socket:
             from mesh.gate import GateConfig
 
             GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
-                              max_queue=args.max_queue).validate()
+                              max_queue=args.max_queue,
+                              max_queue_per_caller=args.max_queue_per_caller).validate()
     except ValueError as exc:
         raise ValueError(_flagged(str(exc))) from None
     check_data_dir(Path(args.data_dir))

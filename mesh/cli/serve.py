@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="tokens/s every running worker must keep (default 5)")
     p.add_argument("--policy", default="floor", help="floor | legacy | static:N | none")
     p.add_argument("--max-queue", type=int, default=64, help="queued tasks before HTTP 429")
+    p.add_argument("--max-queue-per-caller", type=int, default=None,
+                   help="queue places one authenticated caller may hold (default: half of "
+                        "--max-queue; without --auth-token the one caller may use all)")
     p.add_argument("--max-sessions", type=int, default=16, help="pool session slots")
     p.add_argument("--session-budget", type=int, default=2048,
                    help="most suffix tokens one session may hold")
@@ -224,7 +227,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     coord = coordinator_config(args)  # preflight checked it, the port and the folders
     gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
-                                 max_queue=args.max_queue)
+                                 max_queue=args.max_queue,
+                                 max_queue_per_caller=args.max_queue_per_caller)
     gate_cfg.validate()
     built_prefix = build_project_prefix(args)
     template, project, model = built_prefix.template, built_prefix.project, built_prefix.model
@@ -264,7 +268,8 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     gate = FloorGate(pool, gate_cfg)
     source = await _seed_gate(gate, gate_cfg, pool, Path(cfg.cache_dir or data_dir) / "gate")
     pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor
-    pool.set_turn_admission(gate.decode_gate())  # floor: each turn waits for its step
+    if (set_turns := getattr(pool, "set_turn_admission", None)) is not None:
+        set_turns(gate.decode_gate())  # floor: each turn waits for its step (local pool)
     print(f"gate: policy {gate_cfg.policy}, floor {gate_cfg.floor_tps:g} tok/s, "
           f"throughput model seeded from {source}", file=sys.stderr)
     lone = lone_worker_tps(gate.model, info.prefix_tokens, gate_cfg.new_worker_cells)
@@ -310,7 +315,7 @@ async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         task_board=board,
         public_paths=DASHBOARD_PUBLIC_PATHS,
         on_startup=[history.start],
-        on_shutdown=[sessions.aclose, history.aclose],
+        on_shutdown=[sessions.aclose, openai_api.aclose, history.aclose],
         agent=agent,
     )
     base = args.public_url or f"http://{args.host}:{args.port}"
