@@ -369,11 +369,11 @@ class CoordinatorExecutor(AgentExecutor):
             EventKind.TOOL_RESULT: "tool result: ",
             EventKind.STATUS: "",
         }[event.kind]
-        await run.status(
-            pb.TaskState.TASK_STATE_WORKING,
-            f"[{sid}] {label}{text}",
-            {"subtask": sid, "event": event.kind.value, "turn": event.turn},
-        )
+        meta: dict[str, Any] = {"subtask": sid, "event": event.kind.value, "turn": event.turn}
+        wait_s = event.data.get("wait_s")
+        if isinstance(wait_s, int | float):  # the turn's wait for the decode gate
+            meta["wait_s"] = float(wait_s)
+        await run.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] {label}{text}", meta)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Write the canceled state; the SDK then cancels ``execute`` (see module doc)."""

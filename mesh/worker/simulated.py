@@ -265,7 +265,8 @@ class ScenarioWorker:
                         EventKind.TOOL_CALL,
                         shown,
                         step.index,
-                        {"latency_s": step.latency_s, "simulated": True},
+                        {"latency_s": step.latency_s, "simulated": True,
+                         "wait_s": round(result.wait_s, 4)},
                     )
                 )
                 session.append(call)
