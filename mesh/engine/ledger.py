@@ -97,6 +97,13 @@ class CellLedger:
             self.num_attached += 1
             return self._free_seqs.pop()
 
+    def requeue_private(self, st: SeqState, saved: list[int]) -> None:
+        """A swap-in failed after ``unpark(swapped=True)``: its cells are queued to
+        re-prefill instead (still promised)."""
+        with self._lock:
+            st.private = 0
+            st.pending.extendleft(reversed(saved))
+
     def park(self, st: SeqState) -> None:
         """The session's decoded cells left the cache: give them and its sequence id
         back (queued text stays promised). Engine thread; the session holds no carry."""
@@ -110,15 +117,19 @@ class CellLedger:
             st.seq = -1
             st.parked = True
 
-    def unpark(self, st: SeqState, saved: list[int]) -> int | None:
-        """Take a free sequence id and promise cells for ``saved`` (queued in front of
-        the session's pending text, to re-prefill); None: no id or no cells free."""
+    def unpark(self, st: SeqState, saved: list[int], *, swapped: bool = False) -> int | None:
+        """Take a free sequence id and promise cells for ``saved``: queued in front of the
+        session's pending text to re-prefill, or (``swapped``) held at once as its private
+        cells, written back from host RAM. None: no id or no cells free."""
         with self._lock:
             if st.detached:
                 raise SessionFailed(st.failed or f"session {st.id} is detached")
             if not self._free_seqs or self._free_locked() < len(saved):
                 return None
-            st.pending.extendleft(reversed(saved))
+            if swapped:
+                st.private = len(saved)
+            else:
+                st.pending.extendleft(reversed(saved))
             st.reserved += len(saved)
             self._reserved += len(saved)
             st.seq = self._free_seqs.pop()

@@ -338,6 +338,22 @@ class LlamaContext:
             return b""
         return ctypes.string_at(buf, min(size, max_bytes))
 
+    def seq_get_data(self, seq: int) -> bytes:
+        """The serialized cells of ``seq`` (every cell it holds, shared ones included: drop
+        it from cells it should not carry first); b"" when it holds none or on failure."""
+        size = int(ll.llama_state_seq_get_size(self.handle, seq))
+        if size <= 0:
+            return b""
+        buf = (ctypes.c_uint8 * size)()
+        n = int(ll.llama_state_seq_get_data(self.handle, buf, size, seq))
+        return ctypes.string_at(buf, n) if n > 0 else b""
+
+    def seq_set_data(self, seq: int, data: bytes) -> bool:
+        """Write serialized cells into ``seq`` as its own new cells (llama.cpp drops what
+        ``seq`` held first and finds free cells); False if they did not fit."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return int(ll.llama_state_seq_set_data(self.handle, buf, len(data), seq)) > 0
+
     def save_seq(self, path: Path, seq: int, tokens: list[int]) -> int:
         arr = (ll.llama_token * len(tokens))(*tokens)
         path_b = str(path).encode()

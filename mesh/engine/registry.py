@@ -13,6 +13,11 @@ it stays attached (same SeqState, same handle). Before its next turn runs it is 
 a free id (an LRU idle session is parked for one if needed), the prefix shared again, and
 its suffix queued in front of any new text, so the ordinary chunked prefill re-decodes it
 at positions ``prefix_len..``. A session is in exactly one of the two dicts until released.
+
+Swap (``park_memory`` > 0): parking copies the suffix cells' llama.cpp state to host RAM
+first (see :meth:`SessionRegistry._swap_out`) and a resume writes it back as the new id's
+private cells, then shares the prefix again: no re-prefill, and the same K/V bits. Past
+``park_memory`` (or if a write-back fails) a session is recomputed instead.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class SessionRegistry:
         self.parks = 0  # totals since start, for the load snapshot
         self.resumes = 0
         self.resume_tokens = 0
+        self.swaps = 0
+        self.parked_bytes = 0  # host RAM held by swapped suffixes (<= park_memory)
 
     @property
     def attached(self) -> int:
@@ -96,15 +103,36 @@ class SessionRegistry:
         if st.detached or st.parked or st.turn is not None:
             return False
         self._ledger.requeue_carry(st)  # an idle session holds none; kept safe anyway
-        self._built.ctx.seq_remove(st.seq)  # shared prefix cells stay: sequence 0 holds them
-        del self.sessions[st.seq]
         if len(st.suffix) != st.private:
             raise AssertionError(f"session {st.id} recorded {len(st.suffix)} suffix tokens "
                                  f"for {st.private} private cells")
+        st.swapped = self._swap_out(st)
+        if st.swapped is not None:
+            self.parked_bytes += len(st.swapped)
+            self.swaps += 1
+        self._built.ctx.seq_remove(st.seq)  # shared prefix cells stay: sequence 0 holds them
+        del self.sessions[st.seq]
         self._ledger.park(st)
         self.parked[st.id] = st
         self.parks += 1
         return True
+
+    def _swap_out(self, st: SeqState) -> bytes | None:
+        """The session's suffix cells as llama.cpp state, if ``park_memory`` has room.
+
+        llama.cpp's per-sequence state holds every cell of the sequence, the shared
+        prefix's included, and a restore writes them all as new private cells; so the
+        session first leaves the prefix cells (sequence 0 keeps them) and the state holds
+        the suffix alone. None: recompute instead."""
+        room = self._config.park_memory - self.parked_bytes
+        if room <= 0 or st.private == 0:
+            return None
+        ctx = self._built.ctx
+        if self._config.share_prefix and st.prefix_len:
+            ctx.seq_remove(st.seq, 0, st.prefix_len)
+        if ctx.seq_state_size(st.seq) > room:
+            return None
+        return ctx.seq_get_data(st.seq) or None
 
     def make_room(self, cells: int) -> bool:
         """Park LRU idle sessions until a sequence id and ``cells`` cells are free; parks
@@ -125,19 +153,26 @@ class SessionRegistry:
         """Bring a parked session back (False: no room yet; its turn keeps waiting)."""
         if not st.parked:
             return True
-        saved = st.suffix
+        saved, data, ctx = st.suffix, st.swapped, self._built.ctx
         if not self.make_room(len(saved)):
             return False
-        seq = self._ledger.unpark(st, saved)
+        seq = self._ledger.unpark(st, saved, swapped=data is not None)
         if seq is None:
             return False
-        st.suffix = []  # fill_batch records the tokens again as they are re-prefilled
-        if self._config.share_prefix:
-            self._built.ctx.seq_copy(PREFIX_SEQ, seq)
+        if data is not None:
+            st.swapped = None
+            self.parked_bytes -= len(data)
+            if not ctx.seq_set_data(seq, data):  # its cells are promised: recompute them
+                self._ledger.requeue_private(st, saved)
+                data = None
+        if data is None:
+            st.suffix = []  # fill_batch records the tokens again as they are re-prefilled
+            self.resume_tokens += len(saved)
+        if self._config.share_prefix:  # after set_data, which drops what the id held
+            ctx.seq_copy(PREFIX_SEQ, seq)
         del self.parked[st.id]
         self.sessions[seq] = st
         self.resumes += 1
-        self.resume_tokens += len(saved)
         return True
 
     def resume_waiting(self) -> bool:
@@ -172,6 +207,9 @@ class SessionRegistry:
             return
         if st.parked:  # nothing in the cache; its id went back when it was parked
             self.parked.pop(st.id, None)
+            if st.swapped is not None:
+                self.parked_bytes -= len(st.swapped)
+                st.swapped = None
         else:
             self._built.ctx.seq_remove(st.seq)  # shared prefix cells stay: seq 0 holds them
             self.sessions.pop(st.seq, None)

@@ -110,6 +110,7 @@ class SeqState:
     # steps while resident). A parked session keeps them here to re-prefill on resume.
     suffix: list[int] = field(default_factory=list)
     parked: bool = False  # its private cells left the cache; ``seq`` is -1 meanwhile
+    swapped: bytes | None = None  # parked by swap: its suffix cells' llama.cpp state
     idle_since: float = field(default_factory=time.monotonic)  # last busy -> idle edge
 
     @property

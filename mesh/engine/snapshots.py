@@ -45,7 +45,8 @@ class Snapshots:
             free_seq_ids=ledger.free_seq_ids, max_sessions=config.max_sessions,
             session_budget=config.session_budget, sessions_attached=registry.attached,
             parking=Parking(ledger.max_attached, registry.parked_tokens(), registry.parks,
-                            registry.resumes, registry.resume_tokens))
+                            registry.resumes, registry.resume_tokens,
+                            registry.parked_bytes, registry.swaps))
 
     def due(self, changes: int, now: float) -> bool:
         """Whether a step that ends at ``now`` publishes (see the module docstring)."""

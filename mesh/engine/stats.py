@@ -23,6 +23,8 @@ class Parking(NamedTuple):
     parks: int = 0
     resumes: int = 0
     resume_tokens: int = 0
+    parked_bytes: int = 0
+    swaps: int = 0
 
 
 NO_PARKING = Parking()
@@ -114,4 +116,5 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
         sessions_attached=totals[0], prefill_tokens=totals[1],
         max_attached=parking.max_attached, parked_tokens=parking.parked_tokens,
         parks=parking.parks, resumes=parking.resumes, resume_tokens=parking.resume_tokens,
+        parked_bytes=parking.parked_bytes, swaps=parking.swaps,
     )

@@ -116,6 +116,10 @@ class EngineConfig:
     max_attached: int | None = None
     # Park a session idle this long even when no one needs the room (None: on demand only).
     park_idle_s: float | None = None
+    # Host bytes for swapped suffixes: a parked session's private cells are copied to host
+    # RAM (llama.cpp's per-sequence state, suffix cells only) and written back on resume,
+    # exactly; past this bound (0: always) parking falls back to recompute.
+    park_memory: int = 0
 
     @property
     def attached_limit(self) -> int:
@@ -130,6 +134,8 @@ class EngineConfig:
         if self.max_attached is not None and self.max_attached < self.max_sessions:
             raise ValueError(f"max_attached ({self.max_attached}) must be >= max_sessions "
                              f"({self.max_sessions}); pass --max-attached N or leave it unset")
+        if self.park_memory < 0:
+            raise ValueError(f"park_memory must be >= 0 bytes, got {self.park_memory}")
         if self.park_idle_s is not None and self.park_idle_s < 0:
             raise ValueError(f"park_idle_s must be >= 0 seconds, got {self.park_idle_s}")
         if self.session_budget < 16:
@@ -368,12 +374,15 @@ class PoolLoad:
     prefill_tokens: int = 0
     # Parking (0 where an engine does not park): attached sessions allowed at once
     # (resident + parked), the suffix tokens parked sessions hold off the cache, and since
-    # start: parks, resumes and the suffix tokens resumes re-prefilled (their recompute).
+    # start: parks, resumes and the suffix tokens resumes re-prefilled (their recompute;
+    # a swapped resume re-prefills none).
     max_attached: int = 0
     parked_tokens: int = 0
     parks: int = 0
     resumes: int = 0
     resume_tokens: int = 0
+    parked_bytes: int = 0  # host RAM held by swapped suffixes (at most park_memory)
+    swaps: int = 0  # parks that swapped (the rest recompute on resume)
 
     @property
     def num_parked(self) -> int:

@@ -252,3 +252,77 @@ def test_gate_hard_room_follows_max_attached_not_free_sequence_ids() -> None:
     parking = project(GateInput(load=load(16), num_tickets=4), config, model)
     assert no_parking.hard_room == 0  # every sequence id is taken
     assert parking.hard_room == 12 and load(16).attach_room == 12
+
+
+def test_swap_parks_the_suffix_alone_and_restores_it_shared_without_re_prefill(
+        tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=4, park_memory=1 << 22)
+        try:
+            a, twin = await pool.attach(), await pool.attach()
+            assert await tokens_of(a, "the first question") == await tokens_of(
+                twin, "the first question")
+            before = await pool.cell_census()
+            private = a.state.private
+            assert await pool.park(a)
+            load = pool.load()
+            assert load.swaps == 1 and 0 < load.parked_bytes <= 1 << 22
+            parked = await pool.cell_census()
+            got, want = await tokens_of(a, "and the second"), await tokens_of(
+                twin, "and the second")
+            assert got == want
+            load = pool.load()
+            assert load.resumes == 1 and load.resume_tokens == 0  # nothing re-prefilled
+            assert load.parked_bytes == 0
+            if before is not None and parked is not None:
+                assert parked.cells == before.cells - private
+                await pool.park(a)
+                await pool.park(twin)
+                again = await pool.cell_census()
+                assert again is not None and again.seq_refs == again.cells  # prefix alone
+                got, want = await tokens_of(a, "x"), await tokens_of(twin, "x")
+                assert got == want
+                after = await pool.cell_census()
+                # restored as the suffix only, the prefix shared again (no private copy)
+                assert after is not None
+                assert after.cells == len(pool._prefix) + a.state.private + twin.state.private
+                assert after.seq_refs == 3 * len(pool._prefix) + a.state.private + \
+                    twin.state.private
+            ranges = await pool.seq_pos_ranges()
+            assert ranges[a.seq_id] == (0, a.context_len - 1)
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_swap_past_park_memory_falls_back_to_recompute(tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=4, park_memory=1)
+        try:
+            a = await pool.attach()
+            await tokens_of(a, "some words")
+            await pool.park(a)
+            assert pool.load().swaps == 0 and pool.load().parked_bytes == 0
+            await tokens_of(a, "more")
+            assert pool.load().resume_tokens > 0
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_detach_of_a_swapped_session_gives_its_host_bytes_back(tiny_model_path: Path) -> None:
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=4, park_memory=1 << 22)
+        try:
+            a = await pool.attach()
+            await tokens_of(a, "some words")
+            await pool.park(a)
+            assert pool.load().parked_bytes > 0
+            await a.detach()
+            assert pool.load().parked_bytes == 0 and pool.load().sessions == ()
+        finally:
+            await pool.aclose()
+
+    run(body())

@@ -12,7 +12,9 @@ cache), so the only difference between the runs compared is parking itself:
 same tokens. ``parked == twin`` holds on the tiny f32 model; on SmolLM2 (Q4_1) llama.cpp's
 batched prefill and one-token decode give different logits for the same tokens (up to
 ~1 logit, measured below; DESIGN.md: batched is not bit-identical to single), so greedy
-continuations can part (see docs/parking.md for the measured rate).
+continuations can part: here turn 2 parts from the twin at its 11th token (printed, not
+asserted). Swap (``park_memory``) writes the same K/V bits back: ``swapped == twin`` on
+both models. See docs/parking.md.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ TURNS = ("<|im_start|>user\nHelp me with a failing unit test in parser.py.<|im_e
          "<|im_end|>\n<|im_start|>user\ntool result: 3 passed, 1 failed (line 42). What "
          "next?<|im_end|>\n<|im_start|>assistant\n",
          "<|im_end|>\n<|im_start|>user\nDone. Summarize.<|im_end|>\n<|im_start|>assistant\n")
-GREEDY = SamplingParams(max_tokens=24, stop_at_eos=False)
+GREEDY = SamplingParams(max_tokens=32, stop_at_eos=False)
 
 
 def default_model() -> Path:
@@ -44,9 +46,10 @@ def default_model() -> Path:
     return models.smollm2_path()
 
 
-async def _pool(model: Path) -> SharedKVPool:
+async def _pool(model: Path, park_memory: int = 0) -> SharedKVPool:
     pool = SharedKVPool(EngineConfig(model_path=str(model), max_sessions=2,
-                                     session_budget=1024, n_threads=2), PREFIX)
+                                     session_budget=1024, n_threads=2,
+                                     park_memory=park_memory), PREFIX)
     await pool.start()
     return pool
 
@@ -59,9 +62,10 @@ async def _generate(pool: SharedKVPool, s: object, tokens: list[int]) -> list[in
     return [p.token async for p in gen if p.token >= 0]
 
 
-async def conversation(model: Path, *, park: bool) -> tuple[list[list[int]], list[int]]:
+async def conversation(model: Path, *, park: bool,
+                       swap: bool = False) -> tuple[list[list[int]], list[int]]:
     """Every turn's greedy tokens, and the whole history (text and generated tokens)."""
-    pool = await _pool(model)
+    pool = await _pool(model, park_memory=1 << 30 if swap else 0)
     try:
         s = await pool.attach()
         history: list[int] = []
@@ -73,6 +77,7 @@ async def conversation(model: Path, *, park: bool) -> tuple[list[list[int]], lis
             out.append(got)
             if park:
                 assert await pool.park(s)
+        assert pool.load().swaps == (len(TURNS) if swap else 0)
         return out, history
     finally:
         await pool.aclose()
@@ -176,3 +181,24 @@ def test_batched_re_prefill_numerics_default_model() -> None:
     assert gap < 5.0
 
 
+
+
+def swap_vs_twin(model: Path) -> tuple[list[list[int]], list[list[int]]]:
+    async def body() -> tuple[list[list[int]], list[list[int]]]:
+        swapped, _ = await conversation(model, park=True, swap=True)
+        twin, _ = await conversation(model, park=False)
+        return swapped, twin
+
+    runs: tuple[list[list[int]], list[list[int]]] = run(body())
+    return runs
+
+
+def test_tiny_swapped_equals_unparked_twin(tiny_model_path: Path) -> None:
+    swapped, twin = swap_vs_twin(tiny_model_path)
+    assert swapped == twin
+
+
+def test_default_model_swapped_equals_unparked_twin() -> None:
+    """Swap writes the same K/V bits back: exact where recompute is not bit-identical."""
+    swapped, twin = swap_vs_twin(default_model())
+    assert swapped == twin
