@@ -36,7 +36,7 @@ from mesh.gate.budget import BudgetState, FloorBudget
 from mesh.gate.config import GateConfig, Policy, PolicyKind
 from mesh.gate.decide import Decision, GateInput, Verdict, decide
 from mesh.gate.decode_gate import DecodeGate
-from mesh.gate.model import ThroughputModel
+from mesh.gate.model import StepCost, ThroughputModel
 from mesh.gate.projection import live_scale
 from mesh.gate.shares import ANONYMOUS, QueueShares, places_needed
 from mesh.gate.types import OnPosition, QueueCheck, QueueFull, Ticket
@@ -126,11 +126,14 @@ class FloorGate:
         if self.config.policy.kind is not PolicyKind.FLOOR:
             return None
         if self._decode_gate is None:
-            self._decode_gate = DecodeGate(self.config.floor_tps, self._budget_state(None))
+            state = self._budget_state(None, self.model.shape)
+            self._decode_gate = DecodeGate(self.config.floor_tps, state)
         return self._decode_gate
 
-    def _budget_state(self, load: PoolLoad | None) -> BudgetState:
-        cost = self.model.params
+    def _budget_state(self, load: PoolLoad | None, cost: StepCost | None = None) -> BudgetState:
+        """The budget's view: ``cost`` (default: the live fit), its live correction over
+        the latest steps and a decoding row's mean context."""
+        cost = self.model.params if cost is None else cost
         steps = load.recent_steps if load is not None else ()
         rows = sum(s.num_decode for s in steps)
         ctx = sum(s.sum_context for s in steps) / rows if rows else None
@@ -154,8 +157,8 @@ class FloorGate:
             state = self._budget_state(load)
             if self._budget is not None:
                 self._budget.update(state)
-            if self._decode_gate is not None:
-                self._decode_gate.update(state)
+            if self._decode_gate is not None:  # the seed's shape, anchored live per step
+                self._decode_gate.update(self._budget_state(load, self.model.shape))
         check = self.engine.check_attach()
         inp = GateInput(
             load=load,

@@ -148,6 +148,7 @@ class ThroughputModel:
         self._num_live = 0
         self._num_seeded = 0
         self._cached: StepCost | None = prior
+        self._shape: StepCost | None = prior
         self._last_seen: StepSample | None = None  # held so its identity stays unique
 
     # ------------------------------------------------------------------ learning
@@ -161,7 +162,7 @@ class ThroughputModel:
                 count += 1
         self._num_seeded += count
         if count:
-            self._cached = None
+            self._cached = self._shape = None
         return count
 
     def add(self, sample: StepSample) -> bool:
@@ -248,12 +249,26 @@ class ThroughputModel:
             "source": source,
         }
 
-    def _fit(self) -> StepCost:
+    @property
+    def shape(self) -> StepCost:
+        """The fit of the seed (and prior) alone, without live steps: the *shape* of step
+        time over rows, context and prefill as measured across 1, 2 and 4 sessions at
+        start-up. Live steps taken at one number of rows cannot separate the fixed cost
+        from the per-row cost (a pool that ran one worker for a minute fits ``a = 0`` and
+        a per-row cost of the whole step); the decode gate multiplies this shape by the
+        measured ratio of the latest steps instead."""
+        if self._shape is None:
+            self._shape = self._fit(live=False)
+        return self._shape
+
+    def _fit(self, live: bool = True) -> StepCost:
         p = self._prior
         theta0 = [v / scale for v, scale in zip((p.a, p.b, p.c, p.d, p.e), _SCALE, strict=True)]
         n = _N
-        data_xx = [[self._live_xx[i][j] + self._seed_xx[i][j] for j in range(n)] for i in range(n)]
-        data_xy = [self._live_xy[i] + self._seed_xy[i] for i in range(n)]
+        w = 1.0 if live else 0.0
+        data_xx = [[w * self._live_xx[i][j] + self._seed_xx[i][j] for j in range(n)]
+                   for i in range(n)]
+        data_xy = [w * self._live_xy[i] + self._seed_xy[i] for i in range(n)]
         # Rescale the prior to the data's magnitude (the best multiple of the prior's
         # predictions), so the ridge keeps the prior's *shape* where the data cannot tell
         # (e.g. a constant number of sessions) without biasing a machine 20x faster.

@@ -191,3 +191,17 @@ def test_without_cells_the_fit_keeps_the_old_shape() -> None:
         model.add(sample(n, 0, t))
     for n, t in PROBE:
         assert model.step_s(n, 0) == pytest.approx(t, rel=0.15)
+
+
+def test_shape_is_the_seed_fit_and_ignores_live_steps_at_one_row_count() -> None:
+    model = ThroughputModel()
+    seed = [StepSample(n, 0, 0, 0.010 + 0.005 * n) for n in (1, 2, 4) for _ in range(4)]
+    model.seed(seed)
+    shape = model.shape
+    assert shape.b == pytest.approx(0.005, rel=0.3)  # the ridge leans on the prior a little
+    # A minute of one worker on a slower machine: the live fit cannot split a from b...
+    for _ in range(400):
+        model.add(StepSample(1, 0, 0, 0.045))
+    assert model.shape == shape  # ...the shape stays the seed's
+    assert model.params.step_s(2, 0) / model.params.step_s(1, 0) > shape.step_s(2, 0) / \
+        shape.step_s(1, 0)
