@@ -8,7 +8,7 @@
 # Prepare here (no GPU; see docs/gpu-scenario.md):
 #   bash bench/gpu_wheel.sh            # .whl/llama_cpp_cuda_site.tar.xz (~40 min, 2 cores)
 #   bash bench/gpu_server_build.sh     # .whl/llama_server_bin.tar.xz    (~10 min)
-#   + the pure-Python wheels of bench/gpu_check.sh's header (.whl/*.whl)
+#   + .whl/py/: gguf-0.18.0 and diskcache-5.6.3 wheels (the image lacks them)
 # Run there (device tool: carry [".whl"], timeout_s 600):
 #   bash bench/gpu_scenario.sh
 # A CPU dry run (tiny twin of the geometry, tiny P, the venv's llama_cpp):
@@ -84,11 +84,13 @@ if [ -f .whl/llama_server_bin.tar.xz ] || [ -x "$srv_dir/llama-server-bin/llama-
     fi
     bin="$srv_dir/llama-server-bin/llama-server"
     export LD_LIBRARY_PATH="$srv_dir/llama-server-bin:$lib:${LD_LIBRARY_PATH:-}"
-    if timeout 60 "$bin" --list-devices >"$out/llama_server_devices.txt" 2>&1; then
+    # on the device it must see the GPU: a CPU llama-server would spend the budget on 8B
+    if timeout 60 "$bin" --list-devices >"$out/llama_server_devices.txt" 2>&1 \
+        && { [ -n "$dry" ] || grep -q CUDA "$out/llama_server_devices.txt"; }; then
         say "llama-server runs: $(tr '\n' ' ' <"$out/llama_server_devices.txt" | cut -c1-300)"
         server_args=(--llama-server "$bin")
     else
-        say "llama-server does not start (see $out/llama_server_devices.txt); mesh rows only"
+        say "llama-server does not start or sees no CUDA device (see $out/llama_server_devices.txt); mesh rows only"
         ldd "$bin" >>"$out/llama_server_devices.txt" 2>&1
     fi
 else

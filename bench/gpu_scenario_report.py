@@ -43,6 +43,7 @@ def _atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp makes it 0600
     os.replace(tmp, path)
 
 
@@ -100,12 +101,14 @@ def table(doc: dict[str, Any]) -> str:
     if dec:
         out += ["## Agents in tool loops (turns of: tool result in, G tokens out)", "",
                 "| system | P | N | private S | turns x G | per-agent tok/s | decode tok/s "
-                "per agent | aggregate tok/s | wall s | note |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "per agent | aggregate tok/s | wall s | prompt tok processed (turns / "
+                "warm-up) | note |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         out += [f"| {r['system']} | {_fmt(r['P'])} | {_fmt(r['N'])} | {_fmt(r.get('S'))} | "
                 f"{_fmt(r.get('turns'))} x {_fmt(r.get('G'))} | {_fmt(r.get('agent_tps'))} | "
                 f"{_fmt(r.get('decode_tps'))} | {_fmt(r.get('aggregate_tps'))} | "
-                f"{_fmt(r.get('wall_s'))} | {r.get('note', '')} |" for r in dec]
+                f"{_fmt(r.get('wall_s'))} | {_fmt(r.get('prompt_n'))} / "
+                f"{_fmt(r.get('warmup_prompt_n'))} | {r.get('note', '')} |" for r in dec]
         out.append("")
     out += goals(doc)
     errors = [r for r in doc["rows"] if r.get("error")]

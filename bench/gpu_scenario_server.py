@@ -35,6 +35,7 @@ class AgentRun:
     decoded_after_first: int = 0
     prompt_n: int = 0  # prompt tokens the server processed (llama-server only)
     start_s: float = 0.0  # the untimed warm-up turn: its private context prefilled
+    start_prompt_n: int = 0  # prompt tokens the server processed in it (llama-server)
     turn_s: list[float] = field(default_factory=list)
 
 
@@ -121,6 +122,7 @@ async def server_agent(server: LlamaServer, slot: int, prompt: list[int],
     try:
         run.start_s, doc = await server.complete(prompt, 1, slot, deadline - time.monotonic())
         history = prompt + tokens_of(doc)
+        run.start_prompt_n = int((doc.get("timings") or {}).get("prompt_n", 0))
     except BaseException:
         await barrier.abort()  # the others must not wait for it forever
         raise
