@@ -121,8 +121,8 @@ class Scenario:
         start_s = time.perf_counter() - t0
         # Marks land after each chunk; the first chunk's own time is not seen, so the
         # second one's stands in for it (one chunk: the whole start, load included).
-        prefill = (marks[-1] - marks[0] + marks[1] - marks[0] if len(marks) > 1
-                   else start_s)
+        prefill = (min(start_s, marks[-1] - marks[0] + marks[1] - marks[0])
+                   if len(marks) > 1 else start_s)
         self.row(section="build", system="mesh", P=P, start_s=round(start_s, 3),
                  prefill_s=round(prefill, 3), prefill_tps=round(P / prefill, 1),
                  n_ctx=pool.info.n_ctx)
