@@ -16,7 +16,7 @@ from mesh.engine import geometry as geo
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel
 from mesh.engine.models import resolve_model
 
-TWINS = [("llama-3.1-8b", 16), ("gemma-3-270m", 4), ("llama-3.2-1b", 8)]
+TWINS = [("llama-3.1-8b", 16), ("gemma-3-270m", 8), ("llama-3.2-1b", 8)]
 
 
 def test_llama_3_1_8b_has_its_published_parameter_count() -> None:
