@@ -105,12 +105,14 @@ class CellLedger:
             st.pending.extendleft(reversed(saved))
 
     def park(self, st: SeqState) -> None:
-        """The session's decoded cells left the cache: give them and its sequence id
-        back (queued text stays promised). Engine thread; the session holds no carry."""
+        """The session's decoded cells left the cache: give them, the promises of its
+        queued text (promised again on resume) and its sequence id back. Engine thread;
+        the session holds no carry. A parked session's ``reserved`` counts its queued
+        text alone (its budget adds the suffix), none of it in the pool's promises."""
         with self._lock:
             if st.carry is not None:
                 raise AssertionError(f"session {st.id} is parked with a carry token")
-            self._reserved -= st.private
+            self._reserved -= st.reserved
             st.reserved -= st.private
             st.private = 0
             self._free_seqs.append(st.seq)
@@ -118,20 +120,21 @@ class CellLedger:
             st.parked = True
 
     def unpark(self, st: SeqState, saved: list[int], *, swapped: bool = False) -> int | None:
-        """Take a free sequence id and promise cells for ``saved``: queued in front of the
-        session's pending text to re-prefill, or (``swapped``) held at once as its private
-        cells, written back from host RAM. None: no id or no cells free."""
+        """Take a free sequence id and promise cells for ``saved`` and the queued text:
+        ``saved`` queued in front of it to re-prefill, or (``swapped``) held at once as its
+        private cells, written back from host RAM. None: no id or no cells free."""
         with self._lock:
             if st.detached:
                 raise SessionFailed(st.failed or f"session {st.id} is detached")
-            if not self._free_seqs or self._free_locked() < len(saved):
+            need = len(saved) + len(st.pending)
+            if not self._free_seqs or self._free_locked() < need:
                 return None
             if swapped:
                 st.private = len(saved)
             else:
                 st.pending.extendleft(reversed(saved))
             st.reserved += len(saved)
-            self._reserved += len(saved)
+            self._reserved += need
             st.seq = self._free_seqs.pop()
             st.parked = False
             return st.seq
@@ -150,6 +153,10 @@ class CellLedger:
                     f"appending {n} more would overflow it (raise --session-budget or start "
                     "a new session)"
                 )
+            if st.parked:  # promised when it resumes, with its suffix (see unpark)
+                st.pending.extend(tokens)
+                st.reserved += n
+                return
             free = self._free_locked()
             if n > free:
                 raise ContextOverflow(
@@ -196,7 +203,8 @@ class CellLedger:
         with self._lock:
             st.failed = reason
             st.detached = True
-            self._reserved -= st.reserved
+            if not st.parked:  # a parked session's promises went back when it was parked
+                self._reserved -= st.reserved
             st.reserved = 0
             st.pending.clear()
             st.carry = None

@@ -205,7 +205,7 @@ class SharedKVPool:
         # Any thread: tuple() copies the dict's values under the GIL; the idle sessions
         # in it could be parked to make room (the attach itself checks again).
         idle = [st for st in tuple(self._sessions.values()) if st.turn is None]
-        return self._parts.ledger.check_attach(len(idle), sum(st.private for st in idle))
+        return self._parts.ledger.check_attach(len(idle), sum(st.reserved for st in idle))
 
     async def attach(self) -> PooledSession:
         def do() -> PooledSession:

@@ -96,7 +96,7 @@ class SessionRegistry:
 
     def _parkable(self) -> tuple[int, int]:
         idle = [st for st in self.sessions.values() if st.turn is None]
-        return len(idle), sum(st.private for st in idle)
+        return len(idle), sum(st.reserved for st in idle)
 
     def park(self, st: SeqState) -> bool:
         """Park an idle resident session (False: it is in a turn, parked or detached)."""
@@ -140,8 +140,8 @@ class SessionRegistry:
         ledger = self._ledger
         if ledger.free_seq_ids > 0 and ledger.free_cells() >= cells:
             return True
-        idle = self._idle()
-        if not idle or ledger.free_cells() + sum(st.private for st in idle) < cells:
+        idle = self._idle()  # parking one frees its cells and its queued text's promises
+        if not idle or ledger.free_cells() + sum(st.reserved for st in idle) < cells:
             return False
         for st in idle:
             self.park(st)
@@ -154,7 +154,7 @@ class SessionRegistry:
         if not st.parked:
             return True
         saved, data, ctx = st.suffix, st.swapped, self._built.ctx
-        if not self.make_room(len(saved)):
+        if not self.make_room(len(saved) + len(st.pending)):
             return False
         seq = self._ledger.unpark(st, saved, swapped=data is not None)
         if seq is None:

@@ -48,7 +48,7 @@ def test_park_frees_cells_and_id_and_resume_continues_like_an_unparked_twin(
             assert await pool.park(a)
             assert a.parked and a.id == sid and a.seq_id == -1
             assert a.context_len == ctx_len  # the same history, off the cache
-            assert ledger_of(pool) == (free_ids + 1, free_cells + private)
+            assert ledger_of(pool) == (free_ids + 1, free_cells + private + 1)  # + carry
             after = await pool.cell_census()
             if census is not None and after is not None:
                 assert after.cells == census.cells - private  # llama.cpp's own count
@@ -155,11 +155,10 @@ def test_detach_of_a_parked_session_frees_nothing_twice(tiny_model_path: Path) -
             base = ledger_of(pool)
             await tokens_of(a, "some words to hold cells")
             await pool.park(a)
-            carry = len(a.state.pending)  # the last sampled token, queued for next turn
-            assert carry == 1
-            assert ledger_of(pool) == (base[0] + 1, base[1] - carry)  # cells and id back
-            a.append("queued while parked")  # promised cells, still parked
-            assert ledger_of(pool)[1] < base[1] - carry
+            assert len(a.state.pending) == 1  # the last sampled token, for the next turn
+            assert ledger_of(pool) == (base[0] + 1, base[1])  # cells, promises and id back
+            a.append("queued while parked")  # promised when it resumes
+            assert ledger_of(pool) == (base[0] + 1, base[1])
             await a.detach()
             await a.detach()
             assert ledger_of(pool) == (base[0] + 1, base[1])  # all back, once
@@ -322,6 +321,29 @@ def test_detach_of_a_swapped_session_gives_its_host_bytes_back(tiny_model_path: 
             assert pool.load().parked_bytes > 0
             await a.detach()
             assert pool.load().parked_bytes == 0 and pool.load().sessions == ()
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+def test_text_for_a_parked_session_is_promised_on_resume_not_on_append(
+        tiny_model_path: Path) -> None:
+    """An agent's tool result arrives while it is parked and the cache is full of idle
+    sessions' cells: the append succeeds, and the resume parks an idle one for room."""
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=1, session_budget=2048,
+                               n_ctx=1024)
+        try:
+            a = await pool.attach()
+            await tokens_of(a, "one two three")
+            b = await pool.attach()  # parks a
+            assert a.parked
+            free = ledger_of(pool)[1]
+            b.append_tokens([7] * (free - 4))  # the buffer is nearly full, b idle
+            a.append_tokens([9] * 20)  # more than is free: promised on resume
+            got = await asyncio.wait_for(tokens_of(a, "go"), 30)
+            assert len(got) == GREEDY.max_tokens and b.parked
         finally:
             await pool.aclose()
 
