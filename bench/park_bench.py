@@ -273,7 +273,7 @@ async def main(argv: list[str] | None = None) -> int:
     prefix = tokens(probe, random.Random(args.seed), g.prefix)
     await probe.aclose()
     runs = []
-    for n in [int(x) for x in args.agents.split(",")]:
+    for n in [int(x) for x in args.agents.split(",") if x]:  # --agents "": the cost alone
         for mode in args.modes.split(","):
             print(f"... N={n} {mode}", file=sys.stderr, flush=True)
             run = await one_run(path, g, mode, n, args.threads, prefix, args.seed)

@@ -326,7 +326,8 @@ class FloorGate:
             "parking": {"max_attached": load.max_attached, "resident": load.num_resident,
                         "parked": load.num_parked, "parked_tokens": load.parked_tokens,
                         "parks": load.parks, "resumes": load.resumes,
-                        "resume_tokens": load.resume_tokens},
+                        "resume_tokens": load.resume_tokens, "swaps": load.swaps,
+                        "parked_bytes": load.parked_bytes},
             "in_flight": inp.num_pending,
             "tickets": len(self._tickets),
             "measured_tps": {
