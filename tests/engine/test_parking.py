@@ -348,3 +348,22 @@ def test_text_for_a_parked_session_is_promised_on_resume_not_on_append(
             await pool.aclose()
 
     run(body())
+
+
+@pytest.mark.parametrize("park_memory", [0, 1 << 22])
+def test_sliding_window_model_parks_and_resumes_like_its_twin(
+        tiny_gemma3_path: Path, park_memory: int) -> None:
+    """The iSWA cache (base and sliding-window parts) parks and comes back, by recompute
+    and by swap, continuing as its unparked twin does."""
+    async def body() -> None:
+        pool = await make_pool(tiny_gemma3_path, max_sessions=4, park_memory=park_memory)
+        try:
+            a, twin = await pool.attach(), await pool.attach()
+            for text in ("first " * 20, "second " * 5, "third"):
+                assert await tokens_of(a, text) == await tokens_of(twin, text)
+                assert await pool.park(a)
+            assert pool.load().swaps == (3 if park_memory else 0)
+        finally:
+            await pool.aclose()
+
+    run(body())
