@@ -16,7 +16,8 @@ generate ``gen`` tokens, wait an idle gap (exponential, mean ``idle``) as if a t
 * ``swap``: the same with ``park_memory`` (suffix cells copied to host RAM and back).
 
 Reported per run: agents served (finished every turn), how many were attached at once at
-most, task wall, turn-start latency p50/p95 (time from ``generate`` to its first token:
+most, task wall, attach wait p50/p95 (without parking, an agent waits here for a slot),
+turn-start latency p50/p95 (time from ``generate`` to its first token:
 the turn's own prefill, a resume, a wait for a slot), the same for resumed turns alone,
 decode tokens/s per turn p50/min, parks, resumes, re-prefilled tokens and host bytes.
 
@@ -93,6 +94,7 @@ class Run:
     max_attached: int = 0
     wall_s: float = 0.0
     turn_start: list[float] = field(default_factory=list)
+    attach_wait: list[float] = field(default_factory=list)
     resumed_start: list[float] = field(default_factory=list)
     tps: list[float] = field(default_factory=list)
     load: dict[str, int] = field(default_factory=dict)
@@ -109,6 +111,8 @@ class Run:
                 "wall_s": self.wall_s,
                 "turn_start_p50_s": q(self.turn_start, 0.5),
                 "turn_start_p95_s": q(self.turn_start, 0.95),
+                "attach_wait_p50_s": q(self.attach_wait, 0.5),
+                "attach_wait_p95_s": q(self.attach_wait, 0.95),
                 "resumed_turns": len(self.resumed_start),
                 "resumed_start_p50_s": q(self.resumed_start, 0.5),
                 "resumed_start_p95_s": q(self.resumed_start, 0.95),
@@ -132,12 +136,14 @@ async def agent(pool: SharedKVPool, g: Geometry, i: int, run: Run, seed: int,
     rng = random.Random(seed * 1000 + i)
     await asyncio.sleep(rng.uniform(0, g.idle_s))  # arrivals spread over one idle gap
     s: PooledSession | None = None
+    asked = time.monotonic()
     while s is None:
         try:
             s = await pool.attach()
         except PoolFull:
             await asyncio.sleep(0.05)
     assert s is not None
+    run.attach_wait.append(time.monotonic() - asked)
     attached[0] += 1
     run.max_attached = max(run.max_attached, attached[0])
     params = SamplingParams(max_tokens=g.gen, stop_at_eos=False)
@@ -226,11 +232,13 @@ def table(runs: list[dict[str, Any]], cost: list[dict[str, Any]]) -> str:
     def f(x: Any, spec: str = ".2f") -> str:
         return "-" if x is None else format(x, spec)
 
-    out = ["| mode | N | served | at once | wall s | start p50/p95 s | resumed p50/p95 s | "
-           "tok/s p50/min | parks | resumes | re-prefilled |", "|" + "---|" * 11]
+    out = ["| mode | N | served | at once | wall s | attach wait p50/p95 s | "
+           "start p50/p95 s | resumed p50/p95 s | tok/s p50/min | parks | resumes | "
+           "re-prefilled |", "|" + "---|" * 12]
     for r in runs:
         out.append(f"| {r['mode']} | {r['agents']} | {r['served']} | "
                    f"{r['max_attached_at_once']} | {f(r['wall_s'], '.1f')} | "
+                   f"{f(r['attach_wait_p50_s'])}/{f(r['attach_wait_p95_s'])} | "
                    f"{f(r['turn_start_p50_s'])}/{f(r['turn_start_p95_s'])} | "
                    f"{f(r['resumed_start_p50_s'])}/{f(r['resumed_start_p95_s'])} | "
                    f"{f(r['decode_tps_p50'], '.1f')}/{f(r['decode_tps_min'], '.1f')} | "
