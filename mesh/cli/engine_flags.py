@@ -32,6 +32,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp flash attention (default auto)")
     p.add_argument("--kv-type", choices=KV_TYPES, default=None,
                    help="KV cache element type (default f16, or what --kv-memory picks)")
+    p.add_argument("--max-attached", type=int, default=None,
+                   help="sessions that may be attached at once, parked ones included "
+                        "(default 4 x --max-sessions); idle sessions are parked off the KV "
+                        "cache when a session needs room and come back before their next turn")
+    p.add_argument("--park-idle", type=float, default=None, metavar="SECONDS",
+                   help="also park a session idle this long (default: only when room is "
+                        "needed)")
+    p.add_argument("--park-memory", type=float, default=1.0, metavar="GiB",
+                   help="host memory for parked sessions' KV (swap: exact, ~20 ms a resume "
+                        "here); past it, or at 0, a parked session is re-prefilled (default 1)")
     p.add_argument("--kv-memory", default=None, metavar="GiB|auto",
                    help="memory the KV cache may use: picks the KV type (f16 > q8_0 > "
                         "q4_0) at which --max-sessions sessions fit, and as many session "
@@ -41,8 +51,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """EngineConfig keyword arguments from the flags (before any tier)."""
     native = {"auto": None, "on": True, "off": False}[args.native]
+    if args.park_memory < 0:
+        raise ValueError(f"--park-memory must be >= 0 GiB, got {args.park_memory:g}")
     return {"native": native, "n_gpu_layers": args.gpu_layers, "flash_attn": args.flash_attn,
-            "kv_type": args.kv_type or "f16"}
+            "kv_type": args.kv_type or "f16", "max_attached": args.max_attached,
+            "park_idle_s": args.park_idle, "park_memory": int(args.park_memory * GIB)}
 
 
 def free_gpu_bytes() -> int | None:
