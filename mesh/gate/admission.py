@@ -309,7 +309,11 @@ class FloorGate:
         inp, load = self.gate_input(len(self._queue))
         d = decide(inp, self.config, self.model, self._clock())
         proj = d.projection
-        measured = sorted(s.decode_tps for s in load.sessions if s.decode_tps is not None)
+        # Workers decoding now: an idle or waiting session's rate is from its last turn
+        # (stale: a worker on a tool call is not slowed by anything).
+        running = (SessionState.DECODING, SessionState.PREFILLING)
+        measured = sorted(s.decode_tps for s in load.sessions
+                          if s.decode_tps is not None and s.state in running)
         return {
             "engine": _engine_doc(self.engine),
             "floor_tps": self.config.floor_tps,

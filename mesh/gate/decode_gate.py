@@ -47,7 +47,12 @@ __all__ = ["DecodeGate", "TurnRoom", "measured_ratio", "turn_room"]
 
 RATIO_STEPS = 6  # decoding steps the measured ratio is the median of
 PREFILL_RESERVE = 4  # prefill tokens a new turn is assumed to bring to its first steps
-MIN_PREFILL_CHUNK = 1  # prefill progress per step when decoding sits at the floor
+MIN_PREFILL_CHUNK = 4  # prefill tokens a step may carry when little room is left
+# ... and when the decode rows alone are past the floor (a neighbour took the machine):
+# starving prefill then restores nothing (the rows are over it anyway) and keeps the
+# prefilling turns from ever decoding, so they progress by this much a step. A client's
+# window of 8 tokens absorbs one such step; the decode gate starts no turn meanwhile.
+OVER_FLOOR_CHUNK = 16
 HEADROOM = 0.92  # a turn starts only while one more row projects within this share
 
 
@@ -175,4 +180,4 @@ class DecodeGate:
         st = self.state
         return prefill_budget(st.cost, self.floor_tps, num_decode, cells_used, scale=st.scale,
                               context_per_row=st.context_per_row,
-                              min_chunk=MIN_PREFILL_CHUNK, at_floor=MIN_PREFILL_CHUNK)
+                              min_chunk=MIN_PREFILL_CHUNK, at_floor=OVER_FLOOR_CHUNK)

@@ -78,8 +78,8 @@ def test_the_gate_object_remembers_its_last_answer_and_budgets_prefill() -> None
     assert gate.last is not None and gate.last.room == 0
     # Two rows at the model's 50 ms leave 50 ms: 50 prefill tokens at 1 ms.
     assert gate(2, 0) == 50
-    # Decode rows over the floor: prefill still progresses, a token a step.
-    assert gate(5, 0) == 1
+    # Decode rows over the floor: prefill still progresses, 16 tokens a step.
+    assert gate(5, 0) == 16
 
 
 def test_projection_error_scores_the_first_step_at_the_projected_rows() -> None:
