@@ -105,7 +105,10 @@ class Scenario:
     def config(self, P: int, share: bool = True) -> EngineConfig:
         a = self.a
         most = max([n for n, _ in self.rows] + [(a.kv_budget - P) // a.agent_budget + 1])
-        return EngineConfig(model_path=a.model, max_sessions=min(MAX_SEQUENCES - 1, most),
+        slots = min(MAX_SEQUENCES - 1, most)
+        # Resident agents: parking (attach parks an idle session) is off, so "agents that
+        # fit" is what the KV cache holds at once, as the source system counts it.
+        return EngineConfig(model_path=a.model, max_sessions=slots, max_attached=slots,
                             session_budget=a.agent_budget, n_ctx=a.kv_budget,
                             n_batch=a.n_batch, prefill_chunk=a.n_batch,
                             flash_attn=a.flash_attn, kv_type=a.kv_type, share_prefix=share,
@@ -148,6 +151,10 @@ class Scenario:
                     s = await pool.attach()
                 except PoolFull as exc:
                     reason = str(exc)
+                    break
+                if pool.load().num_parked:  # it fit only by parking an idle agent
+                    reason = "the KV cache is full: the next agent attaches by parking one"
+                    await s.detach()
                     break
                 try:
                     s.append_tokens(filler)
