@@ -37,7 +37,6 @@ import re
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +48,8 @@ from unittest import mock
 
 import httpx
 
-from bench.servers import free_port, stop, wait_healthy
+from bench.openai_bench import spawn_mesh
+from bench.servers import stop
 
 BFCL_VERSION = "2026.3.23"
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "live_simple")
@@ -279,20 +279,6 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         if mean is not None and len(cats) > 1:
             rows.append(f"| {choice} | mean of the {len(cats)} | | {100 * mean:.0f} % | | | |")
     return "\n".join(rows)
-
-
-def spawn_mesh(args: str, log: Path) -> tuple[subprocess.Popen[bytes], str, float]:
-    port = free_port()
-    argv = [sys.executable, "-m", "mesh", "serve", "--host", "127.0.0.1", "--port", str(port),
-            *shlex.split(args)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        return proc, url, wait_healthy(url, proc, limit_s=900, log=log, name="mesh serve")
-    except RuntimeError as exc:
-        stop(proc)
-        raise SystemExit(str(exc)) from None
 
 
 def served_model(url: str) -> str:

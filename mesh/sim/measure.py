@@ -4,12 +4,12 @@ per-phase figures (:mod:`mesh.sim.phases`). Pure."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mesh.sim.types import Sample, SimRun
 
-__all__ = ["floor_of", "num", "percentile", "workers"]
+__all__ = ["cap_num", "floor_of", "num", "percentile", "workers"]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -26,6 +26,17 @@ def num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def cap_num(cap: Mapping[str, Any], *keys: str) -> float | None:
+    """The number at ``cap[keys[0]][keys[1]]...`` of a ``/capacity`` document (None where
+    a key is missing or the value is not a number)."""
+    value: Any = cap
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 def workers(sample: Sample) -> int:

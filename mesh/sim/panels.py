@@ -21,9 +21,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from mesh.sim.measure import cap_num as _cap
 from mesh.sim.measure import floor_of, percentile, workers
 from mesh.sim.phases import client_windows
-from mesh.sim.plots import _cap, _figure, shade_neighbour
+from mesh.sim.plots import _figure, shade_neighbour
 from mesh.sim.types import SimRun
 
 __all__ = ["PANEL_NAMES", "plot_phases", "plot_tps_by_run", "plot_workers_by_run",

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mesh.sim.measure import cap_num as _cap_num
 from mesh.sim.measure import floor_of, percentile, workers
 from mesh.sim.types import PhaseRecord, SimRun, TaskTimeline
 
@@ -207,15 +208,6 @@ def _share(values: Sequence[float], below: float | None) -> float | None:
 
 def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
-
-
-def _cap_num(cap: Mapping[str, Any], *keys: str) -> float | None:
-    value: Any = cap
-    for key in keys:
-        value = value.get(key) if isinstance(value, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def phase_summary(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> dict[str, Any]:

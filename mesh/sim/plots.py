@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from mesh.sim.measure import cap_num as _cap
 from mesh.sim.measure import floor_of, workers
 from mesh.sim.report import ROLES, kv_series
 from mesh.sim.types import SimRun
@@ -30,15 +31,6 @@ _COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab
 
 def _label(run: SimRun, i: int) -> str:
     return run.label or f"{run.config.policy}, {run.config.pool} pool"
-
-
-def _cap(cap: Mapping[str, Any], *keys: str) -> float | None:
-    value: Any = cap
-    for key in keys:
-        value = value.get(key) if isinstance(value, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def _figure(width: float, height: float) -> Figure:
