@@ -82,7 +82,7 @@ def serve(port: int, data_dir: str) -> None:
 
     import uvicorn
 
-    from mesh.coordinator import CoordinatorConfig, build_app
+    from mesh.a2a import CoordinatorConfig, build_app
 
     logging.disable(logging.WARNING)
     app = build_app(

@@ -191,8 +191,8 @@ def prompt_sentences(template: str) -> tuple[str, ...]:
     """The instruction sentences (>= 8 words) a task's turns are given with ``template``:
     its own texts (system, instructions, tool results; the request left out), the planning
     prompt (free and guided) and the synthesis prompt."""
-    from mesh.coordinator.planner import plan_prompt
-    from mesh.coordinator.synthesis import SYNTHESIS_INSTRUCTIONS
+    from mesh.agent.plans import plan_prompt
+    from mesh.agent.synthesis import SYNTHESIS_INSTRUCTIONS
     from mesh.template import load_template
     from mesh.worker.text import template_texts
 

@@ -12,7 +12,7 @@ Times are per token, sampling only (the decode of each step is timed apart): the
 token, and the mean (which carries the redraws); the ratio is of means, within one run.
 The grammar is the worker's tool-call grammar for the light template's tools
 (``mesh.worker.grammar``), so the text is what a worker writes; ``--grammar plan`` takes
-the coordinator's plan grammar instead (``mesh.coordinator.planner``, the default
+the coordinator's plan grammar instead (``mesh.agent.plans``, the default
 ``mesh serve`` settings) and a planning prompt.
 
     .venv/bin/python bench/grammar_bench.py                 # Gemma 3 270M (262K vocabulary)
@@ -47,8 +47,8 @@ def tool_grammar() -> str:
 
 
 def plan_grammar() -> str:
-    from mesh.coordinator.agent import AgentConfig
-    from mesh.coordinator.planner import plan_schema, schema_to_gbnf
+    from mesh.agent.plans import plan_schema, schema_to_gbnf
+    from mesh.agent.task import AgentConfig
 
     cfg = AgentConfig()
     return schema_to_gbnf(plan_schema(cfg.max_subtasks, ("list_files", "read_file", "grep"),

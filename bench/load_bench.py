@@ -57,8 +57,8 @@ def serve_fake(port: int, data_dir: str, max_queue: int) -> None:
 
     import uvicorn
 
+    from mesh.a2a import CoordinatorConfig, build_app
     from mesh.api import api_routes
-    from mesh.coordinator import CoordinatorConfig, build_app
     from mesh.engine.fake import FakeEngine
     from mesh.gate import FloorGate, GateConfig
     from mesh.template import load_template, sample_project_dir

@@ -21,7 +21,7 @@ SCANNED = ("mesh", "bench", "tests")
 DATA_DIRS = ("mesh/template/builtin/", "templates/")  # sample projects: data, not code
 
 LLAMA_ADAPTER = "mesh/engine/llama.py"
-WEB = ("a2a", "starlette", "mesh.coordinator", "mesh.api", "mesh.cli")
+WEB = ("a2a", "starlette", "mesh.a2a", "mesh.agent", "mesh.fleet", "mesh.api", "mesh.cli")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,9 @@ RULES = (
             "uvicorn",
             "httpx",
             "sse_starlette",
-            "mesh.coordinator",
+            "mesh.a2a",
+            "mesh.agent",
+            "mesh.fleet",
             "mesh.api",
             "mesh.worker",
             "mesh.gate",
@@ -74,7 +76,9 @@ RULES = (
             "starlette",
             "uvicorn",
             "sse_starlette",
-            "mesh.coordinator",
+            "mesh.a2a",
+            "mesh.agent",
+            "mesh.fleet",
             "mesh.api",
             "mesh.worker",
             "mesh.gate",
@@ -216,7 +220,7 @@ def later():
     return importlib.import_module("llama_cpp")
 
 if False:
-    from ..coordinator import app
+    from ..a2a import app
     from . import pool
 """
 
@@ -226,7 +230,7 @@ def test_the_checker_reports_forbidden_imports() -> None:
     assert "mesh/gate/sneaky.py:3: imports llama_cpp.llama_cpp" in found[0]
     lines = {f.split(":")[1] for f in found}
     assert lines == {"3", "6", "8", "11"}  # line 12, mesh.gate.pool, is the gate's own
-    assert any("imports mesh.coordinator" in f for f in found)  # relative, resolved
+    assert any("imports mesh.a2a" in f for f in found)  # relative, resolved
     only_llama = RULES[:1]
     assert len(violations(SNEAKY, "tests/x.py", only_llama)) == 3
     assert not violations(SNEAKY, LLAMA_ADAPTER, only_llama)  # the adapter may

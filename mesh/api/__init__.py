@@ -9,8 +9,8 @@ from __future__ import annotations
 from starlette.routing import BaseRoute
 
 from mesh.api.capacity import CapacityCollector, capacity_routes
+from mesh.api.session_wire import AttachRequest, TurnRequest, error_response
 from mesh.api.sessions import SessionAPI
-from mesh.api.wire import AttachRequest, TurnRequest, error_response
 from mesh.engine.types import Engine
 from mesh.gate.types import Admission
 

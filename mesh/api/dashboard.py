@@ -58,7 +58,7 @@ DEFAULT_STREAMS_PER_CALLER = 2
 
 
 class TaskSource(Protocol):
-    """What the dashboard reads tasks from (:class:`mesh.coordinator.taskboard.TaskBoard`)."""
+    """What the dashboard reads tasks from (:class:`mesh.a2a.taskboard.TaskBoard`)."""
 
     def snapshot(self) -> dict[str, Any]: ...
 

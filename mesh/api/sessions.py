@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from mesh.api.admit import Periodic, Refusal, admit, release
-from mesh.api.wire import (
+from mesh.api.session_wire import (
     AttachRequest,
     BadRequest,
     TurnRequest,

@@ -6,6 +6,6 @@ nothing of A2A, Starlette or the layers above the engine. Importing it loads no 
 """
 
 from mesh.backends.openai import BackendConfig, OpenAIEngine
-from mesh.backends.wire import parse_engine_spec
+from mesh.backends.remote_wire import parse_engine_spec
 
 __all__ = ["BackendConfig", "OpenAIEngine", "parse_engine_spec"]

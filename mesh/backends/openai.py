@@ -38,8 +38,8 @@ from typing import Any
 
 import httpx
 
-from mesh.backends.session import RemoteSession
-from mesh.backends.wire import backend_gauges, parse_prometheus
+from mesh.backends.remote_session import RemoteSession
+from mesh.backends.remote_wire import backend_gauges, parse_prometheus
 from mesh.engine.types import (
     AttachCheck,
     ModelError,

@@ -24,6 +24,8 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
     """(app, node pool, None) for ``serve.run``; raises ValueError naming the fix."""
     import httpx
 
+    from mesh.a2a.app import build_app
+    from mesh.a2a.taskboard import TaskBoard
     from mesh.api.capacity import capacity_routes
     from mesh.api.dashboard import (
         DASHBOARD_PUBLIC_PATHS,
@@ -31,11 +33,9 @@ async def build_nodes(args: argparse.Namespace) -> tuple[Any, Any, None]:
         dashboard_routes,
         poll_nodes,
     )
-    from mesh.coordinator.app import build_app
-    from mesh.coordinator.node_worker import NodeClient, NodeWorker
-    from mesh.coordinator.nodes import NodePool, read_node_cards
-    from mesh.coordinator.taskboard import TaskBoard
     from mesh.engine.types import PoolInfo
+    from mesh.fleet.node_worker import NodeClient, NodeWorker
+    from mesh.fleet.nodes import NodePool, read_node_cards
 
     if args.peer:
         raise ValueError("--peer with --node is not supported: give the peers to the nodes "

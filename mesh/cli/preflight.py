@@ -17,7 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
-from mesh.coordinator.config import CoordinatorConfig
+from mesh.a2a.config import CoordinatorConfig
 
 __all__ = ["bind_listener", "check_data_dir", "check_template", "coordinator_config",
            "preflight", "print_cache_warnings"]

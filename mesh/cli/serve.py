@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mesh.a2a.config import CoordinatorConfig
 from mesh.cli.engine_flags import add_engine_flags, apply_engine_flags
 from mesh.cli.engines import add_engine_args, build_engine, prefix_cache_dir
 from mesh.cli.nodes import build_nodes
 from mesh.cli.preflight import coordinator_config, preflight, print_cache_warnings
 from mesh.cli.project import build_project_prefix
-from mesh.coordinator.config import CoordinatorConfig
 from mesh.engine.types import EngineConfig, EngineError
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _peer_tokens(specs: list[str]) -> dict[str, str]:
     """Each named peer's token from ``MESH_PEER_TOKEN_<NAME>`` or the file that
     ``MESH_PEER_TOKEN_<NAME>_FILE`` names."""
-    from mesh.coordinator.peers import parse_peer, peer_token_env
+    from mesh.fleet.peers import parse_peer, peer_token_env
 
     tokens: dict[str, str] = {}
     for spec in specs:
@@ -117,7 +117,7 @@ def _peer_tokens(specs: list[str]) -> dict[str, str]:
 
 def plan_actions(text: str) -> tuple[str, ...]:
     """``--plan-actions``: known names, at least one, in the planner's order."""
-    from mesh.coordinator.planner import ACTIONS
+    from mesh.agent.plans import ACTIONS
 
     asked = {a.strip() for a in text.split(",") if a.strip()}
     unknown = sorted(asked - set(ACTIONS))
@@ -157,7 +157,7 @@ def _project_paths(template: Any, project: Path) -> ProjectScan:
 def run(args: argparse.Namespace) -> int:
     """Check the flags and folders and bind the port (fast, one line and exit 2 on a
     mistake), then build everything and serve on that very socket."""
-    from mesh.coordinator.app import run_server
+    from mesh.a2a.app import run_server
 
     print_cache_warnings()
     try:
@@ -211,14 +211,14 @@ async def _seed_gate(gate: Any, gate_cfg: Any, pool: Any, cache: Path) -> str:
 
 
 async def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from mesh.a2a.app import build_app
+    from mesh.a2a.push import make_push_url_validator
+    from mesh.a2a.taskboard import TaskBoard
+    from mesh.agent.task import Agent, AgentConfig
     from mesh.api import SessionAPI, api_routes
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, DashboardHistory, dashboard_routes
     from mesh.api.openai import OpenAIAPI
-    from mesh.coordinator.agent import Agent, AgentConfig
-    from mesh.coordinator.app import build_app
-    from mesh.coordinator.peers import PeerClient
-    from mesh.coordinator.push import make_push_url_validator
-    from mesh.coordinator.taskboard import TaskBoard
+    from mesh.fleet.peers import PeerClient
     from mesh.gate import FloorGate, GateConfig
     from mesh.gate.projection import lone_worker_tps
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool

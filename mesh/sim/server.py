@@ -21,6 +21,7 @@ from types import TracebackType
 
 import httpx
 
+from mesh.a2a_names import CARD_PATH
 from mesh.sim.types import SimConfig
 
 __all__ = [
@@ -33,7 +34,6 @@ __all__ = [
     "serve_command",
 ]
 
-CARD_PATH = "/.well-known/agent-card.json"
 _TAIL_CHARS = 3000
 
 

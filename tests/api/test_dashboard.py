@@ -17,11 +17,11 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from uvicorn import Config, Server
 
+from mesh.a2a.auth import BearerAuth
+from mesh.a2a.taskboard import ObservedTaskStore, TaskBoard
 from mesh.api import api_routes
 from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes, finite, poll_nodes
 from mesh.api.dashboard_history import DashboardHistory, sample_of
-from mesh.coordinator.auth import BearerAuth
-from mesh.coordinator.taskboard import ObservedTaskStore, TaskBoard
 from mesh.engine.fake import FakeEngine
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig

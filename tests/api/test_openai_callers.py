@@ -12,8 +12,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from mesh.a2a.auth import BearerAuth
 from mesh.api.openai import OpenAIAPI
-from mesh.coordinator.auth import BearerAuth
 from tests.api.test_openai import CHAT, SYSTEM, open_mesh, system
 
 pytestmark = pytest.mark.anyio

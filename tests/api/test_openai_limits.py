@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from mesh.api.openai_grammar import (
+from mesh.api.openai.grammar import (
     ARRAY_BOUNDED_MAX,
     STRING_BOUNDED_MAX,
     Bounds,
     cached_grammar,
     tools_grammar,
 )
-from mesh.api.openai_limits import (
+from mesh.api.openai.limits import (
     MAX_ENUM,
     MAX_KEY_CHARS,
     MAX_PROPERTIES,
@@ -28,7 +28,7 @@ from mesh.api.openai_limits import (
     MAX_TYPE_LIST,
     ToolsError,
 )
-from mesh.api.openai_tools import ToolChoice, parse_tools, split_calls
+from mesh.api.openai.tools import ToolChoice, parse_tools, split_calls
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import EngineConfig
 from mesh.gate.admission import FloorGate

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from mesh.api.openai_grammar import tools_grammar
-from mesh.api.openai_tools import (
+from mesh.api.openai.grammar import tools_grammar
+from mesh.api.openai.tools import (
     ToolChoice,
     ToolsError,
     parse_tool_choice,

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from mesh.a2a.auth import BearerAuth
 from mesh.api import SessionAPI
-from mesh.coordinator.auth import BearerAuth
 from mesh.engine.fake import FakeEngine
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import Engine, EngineConfig

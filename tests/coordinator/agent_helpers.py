@@ -13,9 +13,9 @@ from typing import Any
 
 from a2a.types import a2a_pb2 as pb
 
-from mesh.coordinator.agent import Agent, AgentConfig
-from mesh.coordinator.app import build_app
-from mesh.coordinator.config import CoordinatorConfig
+from mesh.a2a.app import build_app
+from mesh.a2a.config import CoordinatorConfig
+from mesh.agent.task import Agent, AgentConfig
 from mesh.engine.fake import FakeEngine, FakeSession
 from mesh.engine.types import ContextOverflow, Piece, SamplingParams, SessionState, TurnResult
 from mesh.worker.types import Worker

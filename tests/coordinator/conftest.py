@@ -11,8 +11,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from mesh.coordinator.app import build_app
-from mesh.coordinator.config import CoordinatorConfig
+from mesh.a2a.app import build_app
+from mesh.a2a.config import CoordinatorConfig
 from tests.coordinator.coord_helpers import POOL_INFO, FakeAdmission, Probe, ScriptedWorker
 
 

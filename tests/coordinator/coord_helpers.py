@@ -31,8 +31,8 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import TransportProtocol
 from starlette.applications import Starlette
 
-from mesh.coordinator.app import build_app
-from mesh.coordinator.config import CoordinatorConfig
+from mesh.a2a.app import build_app
+from mesh.a2a.config import CoordinatorConfig
 from mesh.engine.types import PoolInfo
 from mesh.gate.types import OnPosition, QueueCheck, QueueFull
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
@@ -169,7 +169,7 @@ class ScriptedWorker:
                 await emit(WorkerEvent(EventKind.TOOL_RESULT, "unblocked", turn=1))
                 answer = "unblocked"
             elif text.startswith("delegate "):
-                from mesh.coordinator.peers import PeerClient
+                from mesh.fleet.peers import PeerClient
 
                 _, url, rest = text.split(" ", 2)
                 peers = PeerClient([url], token=self.probe.peer_token)

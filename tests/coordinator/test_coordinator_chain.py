@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from a2a.types import a2a_pb2 as pb
 
-from mesh.coordinator.peers import PeerClient, PeerError
+from mesh.fleet.peers import PeerClient, PeerError
 from tests.coordinator.coord_helpers import (
     TOKEN_B,
     Probe,

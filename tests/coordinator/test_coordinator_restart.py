@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from a2a.types import a2a_pb2 as pb
 
-from mesh.coordinator.store import INTERRUPTED_REASON, mark_interrupted, open_stores, owner_context
+from mesh.a2a.store import INTERRUPTED_REASON, mark_interrupted, open_stores, owner_context
 from tests.coordinator.coord_helpers import (
     S,
     artifact,

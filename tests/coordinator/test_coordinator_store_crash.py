@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from a2a.types import a2a_pb2 as pb
 
-from mesh.coordinator.store import INTERRUPTED_REASON, mark_interrupted, open_stores, owner_context
+from mesh.a2a.store import INTERRUPTED_REASON, mark_interrupted, open_stores, owner_context
 
 pytestmark = pytest.mark.anyio
 
@@ -23,7 +23,7 @@ NUM_TASKS = 40
 _CHILD = """
 import asyncio, sys
 from a2a.types import a2a_pb2 as pb
-from mesh.coordinator.store import open_stores, owner_context
+from mesh.a2a.store import open_stores, owner_context
 
 S = pb.TaskState
 

@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mesh.coordinator.peer_guard import GuardedTransport, PeerAddressRefused, confine_card, within
-from mesh.coordinator.peers import PeerClient, PeerError, PeerRefused
-from mesh.coordinator.push import make_push_url_validator
+from mesh.a2a.push import make_push_url_validator
+from mesh.fleet.peer_guard import GuardedTransport, PeerAddressRefused, confine_card, within
+from mesh.fleet.peers import PeerClient, PeerError, PeerRefused
 from tests.coordinator.coord_helpers import serve_asgi
 
 pytestmark = pytest.mark.anyio
@@ -238,8 +238,8 @@ def test_confine_card_keeps_the_binding_and_replaces_the_address() -> None:
 async def test_a_node_is_sent_work_at_its_configured_address() -> None:
     """The node coordinator's client had the same hole: the node token went where the
     node's card said."""
-    from mesh.coordinator.node_worker import NodeClient
-    from mesh.coordinator.nodes import Node
+    from mesh.fleet.node_worker import NodeClient
+    from mesh.fleet.nodes import Node
     from mesh.worker.types import Subtask, WorkerEvent
 
     async def emit(event: WorkerEvent) -> None:

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from mesh.coordinator.agent import AgentConfig
-from mesh.coordinator.conversation import Conversations
-from mesh.coordinator.planner import (
+from mesh.agent.history import Conversations
+from mesh.agent.plans import (
     Plan,
     PlanError,
     PlannedSubtask,
@@ -18,7 +17,8 @@ from mesh.coordinator.planner import (
     plan_schema,
     schema_to_gbnf,
 )
-from mesh.coordinator.synthesis import Outcome, missing_note, summary
+from mesh.agent.synthesis import Outcome, missing_note, summary
+from mesh.agent.task import AgentConfig
 from mesh.worker.types import WorkerResult
 from tests.worker.test_worker_grammar import grammar_regex
 

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.coordinator.agent import Agent, AgentConfig
-from mesh.coordinator.app import build_app
-from mesh.coordinator.config import CoordinatorConfig
-from mesh.coordinator.planner import parse_plan
+from mesh.a2a.app import build_app
+from mesh.a2a.config import CoordinatorConfig
+from mesh.agent.plans import parse_plan
+from mesh.agent.task import Agent, AgentConfig
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import EngineConfig, SamplingParams
 from mesh.gate import FloorGate, GateConfig

@@ -74,7 +74,7 @@ async def test_one_caller_filling_its_share_leaves_the_queue_to_the_others(asgi:
 async def test_a_plans_subtasks_wait_outside_the_queue_until_they_fit() -> None:
     """The door promised a planned task one place (its planning turn); its plan's subtasks
     enter the queue only once all of them fit the caller's share, never past it."""
-    from mesh.coordinator.agent import AgentTask
+    from mesh.agent.task import AgentTask
 
     admission = gate(max_queue=4)  # share: 2 places per caller
     holder = await admission.admit("holder")

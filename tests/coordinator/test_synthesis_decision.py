@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from a2a.types import a2a_pb2 as pb
 
-from mesh.coordinator.planner import Plan, PlannedSubtask
-from mesh.coordinator.synthesis import (
+from mesh.agent.plans import Plan, PlannedSubtask
+from mesh.agent.synthesis import (
     SYNTHESIS_INSTRUCTIONS,
     Outcome,
     direct_answer,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mesh.coordinator.synthesis import without_repeats
+from mesh.agent.synthesis import without_repeats
 
 
 def test_a_paragraph_repeated_by_a_looping_model_is_kept_once() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mesh.coordinator.nodes import Node, NodePool
+from mesh.fleet.nodes import Node, NodePool
 from mesh.gate.types import QueueFull
 
 pytestmark = pytest.mark.anyio

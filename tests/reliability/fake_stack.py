@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
+from mesh.a2a.app import build_app
+from mesh.a2a.config import CoordinatorConfig
 from mesh.api import SessionAPI, api_routes
-from mesh.coordinator.app import build_app
-from mesh.coordinator.config import CoordinatorConfig
 from mesh.engine.fake import FakeEngine
 from mesh.gate import FloorGate, GateConfig
 from tests.coordinator.coord_helpers import Probe, ScriptedWorker

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
+from mesh.a2a.app import build_app
+from mesh.a2a.config import CoordinatorConfig
 from mesh.api import SessionAPI, api_routes
-from mesh.coordinator.app import build_app
-from mesh.coordinator.config import CoordinatorConfig
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import EngineConfig
 from mesh.gate import FloorGate, GateConfig

@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
+from mesh.a2a.app import build_app
+from mesh.a2a.config import CoordinatorConfig
+from mesh.a2a.push import make_push_url_validator
 from mesh.cli import serve as serve_cli
-from mesh.coordinator.app import build_app
-from mesh.coordinator.config import CoordinatorConfig
-from mesh.coordinator.peers import CURRENT_HOPS, PeerClient, PeerError
-from mesh.coordinator.push import make_push_url_validator
+from mesh.fleet.peers import CURRENT_HOPS, PeerClient, PeerError
 from mesh.worker.tools import ToolError, delegate_tool
 from mesh.worker.types import Subtask, WorkerResult
 from tests.coordinator.coord_helpers import FakeAdmission

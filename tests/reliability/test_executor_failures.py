@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.coordinator import executor as executor_mod
-from mesh.coordinator.app import build_app
-from mesh.coordinator.config import CoordinatorConfig
+from mesh.a2a import executor as executor_mod
+from mesh.a2a.app import build_app
+from mesh.a2a.config import CoordinatorConfig
 from tests.coordinator.coord_helpers import FakeAdmission, Probe, ScriptedWorker
 
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,7 @@ import pytest
 from a2a.server.tasks import InMemoryPushNotificationConfigStore
 from a2a.types import a2a_pb2 as pb
 
-from mesh.coordinator.push import BackgroundPushSender, make_push_url_validator
+from mesh.a2a.push import BackgroundPushSender, make_push_url_validator
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,31 @@
+"""The A2A coordinator: the official a2a-sdk's routes and request handler around an
+``AgentExecutor`` that sends subtasks through the gate to pooled workers.
+
+Build the app with :func:`build_app`, serve it with :func:`run_server`; talk to other A2A
+agents with :class:`PeerClient`.
+"""
+
+from mesh.a2a.app import Coordinator, build_app, run_server
+from mesh.a2a.card import POOL_EXTENSION_URI, Skill, build_agent_card
+from mesh.a2a.config import CoordinatorConfig
+from mesh.a2a.executor import ANSWER_ARTIFACT, CoordinatorExecutor, WorkerFactory
+from mesh.a2a.store import INTERRUPTED_REASON
+from mesh.fleet.peers import PeerClient, PeerError, PeerInfo, answer_text
+
+__all__ = [
+    "ANSWER_ARTIFACT",
+    "INTERRUPTED_REASON",
+    "POOL_EXTENSION_URI",
+    "Coordinator",
+    "CoordinatorConfig",
+    "CoordinatorExecutor",
+    "PeerClient",
+    "PeerError",
+    "PeerInfo",
+    "Skill",
+    "WorkerFactory",
+    "answer_text",
+    "build_agent_card",
+    "build_app",
+    "run_server",
+]

@@ -1,0 +1,194 @@
+"""The agent card: what this coordinator tells the world about itself.
+
+The card is built once from the config, the template's skills and the pool's facts. A2A 1.0
+cards have no free-form metadata, so the pool facts (prefix token count and hash, model,
+session limits) travel as the params of an agent extension, ``POOL_EXTENSION_URI``.
+
+:func:`card_routes` serves it. ``/.well-known/agent-card.json`` answers the plain A2A 1.0
+card (it validates against the 1.0 schema: no top-level ``url``, ``protocolVersion`` or
+``preferredTransport``). A 0.3 client gets the card with those 0.3 fields merged in (the
+SDK's compat view) at ``/.well-known/agent.json``, or at the 1.0 path when it sends
+``A2A-Version: 0.3``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.struct_pb2 import Struct
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from mesh.a2a.config import CoordinatorConfig
+from mesh.a2a_names import CARD_PATH, LEGACY_CARD_PATH, POOL_EXTENSION_URI
+from mesh.engine.types import PoolInfo
+
+__all__ = [
+    "BEARER_SCHEME",
+    "CARD_PATH",
+    "LEGACY_CARD_PATH",
+    "POOL_EXTENSION_URI",
+    "Skill",
+    "build_agent_card",
+    "card_routes",
+]
+
+BEARER_SCHEME = "bearer"
+
+
+@dataclass(frozen=True)
+class Skill:
+    """One skill on the card, as a template declares it."""
+
+    id: str
+    name: str
+    description: str
+    tags: tuple[str, ...] = ()
+    examples: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Skill:
+        """Build from a template's skill table (``id``, ``name``, ``description``, ...)."""
+        missing = [k for k in ("id", "name", "description") if not data.get(k)]
+        if missing:
+            raise ValueError(f"skill {dict(data)!r} lacks {', '.join(missing)}")
+        return cls(
+            id=str(data["id"]),
+            name=str(data["name"]),
+            description=str(data["description"]),
+            tags=tuple(str(t) for t in data.get("tags", ())),
+            examples=tuple(str(e) for e in data.get("examples", ())),
+        )
+
+
+DEFAULT_SKILL = Skill(
+    id="delegate",
+    name="Delegated work",
+    description=(
+        "Send plain text for one task, or a data part {'subtasks': [{'instructions': ..., "
+        "'params': {...}}, ...]} to fan work out to pooled workers."
+    ),
+    tags=("agent", "fan-out"),
+)
+
+
+def _pool_params(info: PoolInfo) -> Struct:
+    params = Struct()
+    params.update(
+        {
+            "model_name": info.model_name,
+            "prefix_tokens": info.prefix_tokens,
+            "prefix_hash": info.prefix_hash,
+            "max_sessions": info.max_sessions,
+            "session_budget": info.session_budget,
+            "n_ctx": info.n_ctx,
+            "engine": info.engine,
+        }
+    )
+    return params
+
+
+def build_agent_card(
+    config: CoordinatorConfig,
+    skills: Sequence[Skill | Mapping[str, Any]] = (),
+    pool_info: PoolInfo | None = None,
+) -> pb.AgentCard:
+    """The public card: interfaces (JSON-RPC at ``/``, HTTP+JSON under the REST prefix,
+    1.0 and 0.3), capabilities, skills, and the bearer scheme when auth is on."""
+    base = config.base_url
+    rest = base + config.rest_prefix
+    interfaces = [
+        pb.AgentInterface(
+            url=base + "/",
+            protocol_binding=TransportProtocol.JSONRPC.value,
+            protocol_version=PROTOCOL_VERSION_1_0,
+        ),
+        pb.AgentInterface(
+            url=rest,
+            protocol_binding=TransportProtocol.HTTP_JSON.value,
+            protocol_version=PROTOCOL_VERSION_1_0,
+        ),
+        pb.AgentInterface(
+            url=base + "/",
+            protocol_binding=TransportProtocol.JSONRPC.value,
+            protocol_version=PROTOCOL_VERSION_0_3,
+        ),
+    ]
+    capabilities = pb.AgentCapabilities(streaming=True, push_notifications=True)
+    if pool_info is not None:
+        capabilities.extensions.append(
+            pb.AgentExtension(
+                uri=POOL_EXTENSION_URI,
+                description="The shared KV pool behind this agent: its immutable prefix.",
+                required=False,
+                params=_pool_params(pool_info),
+            )
+        )
+    resolved = [s if isinstance(s, Skill) else Skill.from_mapping(s) for s in skills]
+    if not resolved:
+        resolved = [DEFAULT_SKILL]
+    card = pb.AgentCard(
+        name=config.name,
+        description=config.description,
+        version=config.version,
+        supported_interfaces=interfaces,
+        capabilities=capabilities,
+        default_input_modes=["text/plain", "application/json"],
+        default_output_modes=["text/plain", "application/json"],
+        skills=[
+            pb.AgentSkill(
+                id=s.id,
+                name=s.name,
+                description=s.description,
+                tags=list(s.tags) or ["general"],
+                examples=list(s.examples),
+            )
+            for s in resolved
+        ],
+    )
+    if config.tokens:
+        card.security_schemes[BEARER_SCHEME].http_auth_security_scheme.CopyFrom(
+            pb.HTTPAuthSecurityScheme(
+                scheme="Bearer",
+                description="Pass the coordinator's token as 'Authorization: Bearer TOKEN'.",
+            )
+        )
+        requirement = pb.SecurityRequirement()
+        requirement.schemes[BEARER_SCHEME].CopyFrom(pb.StringList())
+        card.security_requirements.append(requirement)
+    return card
+
+
+def card_routes(card: pb.AgentCard, cache_control: str) -> list[BaseRoute]:
+    """The card's routes (see the module docstring), each with an ETag (304 on a match)."""
+    v1 = MessageToDict(card)
+    v03 = agent_card_to_dict(card)
+
+    def answer(request: Request, body: dict[str, Any]) -> Response:
+        etag = '"' + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+        headers = {"ETag": etag + '"', "Cache-Control": cache_control, "Vary": "A2A-Version"}
+        match = request.headers.get("if-none-match", "")
+        if headers["ETag"] in (m.strip() for m in match.split(",")) or match.strip() == "*":
+            return Response(status_code=304, headers=headers)
+        return JSONResponse(body, headers=headers)
+
+    async def current(request: Request) -> Response:
+        version = request.headers.get("a2a-version", "").strip()
+        return answer(request, v03 if version.startswith("0.") else v1)
+
+    async def legacy(request: Request) -> Response:
+        return answer(request, v03)
+
+    return [
+        Route(CARD_PATH, current, methods=["GET"]),
+        Route(LEGACY_CARD_PATH, legacy, methods=["GET"]),
+    ]

@@ -1,0 +1,113 @@
+"""The coordinator's configuration: one frozen object, validated without I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from mesh.fleet.peers import parse_peer
+
+__all__ = ["CoordinatorConfig"]
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """How the A2A coordinator is served.
+
+    ``auth_token`` turns bearer authentication on. It may hold several tokens separated by
+    commas; each token is one caller, and a caller sees only the tasks it created.
+    ``public_url`` is the base URL written on the agent card (default: ``http://host:port``).
+    ``rest_prefix`` is where the HTTP+JSON binding lives; JSON-RPC is always at ``/``.
+    ``allow_private_push`` lets push notifications go to loopback/private addresses
+    (tests and single-host setups); by default such URLs are refused.
+    ``simulation`` honours ``params.scenario`` in subtasks (bounded; off by default).
+    """
+
+    name: str = "mesh"
+    description: str = "An A2A coordinator whose workers share one llama.cpp KV pool."
+    version: str = "0.1.0"
+    host: str = "127.0.0.1"
+    port: int = 8700
+    public_url: str | None = None
+    data_dir: str = ".mesh"
+    auth_token: str | None = None
+    max_body_bytes: int = _MIB
+    max_parts: int = 64
+    max_message_chars: int = 200_000
+    max_subtasks: int = 32
+    max_json_depth: int = 64
+    allow_private_push: bool = False
+    simulation: bool = False
+    max_hops: int = 4  # a delegated message past this many hops is refused at the door
+    peers: tuple[str, ...] = field(default_factory=tuple)
+    rest_prefix: str = "/a2a"
+    card_max_age_s: int = 60
+    text_flush_s: float = 0.05  # coalesce streamed text pieces into chunks this often
+    plan: str = "auto"  # auto | always | never: planning turn for messages w/o subtasks
+
+    @property
+    def base_url(self) -> str:
+        """The URL clients reach this coordinator at (no trailing slash)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The accepted bearer tokens (empty: authentication is off)."""
+        if not self.auth_token:
+            return ()
+        return tuple(t.strip() for t in self.auth_token.split(",") if t.strip())
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the fix for the first bad field. Does no I/O."""
+        if not self.name.strip():
+            raise ValueError("name is empty; pass --name NAME")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not self.host:
+            raise ValueError("host is empty; pass --host 127.0.0.1 (or 0.0.0.0 to listen on all)")
+        if self.public_url is not None:
+            parsed = urlparse(self.public_url)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                raise ValueError(
+                    f"public_url must be an absolute http(s) URL, got {self.public_url!r}"
+                )
+        if not self.data_dir:
+            raise ValueError("data_dir is empty; pass --data-dir DIR")
+        if self.auth_token is not None:
+            if not self.tokens:
+                raise ValueError("auth_token is set but empty; pass --auth-token TOKEN or omit it")
+            short = [t for t in self.tokens if len(t) < 8]
+            if short:
+                raise ValueError("every auth token must be at least 8 characters long")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.max_parts < 1:
+            raise ValueError(f"max_parts must be >= 1, got {self.max_parts}")
+        if self.max_message_chars < 1:
+            raise ValueError(f"max_message_chars must be >= 1, got {self.max_message_chars}")
+        if self.max_subtasks < 1:
+            raise ValueError(f"max_subtasks must be >= 1, got {self.max_subtasks}")
+        if not 4 <= self.max_json_depth <= 512:
+            raise ValueError(f"max_json_depth must be in 4..512, got {self.max_json_depth}")
+        if not self.rest_prefix.startswith("/") or self.rest_prefix == "/":
+            raise ValueError(
+                f"rest_prefix must start with '/' and not be '/', got {self.rest_prefix!r}"
+            )
+        if self.rest_prefix.endswith("/"):
+            raise ValueError(f"rest_prefix must not end with '/', got {self.rest_prefix!r}")
+        if self.card_max_age_s < 0:
+            raise ValueError(f"card_max_age_s must be >= 0, got {self.card_max_age_s}")
+        if self.text_flush_s < 0:
+            raise ValueError(f"text_flush_s must be >= 0, got {self.text_flush_s}")
+        if self.max_hops < 1:
+            raise ValueError(f"max_hops must be >= 1, got {self.max_hops}")
+        if self.plan not in ("auto", "always", "never"):
+            raise ValueError(f"plan must be auto, always or never, got {self.plan!r}")
+        for peer in self.peers:
+            _, url = parse_peer(peer)  # raises ValueError naming the fix
+            if not urlparse(url).netloc:
+                raise ValueError(f"peer must be NAME=URL with an http(s) URL, got {peer!r}")

@@ -1,0 +1,276 @@
+"""The coordinator's planning turn: the plan's JSON schema, its GBNF grammar, prompt, parser.
+
+A plan is one JSON object of three shapes (the ``action`` decides)::
+
+    {"action": "delegate", "subtasks": [{"instructions": "...", "files": ["..."],
+                                         "tools": ["read_file"]}, ...]}
+    {"action": "answer", "answer": "..."}        # no worker needed
+    {"action": "ask", "question": "..."}         # the task needs the user first
+
+:func:`plan_schema` builds the JSON schema (at most ``max_subtasks`` subtasks, every string
+bounded), :func:`schema_to_gbnf` turns that schema into a llama.cpp grammar, so a turn
+sampled under it is always a parseable plan that ends within :func:`max_plan_chars`
+characters (no free whitespace, bounded strings). A subtask's instructions start with a
+letter and hold at least :data:`INSTRUCTIONS_MIN` characters, so even a small model's
+noise cannot plan ", ". Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mesh.agent.plan_grammar import (
+    LETTER_FIRST,
+    STARTS_WITH,
+    max_plan_chars,
+    schema_to_gbnf,
+)
+
+__all__ = [
+    "ACTIONS",
+    "INSTRUCTIONS_MIN",
+    "Plan",
+    "PlanError",
+    "PlannedSubtask",
+    "max_plan_chars",
+    "parse_plan",
+    "plan_prompt",
+    "plan_schema",
+    "schema_to_gbnf",
+]
+
+ACTIONS = ("delegate", "answer", "ask")
+_NAME_MAX = 80
+_FILES_MAX = 4
+# An instruction starts with a letter and is at least this long (capped by text_max): small
+# models otherwise write instructions like ", ". The grammar makes anything else impossible.
+INSTRUCTIONS_MIN = 12
+# Guided plans: a subtask's instructions are one part of the request, then at most this
+# many characters the model adds (files and tools come from their lists).
+GUIDED_EXTRA = 80
+# A project with more files than this plans with free file names, not an enum of them.
+FILES_ENUM_MAX = 256
+
+
+class PlanError(ValueError):
+    """The text is not a plan; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class PlannedSubtask:
+    """One subtask of a plan: what to do and, where it helps, which files and tools."""
+
+    instructions: str
+    files: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+
+    def worker_instructions(self, request: str = "", history: str = "") -> str:
+        """The instructions a worker gets, the files and tools spelled out. With the
+        user's ``request`` the worker also sees what its part belongs to (a plan's
+        instructions, a small model's above all, may leave out what the user asked), and
+        with ``history`` the conversation a follow-up request continues."""
+        lines = [self.instructions]
+        if self.files:
+            lines.append("Files to look at: " + ", ".join(self.files))
+        if self.tools:
+            lines.append("Tools to use: " + ", ".join(self.tools))
+        request = request.strip()
+        if request and request != self.instructions:
+            lines.append(f"This is part of the user's request: {request}")
+        if history:
+            lines.append("Earlier in this conversation:\n" + history)
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parsed plan. ``action`` is one of :data:`ACTIONS`."""
+
+    action: str
+    subtasks: tuple[PlannedSubtask, ...] = ()
+    answer: str = ""
+    question: str = ""
+    source: str = field(default="model", compare=False)  # "model" | "fallback"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as published on the task (camelCase keys)."""
+        out: dict[str, Any] = {"action": self.action, "source": self.source}
+        if self.action == "delegate":
+            out["subtasks"] = [
+                {"id": f"p{i + 1}", "instructions": s.instructions, "files": list(s.files),
+                 "tools": list(s.tools)}
+                for i, s in enumerate(self.subtasks)
+            ]
+        elif self.action == "answer":
+            out["answer"] = self.answer
+        else:
+            out["question"] = self.question
+        return out
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _string(max_len: int, min_len: int = 1) -> dict[str, Any]:
+    return {"type": "string", "minLength": min_len, "maxLength": max_len}
+
+
+def _instructions(max_len: int) -> dict[str, Any]:
+    """A subtask's instructions: a letter first, a non-blank last, at least
+    ``INSTRUCTIONS_MIN`` characters in all."""
+    return {**_string(max_len, min(INSTRUCTIONS_MIN, max_len)), "pattern": LETTER_FIRST}
+
+
+def plan_schema(
+    max_subtasks: int,
+    tools: Sequence[str] = (),
+    actions: Sequence[str] = ACTIONS,
+    text_max: int = 240,
+    *,
+    files: Sequence[str] = (),
+    parts: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The JSON schema of a plan; ``actions`` narrows which shapes are allowed.
+
+    Instructions are at most ``text_max`` characters (at least ``min(INSTRUCTIONS_MIN,
+    text_max)``, the first a letter), a direct answer or a question twice that, a file name
+    ``min(80, text_max)``. With ``files`` (at most :data:`FILES_ENUM_MAX`) a plan names
+    only those. With ``parts`` (guided: :func:`mesh.agent.request_parts.request_parts`)
+    a delegate plan has exactly one subtask per part, each one's instructions opening with
+    its part, then at most :data:`GUIDED_EXTRA` characters of the model's own.
+    """
+    if text_max < 8:
+        raise ValueError(f"text_max must be >= 8, got {text_max}")
+    if max_subtasks < 1:
+        raise ValueError(f"max_subtasks must be >= 1, got {max_subtasks}")
+    if len(parts) > max_subtasks:
+        raise ValueError(f"{len(parts)} request parts but at most {max_subtasks} subtasks")
+    bad = [a for a in actions if a not in ACTIONS]
+    if bad or not actions:
+        raise ValueError(f"actions must be a non-empty subset of {ACTIONS}, got {list(actions)}")
+    name = min(_NAME_MAX, text_max)
+    tool_item: dict[str, Any] = {"enum": list(tools)} if tools else _string(name)
+    file_item: dict[str, Any] = (
+        {"enum": list(files)} if files and len(files) <= FILES_ENUM_MAX else _string(name))
+
+    def subtask(instructions: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object", "properties": {
+            "instructions": instructions,
+            "files": {"type": "array", "items": file_item, "maxItems": _FILES_MAX},
+            "tools": {"type": "array", "items": tool_item, "maxItems": max(1, len(tools))},
+        }}
+
+    subtasks: dict[str, Any]
+    if parts:
+        subtasks = {"type": "array", "prefixItems": [
+            subtask({"type": "string", STARTS_WITH: part, "maxLength": len(part) + GUIDED_EXTRA})
+            for part in parts]}
+    else:
+        subtasks = {"type": "array", "items": subtask(_instructions(text_max)), "minItems": 1,
+                    "maxItems": max_subtasks}
+    shapes = {
+        "delegate": {"type": "object", "properties": {
+            "action": {"const": "delegate"}, "subtasks": subtasks}},
+        "answer": {"type": "object", "properties": {
+            "action": {"const": "answer"}, "answer": _string(2 * text_max)}},
+        "ask": {"type": "object", "properties": {
+            "action": {"const": "ask"}, "question": _string(2 * text_max)}},
+    }
+    return {"oneOf": [shapes[a] for a in actions]}
+
+
+# --------------------------------------------------------------------------- prompt, parse
+
+
+def plan_prompt(
+    message: str,
+    history: str,
+    tools: Sequence[str],
+    max_subtasks: int,
+    parts: Sequence[str] = (),
+) -> str:
+    """The planning turn's suffix (after the shared project prefix). With ``parts``
+    (guided planning) it lists the request's parts, one subtask each."""
+    if parts:
+        numbered = "\n".join(f"{i + 1}. {p}" for i, p in enumerate(parts))
+        how = (f"The request has {len(parts)} part(s); a worker takes each one:\n{numbered}\n"
+               "Reply with one JSON object: {\"action\":\"delegate\",\"subtasks\":[...]}, "
+               "one subtask per part in this order, each with the part as its instructions "
+               "(add what to look for if it helps), the project files a worker should read "
+               "for it, and the tools it needs.")
+    else:
+        how = (f"Reply with one JSON object. To use workers: {{\"action\":\"delegate\","
+               f"\"subtasks\":[{{\"instructions\":...,\"files\":[...],\"tools\":[...]}}]}} "
+               f"with 1 to {max_subtasks} independent subtasks, one per part of the request. "
+               "If no worker is needed: {\"action\":\"answer\",\"answer\":...}. If you need "
+               "something from the user first: {\"action\":\"ask\",\"question\":...}.")
+    parts_out = [
+        "You are the coordinator. Plan how to answer the user's request about the project."
+        " You cannot open the project's files yourself: workers can, with their tools. A"
+        " request about the code, its files, names, values, errors or tests needs workers;"
+        " answer directly only when it needs nothing from the files.",
+        how,
+        f"Tools workers have: {', '.join(tools) if tools else '(none)'}.",
+    ]
+    if history:
+        parts_out.append("Earlier in this conversation:\n" + history)
+    parts_out.append("User request:\n" + message)
+    parts_out.append("Plan:")
+    return "\n\n".join(parts_out) + "\n"
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PlanError(f"{where} must be a list of strings")
+    return tuple(v.strip() for v in value if v.strip())
+
+
+def parse_plan(text: str, max_subtasks: int) -> Plan:
+    """The plan in ``text`` (one JSON object); raises :class:`PlanError` saying why not."""
+    try:
+        data = json.loads(text.strip())
+    except json.JSONDecodeError as e:
+        raise PlanError(f"the plan is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise PlanError("the plan must be a JSON object")
+    action = data.get("action")
+    if action == "answer":
+        answer = data.get("answer")
+        if not isinstance(answer, str) or not answer.strip():
+            raise PlanError("an 'answer' plan needs a non-empty answer")
+        return Plan("answer", answer=answer.strip())
+    if action == "ask":
+        question = data.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise PlanError("an 'ask' plan needs a non-empty question")
+        return Plan("ask", question=question.strip())
+    if action != "delegate":
+        raise PlanError(f"action must be one of {ACTIONS}, got {action!r}")
+    raw = data.get("subtasks")
+    if not isinstance(raw, list) or not raw:
+        raise PlanError("a 'delegate' plan needs a non-empty subtasks list")
+    if len(raw) > max_subtasks:
+        raise PlanError(f"the plan has {len(raw)} subtasks; at most {max_subtasks} are allowed")
+    subtasks = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise PlanError(f"subtasks[{i}] must be an object")
+        instructions = entry.get("instructions")
+        if not isinstance(instructions, str) or not instructions.strip():
+            raise PlanError(f"subtasks[{i}].instructions must be a non-empty string")
+        subtasks.append(PlannedSubtask(
+            instructions.strip(),
+            _strings(entry.get("files"), f"subtasks[{i}].files"),
+            _strings(entry.get("tools"), f"subtasks[{i}].tools"),
+        ))
+    return Plan("delegate", tuple(subtasks))
+
+
+def fallback_plan(message: str) -> Plan:
+    """The plan used when the model's plan does not parse: the request as one subtask."""
+    return Plan("delegate", (PlannedSubtask(message),), source="fallback")

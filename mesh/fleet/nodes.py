@@ -1,0 +1,398 @@
+"""Pool nodes: a coordinator that routes subtasks to other ``mesh serve`` processes.
+
+``mesh serve --node URL`` (repeatable) builds a :class:`NodePool` instead of a local pool.
+It is the coordinator's :class:`~mesh.gate.types.Admission`:
+
+* At start, :func:`read_node_cards` reads each node's card (``urn:mesh:pool:v1``: model,
+  prefix hash, engine) and refuses a node whose prefix hash differs from the coordinator's
+  own (the error names both hashes): a subtask must see the same prefix wherever it runs.
+* Each admitted subtask is given the node with the most headroom by the nodes' own
+  ``/capacity`` (polled every ``poll_s`` from the first request on, and re-read from a node
+  each time one of its subtasks answers). A node whose gate says ``wait`` or
+  ``refuse`` is never chosen while another says ``admit``; subtasks given to a node since
+  its last poll count against its headroom, so a burst is spread, not piled on one node.
+* When no node admits, subtasks wait at the coordinator: one FIFO queue of ``max_queue``;
+  past it ``check_queue`` says no (the HTTP 429 at the door). Work is never pushed onto a
+  full node.
+* A node that fails (transport error, vanished) is marked down (``node_failed``) and gets no
+  work until its ``/capacity`` answers again; :meth:`reassign` gives a failing subtask
+  another node (ahead of the queue), so the worker can retry it once.
+
+The worker side (the A2A call) is :mod:`mesh.fleet.node_worker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+from mesh.a2a_names import CARD_PATH, POOL_EXTENSION_URI
+from mesh.gate.types import OnPosition, QueueCheck, QueueFull
+
+__all__ = ["Node", "NodePool", "NodeTicket", "read_node_cards"]
+
+_RETRY_AFTER_S = 1.0
+
+
+@dataclass
+class Node:
+    """One node as the coordinator sees it."""
+
+    url: str
+    name: str = ""
+    model: str = ""
+    prefix_hash: str = ""
+    engine: str = ""
+    max_sessions: int = 0
+    session_budget: int = 0
+    capacity: dict[str, Any] | None = None
+    error: str | None = None
+    up: bool = True
+    in_flight: int = 0
+    given_since_poll: int = 0
+    routed: int = 0
+    failed: int = 0
+    polled_at: float = -math.inf
+
+    def admits(self) -> bool:
+        return self.up and self.capacity is not None and self.room() > 0 and (
+            self.capacity.get("verdict") == "admit")
+
+    def room(self) -> int:
+        """The node's headroom less what it was given since it last said so."""
+        cap = self.capacity or {}
+        head = cap.get("headroom")
+        head = int(head) if isinstance(head, int | float) and math.isfinite(head) else 0
+        return head - self.given_since_poll
+
+
+async def read_node_cards(urls: Iterable[str], http: httpx.AsyncClient,
+                          expected_hash: str) -> list[Node]:
+    """Each node's card facts; ``ValueError`` for a node that cannot be read, has no pool
+    extension, or whose prefix hash differs from ``expected_hash`` (both named)."""
+    nodes: list[Node] = []
+    for url in urls:
+        url = url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--node needs an absolute http(s) URL, got {url!r}")
+        try:
+            r = await http.get(url + CARD_PATH)
+            r.raise_for_status()
+            card = r.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ValueError(f"cannot read the agent card of node {url} ({exc}); is "
+                             "`mesh serve` running there?") from exc
+        exts = [e for e in card.get("capabilities", {}).get("extensions", [])
+                if e.get("uri") == POOL_EXTENSION_URI]
+        if not exts:
+            raise ValueError(f"node {url} has no {POOL_EXTENSION_URI} extension on its "
+                             "card: it is not a mesh pool node")
+        params = exts[0].get("params", {})
+        got = str(params.get("prefix_hash", ""))
+        if got != expected_hash:
+            raise ValueError(
+                f"node {url} serves prefix {got[:16] or '(none)'}, this coordinator "
+                f"{expected_hash[:16]} (sha256 of the prefix tokens): start every node with "
+                "the same --model, --template, --project and --prefix-tokens")
+        nodes.append(Node(url=url, name=str(card.get("name", "")),
+                          model=str(params.get("model_name", "")), prefix_hash=got,
+                          engine=str(params.get("engine", "")),
+                          max_sessions=int(params.get("max_sessions", 0)),
+                          session_budget=int(params.get("session_budget", 0))))
+    return nodes
+
+
+@dataclass
+class NodeTicket:
+    """An admitted subtask and the node it runs on (``node`` changes on a retry)."""
+
+    pool: NodePool
+    key: str
+    node: Node
+    released: bool = False
+    tried: list[str] = field(default_factory=list)
+
+    async def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.pool.release(self)
+
+
+class _Waiter:
+    __slots__ = ("exclude", "key", "node", "wake")
+
+    def __init__(self, key: str, exclude: frozenset[str] = frozenset()) -> None:
+        self.key = key
+        self.exclude = exclude
+        self.node: Node | None = None
+        self.wake = anyio.Event()
+
+
+class NodePool:
+    """Admission over pool nodes (see the module docstring)."""
+
+    def __init__(self, nodes: list[Node], *, max_queue: int = 64, poll_s: float = 0.5,
+                 token: str | None = None, timeout_s: float = 5.0) -> None:
+        if not nodes:
+            raise ValueError("a node pool needs at least one --node URL")
+        self.nodes = nodes
+        self.max_queue = max_queue
+        self.poll_s = poll_s
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout_s = timeout_s
+        self._queue: deque[_Waiter] = deque()
+        self._tickets: dict[str, NodeTicket] = {}
+        self._http: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.num_admitted = 0
+        self.num_refused = 0
+        self.num_retried = 0
+
+    # ------------------------------------------------------------------ polling
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """This event loop's client (the CLI builds in one loop and serves in another)."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._loop is not loop:
+            self._http = httpx.AsyncClient(headers=self._headers,
+                                           timeout=httpx.Timeout(self._timeout_s))
+            self._loop, self._poller = loop, None
+        return self._http
+
+    async def poll(self, node: Node) -> None:
+        """Read one node's ``/capacity``; a node that answers is up, one that does not is
+        down until it answers again."""
+        try:
+            r = await self.http.get(node.url + "/capacity")
+            r.raise_for_status()
+            doc = r.json()
+            node.capacity, node.error, node.up = doc, None, True
+        except (httpx.HTTPError, ValueError) as exc:
+            node.capacity, node.up = None, False
+            node.error = f"{type(exc).__name__}: {exc}"
+        node.given_since_poll = 0
+        node.polled_at = time.monotonic()
+
+    async def poll_all(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for node in self.nodes:
+                tg.start_soon(self.poll, node)
+        self._pump()
+
+    def _ensure_poller(self) -> None:
+        _ = self.http
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+
+    async def _poll_loop(self) -> None:
+        while True:  # for the server's life; aclose (or the loop's end) stops it
+            await self.poll_all()
+            await asyncio.sleep(self.poll_s)
+
+    async def aclose(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        poller, self._poller = self._poller, None
+        if poller is not None and not poller.done():
+            poller.cancel()
+            with anyio.CancelScope(shield=True), contextlib.suppress(
+                    asyncio.CancelledError, RuntimeError):
+                await poller
+        if self._http is not None:
+            with contextlib.suppress(RuntimeError):  # a client of a loop that is gone
+                await self._http.aclose()
+            self._http = None
+
+    # ------------------------------------------------------------------ admission
+
+    def check_queue(self, *, places: int = 1, caller: str = "") -> QueueCheck:
+        # Places count per subtask; ``caller`` is not given a share here yet (the node
+        # pool keeps its own FIFO until it shares the gate's, issue 26).
+        ok = len(self._queue) + max(1, min(places, self.max_queue)) <= self.max_queue
+        reason = "" if ok else (f"all {len(self.nodes)} nodes are at capacity and "
+                                f"{len(self._queue)} subtasks are queued (max {self.max_queue})")
+        return QueueCheck(ok=ok, queue_len=len(self._queue), retry_after_s=_RETRY_AFTER_S,
+                          reason=reason)
+
+    def pick(self, exclude: Iterable[str] = ()) -> Node | None:
+        """The admitting node with the most headroom (None: no node admits now)."""
+        skip = set(exclude)
+        ready = [n for n in self.nodes if n.url not in skip and n.admits()]
+        return max(ready, key=lambda n: (n.room(), -n.in_flight), default=None)
+
+    async def admit(self, key: str, on_position: OnPosition | None = None, *,
+                    accepted: bool = False, caller: str = "") -> NodeTicket:
+        self._ensure_poller()
+        if any(n.capacity is None and n.up for n in self.nodes):
+            await self.poll_all()  # first use: learn every node's capacity
+        node = self.pick() if not self._queue else None
+        reserved = node is None
+        if node is None:
+            if len(self._queue) >= self.max_queue and not accepted:
+                self.num_refused += 1
+                raise QueueFull(self.check_queue().reason, _RETRY_AFTER_S)
+            node = await self._wait(_Waiter(key), on_position, front=False)
+        ticket = NodeTicket(self, key, node)
+        self._give(ticket, node, reserved=reserved)
+        self.num_admitted += 1
+        self._tickets[key] = ticket
+        if on_position is not None:
+            try:
+                await on_position(0)
+            except BaseException:
+                await ticket.release()
+                raise
+        return ticket
+
+    async def reassign(self, ticket: NodeTicket, *, on_position: OnPosition | None = None
+                       ) -> Node:
+        """Move ``ticket`` off its (failed) node to another one, ahead of the queue."""
+        old = ticket.node
+        old.in_flight -= 1
+        ticket.tried.append(old.url)
+        self.num_retried += 1
+        node = self.pick(exclude=ticket.tried)
+        reserved = node is None
+        if node is None:
+            node = await self._wait(_Waiter(ticket.key, frozenset(ticket.tried)), on_position,
+                                    front=True)
+        self._give(ticket, node, reserved=reserved)
+        return node
+
+    def node_failed(self, node: Node, reason: str) -> None:
+        node.up, node.capacity, node.error = False, None, reason
+        node.failed += 1
+
+    def assigned(self, key: str) -> NodeTicket:
+        ticket = self._tickets.get(key)
+        if ticket is None:
+            raise RuntimeError(f"subtask {key} was not admitted by the node pool")
+        return ticket
+
+    def release(self, ticket: NodeTicket) -> None:
+        ticket.node.in_flight -= 1
+        self._tickets.pop(ticket.key, None)
+        self._pump()
+
+    def answered(self, node: Node) -> None:
+        """A subtask on ``node`` answered: re-read its capacity now, then admit from the
+        queue."""
+        if self._loop is not None:
+            task = self._loop.create_task(self._refresh(node))
+            self._background.add(task)  # held until done (the loop keeps weak refs only)
+            task.add_done_callback(self._background.discard)
+
+    async def _refresh(self, node: Node) -> None:
+        await self.poll(node)
+        self._pump()
+
+    def _give(self, ticket: NodeTicket, node: Node, *, reserved: bool) -> None:
+        ticket.node = node
+        node.in_flight += 1
+        if not reserved:  # a queued subtask's room was reserved when _pump chose it
+            node.given_since_poll += 1
+        node.routed += 1
+
+    async def _wait(self, waiter: _Waiter, on_position: OnPosition | None, *,
+                    front: bool) -> Node:
+        if front:
+            self._queue.appendleft(waiter)
+        else:
+            self._queue.append(waiter)
+        last = -1
+        try:
+            while waiter.node is None:
+                pos = self._queue.index(waiter) + 1
+                if on_position is not None and pos != last:
+                    last = pos
+                    await on_position(pos)
+                    continue
+                waiter.wake = wake = anyio.Event()
+                with anyio.move_on_after(self.poll_s):
+                    await wake.wait()
+                self._pump()
+        except BaseException:
+            if waiter in self._queue:
+                self._queue.remove(waiter)
+            elif waiter.node is not None:  # given a node, then cancelled: hand it back
+                waiter.node.given_since_poll = max(0, waiter.node.given_since_poll - 1)
+                self._pump()
+            raise
+        return waiter.node
+
+    def _pump(self) -> None:
+        """Give queued subtasks a node, head first, while some node admits."""
+        while self._queue:
+            head = self._queue[0]
+            node = self.pick(exclude=head.exclude)
+            if node is None:
+                return
+            self._queue.popleft()
+            head.node = node
+            node.given_since_poll += 1  # reserved now, so the next head sees less room
+            head.wake.set()
+            self._wake_all()
+
+    # ------------------------------------------------------------------ reporting
+
+    def capacity(self) -> dict[str, Any]:
+        """The coordinator's ``/capacity``: each node (its last capacity, in short) and
+        the total."""
+        with contextlib.suppress(RuntimeError):  # outside a loop: report what is known
+            self._ensure_poller()
+        rows: list[dict[str, Any]] = []
+        for n in self.nodes:
+            cap = n.capacity or {}
+            sessions = cap.get("sessions", {})
+            rows.append({
+                "url": n.url, "name": n.name, "model": n.model, "engine": n.engine,
+                "prefix_hash": n.prefix_hash, "up": n.up, "error": n.error,
+                "verdict": cap.get("verdict"), "headroom": cap.get("headroom"),
+                "room": n.room() if n.capacity is not None else None,
+                "sessions": sessions.get("total") if isinstance(sessions, dict) else None,
+                "queue_len": cap.get("queue_len"),
+                "measured_tps_p50": (cap.get("measured_tps") or {}).get("p50"),
+                "in_flight": n.in_flight, "routed": n.routed, "failed": n.failed,
+                "polled_s_ago": (round(time.monotonic() - n.polled_at, 3)
+                                 if math.isfinite(n.polled_at) else None),
+            })
+        up = [n for n in self.nodes if n.up and n.capacity is not None]
+        headroom = sum(max(0, n.room()) for n in up)
+        admitting = self.pick() is not None
+        verdict = "admit" if admitting and not self._queue else (
+            "wait" if len(self._queue) < self.max_queue else "refuse")
+        return {
+            "engine": {"name": f"nodes:{len(self.nodes)}", "backend": None},
+            "verdict": verdict,
+            "headroom": headroom,
+            "queue_len": len(self._queue),
+            "max_queue": self.max_queue,
+            "in_flight": sum(n.in_flight for n in self.nodes),
+            "admitted_total": self.num_admitted,
+            "refused_total": self.num_refused,
+            "retried_total": self.num_retried,
+            "sessions": {"total": sum(r["sessions"] or 0 for r in rows)},
+            "nodes": rows,
+            "total": {"nodes": len(rows), "up": len(up), "admitting": sum(
+                1 for n in self.nodes if n.admits()), "headroom": headroom,
+                "sessions": sum(r["sessions"] or 0 for r in rows),
+                "in_flight": sum(n.in_flight for n in self.nodes),
+                "routed": sum(n.routed for n in self.nodes)},
+            "workers": [],
+        }
+
+    def _wake_all(self) -> None:
+        for w in self._queue:
+            w.wake.set()

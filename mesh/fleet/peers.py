@@ -1,0 +1,352 @@
+"""Chaining: talk to other A2A agents (other coordinators, or any A2A server) as peers.
+
+:class:`PeerClient` fetches each peer's card with the SDK's card resolver, lists their
+skills (the text a worker's ``delegate`` tool shows the model), and ``send(peer, text)``
+sends one message with the SDK client and returns the final answer text. A peer may answer
+with a ``Message`` (its text is the answer) or a ``Task``: the client follows the stream
+(or polls ``GetTask`` when the peer does not stream) until the task is terminal, then reads
+the answer from the task's ``answer`` artifact (mesh peers) or, failing that, every text
+artifact, or the final status message. A peer task that fails, is canceled or rejected
+raises :class:`PeerError` with the peer's reason.
+
+Only configured peers are reachable: ``send`` takes a peer's configured name (``--peer
+NAME=URL``), its URL as configured, or its card name; any other URL is refused, so a
+model cannot point ``delegate`` at an address of its choosing. Each peer URL passes the
+push policy (``url_validator``: no private addresses unless ``--allow-private-push``)
+before its card is fetched (start-up included) and before each send, and a peer may have
+its own bearer token (``MESH_PEER_TOKEN_<NAME>``). Messages go to the configured address
+only: the card picks the protocol binding, never the address (:mod:`.peer_guard` rewrites
+its interface URLs, and the transport under every token-carrying client refuses any other
+origin and connects only to the address the policy checked).
+
+Every delegated message carries ``metadata.meshHops`` (hops so far, this one included)
+and ``metadata.meshChain`` (the agents it went through). The hop count of the message
+being worked on is :data:`CURRENT_HOPS` (the executor sets it from the incoming message);
+a coordinator refuses a message past ``--max-hops`` at its door, with the chain, so
+A → B → A cannot loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from a2a.client import A2ACardResolver, A2AClientError, ClientConfig, ClientFactory
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.constants import TransportProtocol
+from a2a.utils.errors import A2AError
+
+from mesh.fleet.peer_guard import GuardedTransport, confine_card
+
+__all__ = [
+    "CHAIN_KEY",
+    "CURRENT_HOPS",
+    "HOPS_KEY",
+    "PeerClient",
+    "PeerError",
+    "PeerInfo",
+    "PeerRefused",
+    "answer_text",
+    "hops_of",
+    "parse_peer",
+    "peer_token_env",
+]
+
+logger = logging.getLogger(__name__)
+
+HOPS_KEY = "meshHops"
+CHAIN_KEY = "meshChain"
+#: (hops, chain) of the message the current task is working on (set by the executor).
+CURRENT_HOPS: contextvars.ContextVar[tuple[int, tuple[str, ...]]] = contextvars.ContextVar(
+    "mesh_current_hops", default=(0, ())
+)
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+
+
+def parse_peer(spec: str) -> tuple[str | None, str]:
+    """``NAME=URL`` (or a bare ``URL``, named by its card) → (name, url); raises
+    ``ValueError`` naming the fix."""
+    name: str | None = None
+    url = spec
+    if "=" in spec and not spec.startswith(("http://", "https://")):
+        name, url = spec.split("=", 1)
+        if not _NAME.match(name):
+            raise ValueError(f"peer name {name!r} must match [A-Za-z][A-Za-z0-9_-]*")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"peer must be NAME=URL with an absolute http(s) URL, got {spec!r}")
+    return name, url.rstrip("/")
+
+
+def peer_token_env(name: str) -> str:
+    """The environment variable holding a peer's token: ``MESH_PEER_TOKEN_<NAME>``."""
+    return "MESH_PEER_TOKEN_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+def hops_of(metadata: Mapping[str, Any] | None) -> tuple[int, tuple[str, ...]]:
+    """(hops, chain) from a message's metadata; (0, ()) when absent or malformed."""
+    if not metadata:
+        return 0, ()
+    hops = metadata.get(HOPS_KEY, 0)
+    chain = metadata.get(CHAIN_KEY, [])
+    if isinstance(hops, float) and hops.is_integer():
+        hops = int(hops)
+    if not isinstance(hops, int) or isinstance(hops, bool) or hops < 0:
+        hops = 0
+    names = tuple(str(c) for c in chain) if isinstance(chain, list | tuple) else ()
+    return hops, names
+
+_TERMINAL = frozenset(
+    {
+        pb.TaskState.TASK_STATE_COMPLETED,
+        pb.TaskState.TASK_STATE_FAILED,
+        pb.TaskState.TASK_STATE_CANCELED,
+        pb.TaskState.TASK_STATE_REJECTED,
+    }
+)
+_ANSWER = "answer"
+
+
+class PeerError(Exception):
+    """The peer could not be reached, or its task did not complete."""
+
+
+class PeerRefused(PeerError, ValueError):
+    """A configured peer's address is refused by the address policy (an operator error:
+    a ``ValueError``, so ``mesh serve`` reports it in one line at start-up)."""
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """What a peer's card says, in the words a model needs."""
+
+    url: str
+    name: str
+    description: str
+    skills: tuple[tuple[str, str], ...]  # (name, description)
+
+
+def _message_text(message: pb.Message) -> str:
+    return "\n".join(p.text for p in message.parts if p.HasField("text"))
+
+
+def answer_text(task: pb.Task) -> str:
+    """The answer a terminal task carries (see the module docstring for the order)."""
+    for artifact in task.artifacts:
+        if artifact.artifact_id == _ANSWER or artifact.name == _ANSWER:
+            return "".join(p.text for p in artifact.parts if p.HasField("text"))
+    texts = ["".join(p.text for p in a.parts if p.HasField("text")) for a in task.artifacts]
+    joined = "\n".join(t for t in texts if t)
+    return joined or _message_text(task.status.message)
+
+
+class PeerClient:
+    """Cards, skills and ``send`` for a fixed list of peers (``NAME=URL`` or ``URL``).
+
+    ``token`` is sent as a bearer token to every peer without one in ``tokens`` (by name).
+    ``url_validator`` is the address policy checked before each card fetch and send (the
+    push policy; None: no check; one that raises refuses). ``origin`` names this agent in
+    ``meshChain``. One ``httpx.AsyncClient`` per token, on a :class:`GuardedTransport`
+    that reaches only the peers holding that token; ``aclose`` closes them (unless a
+    client was passed in: then that client's transport is the caller's business).
+    """
+
+    def __init__(
+        self,
+        peers: Iterable[str],
+        *,
+        token: str | None = None,
+        tokens: Mapping[str, str] | None = None,
+        url_validator: Callable[[str], Awaitable[bool]] | None = None,
+        origin: str = "mesh",
+        timeout_s: float = 300.0,
+        httpx_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        parsed = [parse_peer(p) for p in peers]
+        self.urls = tuple(url for _, url in parsed)
+        self.names: dict[str, str] = {name: url for name, url in parsed if name}
+        self.timeout_s = timeout_s
+        self.origin = origin
+        self._validate = url_validator
+        self._owns_http = httpx_client is None
+        self._shared = httpx_client
+        self._clients: dict[str | None, httpx.AsyncClient] = {}
+        self._token_of: dict[str, str | None] = {}
+        for name, url in parsed:
+            self._token_of[url] = (tokens or {}).get(name or "", token)
+        self._cards: dict[str, pb.AgentCard] = {}
+        self._warned: set[str] = set()
+
+    def _http_for(self, url: str) -> httpx.AsyncClient:
+        if self._shared is not None:
+            return self._shared
+        token = self._token_of.get(url)
+        if token not in self._clients:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            reachable = [u for u, t in self._token_of.items() if t == token]
+            self._clients[token] = httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                transport=GuardedTransport(reachable, self._validate),
+            )
+        return self._clients[token]
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        return self._http_for("")
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            for client in self._clients.values():
+                await client.aclose()
+            self._clients.clear()
+
+    async def card(self, url: str) -> pb.AgentCard:
+        """The peer's card (fetched once, then cached)."""
+        url = url.rstrip("/")
+        if url not in self._cards:
+            await self._check(url)  # before any byte, the token included, leaves
+            try:
+                http = self._http_for(url)
+                self._cards[url] = await A2ACardResolver(http, url).get_agent_card()
+            except A2AClientError as e:
+                raise PeerError(f"cannot fetch the agent card of {url}: {e}") from e
+        return self._cards[url]
+
+    async def refresh(self) -> list[PeerInfo]:
+        """Fetch every peer's card again; a peer that cannot be reached raises PeerError."""
+        self._cards.clear()
+        infos: list[PeerInfo] = []
+        for url in self.urls:
+            card = await self.card(url)
+            infos.append(
+                PeerInfo(
+                    url=url,
+                    name=card.name,
+                    description=card.description,
+                    skills=tuple((s.name, s.description) for s in card.skills),
+                )
+            )
+        return infos
+
+    async def describe(self) -> str:
+        """A plain-text list of peers and skills, for the ``delegate`` tool's description."""
+        lines: list[str] = []
+        names = {url: name for name, url in self.names.items()}
+        for info in await self.refresh():
+            name = names.get(info.url, info.name)
+            card = f", card {info.name!r}" if name != info.name else ""
+            lines.append(f"- {name} ({info.url}{card}): {info.description}")
+            lines.extend(f"    * {skill}: {desc}" for skill, desc in info.skills)
+        if not lines:
+            return "(no peers)"
+        allowed = ", ".join(self.peer_names())
+        return "\n".join([f"delegate: the peer argument must be one of: {allowed}", *lines])
+
+    def peer_names(self) -> list[str]:
+        """The names the ``delegate`` tool accepts (configured names, else card names)."""
+        named = set(self.names.values())
+        cards = [self._cards[u].name for u in self.urls if u not in named and u in self._cards]
+        return [*self.names, *cards]
+
+    async def send(self, peer: str, text: str) -> str:
+        """Send ``text`` to ``peer`` (a URL or a card name); return the final answer text."""
+        url = await self._resolve(peer)
+        await self._check(url)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._send(url, text)
+        except TimeoutError:
+            raise PeerError(f"peer {url} did not finish within {self.timeout_s:.0f} s") from None
+        except (A2AClientError, A2AError) as e:
+            raise PeerError(f"peer {url} failed: {e}") from e
+
+    async def _check(self, url: str) -> None:
+        """:class:`PeerRefused` unless ``url`` passes the address policy."""
+        if self._validate is None:
+            return
+        try:
+            ok = await self._validate(url)
+        except A2AError:  # the push policy raises its refusal, with the reason
+            ok = False
+        if not ok:
+            raise PeerRefused(
+                f"peer {url} resolves to a private or loopback address (or does not "
+                "resolve), refused by the push policy; start the server with "
+                "--allow-private-push to allow it"
+            )
+
+    async def _resolve(self, peer: str) -> str:
+        if peer in self.names:
+            return self.names[peer]
+        if peer.rstrip("/") in self.urls:
+            return peer.rstrip("/")
+        if not peer.startswith(("http://", "https://")):
+            for url in self.urls:
+                if (await self.card(url)).name == peer:
+                    return url
+        known = ", ".join(self.peer_names()) or "none configured (mesh serve --peer NAME=URL)"
+        raise PeerError(f"unknown peer {peer!r}; delegate only to a configured peer: {known}")
+
+    def _confined(self, url: str, card: pb.AgentCard) -> pb.AgentCard:
+        """``card`` with every interface at the configured ``url`` (see :mod:`.peer_guard`);
+        says once per peer when the card named another address."""
+        confined, replaced = confine_card(card, url)
+        if replaced and url not in self._warned:
+            self._warned.add(url)
+            logger.warning(
+                "peer %s: its card names %s, not its configured address; sending to %s "
+                "only (configure --peer with the card's address, or fix the peer's "
+                "--public-url)", url, ", ".join(sorted(set(replaced))), url,
+            )
+        return confined
+
+    async def _send(self, url: str, text: str) -> str:
+        card = self._confined(url, await self.card(url))
+        config = ClientConfig(
+            httpx_client=self._http_for(url),
+            streaming=card.capabilities.streaming,
+            supported_protocol_bindings=[
+                TransportProtocol.JSONRPC.value,
+                TransportProtocol.HTTP_JSON.value,
+            ],
+        )
+        client = ClientFactory(config).create(card)
+        hops, chain = CURRENT_HOPS.get()
+        message = pb.Message(
+            role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[pb.Part(text=text)]
+        )
+        message.metadata.update({HOPS_KEY: hops + 1, CHAIN_KEY: [*chain, self.origin]})
+        request = pb.SendMessageRequest(message=message)
+        task_id = ""
+        state = pb.TaskState.TASK_STATE_UNSPECIFIED
+        try:
+            async for response in client.send_message(request):
+                if response.HasField("message"):
+                    return _message_text(response.message)
+                if response.HasField("task"):
+                    task_id, state = response.task.id, response.task.status.state
+                elif response.HasField("status_update"):
+                    task_id = response.status_update.task_id
+                    state = response.status_update.status.state
+                if state in _TERMINAL:
+                    break
+            if not task_id:
+                raise PeerError(f"peer {url} answered with neither a message nor a task")
+            task = await client.get_task(pb.GetTaskRequest(id=task_id))
+            while task.status.state not in _TERMINAL:
+                await asyncio.sleep(0.2)
+                task = await client.get_task(pb.GetTaskRequest(id=task_id))
+        finally:
+            await client.close()
+        if task.status.state != pb.TaskState.TASK_STATE_COMPLETED:
+            state_name = pb.TaskState.Name(task.status.state).removeprefix("TASK_STATE_").lower()
+            reason = _message_text(task.status.message) or "no reason given"
+            raise PeerError(f"peer {url} task {task_id} {state_name}: {reason}")
+        return answer_text(task)
