@@ -17,7 +17,7 @@ from a2a.utils.errors import A2AError
 
 from mesh.cli.errors import describe
 from mesh.sim.compare import RunOne, parse_compare, run_compare, run_sweep
-from mesh.sim.flags import add_neighbour_args, neighbour_config
+from mesh.sim.flags import add_neighbour_args, add_scenario_kind_args, idle_config, neighbour_config
 from mesh.sim.progress import ProgressBar
 from mesh.sim.run import plan_for, run_simulation, write_report
 from mesh.sim.server import ServerCommand, ServerError, serve_command
@@ -94,6 +94,7 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_neighbour_args(p)
+    add_scenario_kind_args(p)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -159,6 +160,8 @@ def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
         # The server started here runs the scenario, so it honours scenario params.
         serve_args=(*serve, *args.serve_arg),
         neighbour=neighbour_config(args),
+        scenario=args.scenario,
+        idle=idle_config(args),
     )
     config.validate()
     return config

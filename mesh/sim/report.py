@@ -21,6 +21,12 @@ Summary definitions (``report.json`` → ``summary``):
   and for a planned scenario every planner and synthesis session too; 0 when the pool is
   naive: each session prefilled its own copy).
 
+``summary.parking`` (:func:`mesh.sim.idle.parking_summary`): resident and parked
+sessions' peaks, the share of samples with a parked session, parks / resumes / swaps, and
+what was lost (packages undelivered, delivered ones short of their planned tokens); an
+``idle-agents`` run (or one that parked) also has ``parking_series`` in ``report.json``,
+a paragraph in ``report.md`` and ``parking_over_time.png``.
+
 ``report.json`` → ``phases``: the same figures per neighbour phase (off / on) and overall
 (:func:`mesh.sim.phases.phase_summary`); ``report.md`` shows them when a neighbour ran.
 
@@ -40,6 +46,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from mesh.sim.idle import has_parking, parking_lines, parking_series, parking_summary
 from mesh.sim.measure import floor_of, percentile, workers
 from mesh.sim.measure import num as _num
 from mesh.sim.phases import PHASES, figures_table, phase_summary
@@ -185,6 +192,9 @@ def summarize(run: SimRun) -> Summary:
         "planned": bool(run.scenario.get("plan", False)),
         "planner_sessions": spans.count(ROLES["plan"]),
         "synthesis_sessions": spans.count(ROLES["synthesis"]),
+        "scenario": run.config.scenario,
+        # resident vs parked sessions and cells (mesh.sim.idle; zeros where none parked)
+        "parking": parking_summary(run),
     }
 
 
@@ -201,6 +211,7 @@ def report_document(run: SimRun, summary: Summary | None = None) -> dict[str, An
         "scenario": run.scenario,
         "samples": [{"t": s.t, "capacity": s.capacity} for s in run.samples],
         "kv_series": kv_series(run),
+        "parking_series": parking_series(run) if has_parking(run) else [],
         "tasks": [t.to_json() for t in run.tasks],
     }
 
@@ -284,6 +295,7 @@ def write_markdown(path: Path, run: SimRun, summary: Summary, plots: Sequence[Pa
         summary_table([("value", summary)]),
         "",
         *_phase_lines(run),
+        *(parking_lines(run, summary["parking"]) if has_parking(run) else []),
         "| package | state | delivery (s) | 429 retries | tokens |",
         "|---|---|---|---|---|",
         *(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mesh.sim.driver import OnProgress, drive
+from mesh.sim.idle_plot import parking_plots
 from mesh.sim.neighbour import Neighbour
 from mesh.sim.plots import write_plots
 from mesh.sim.report import Summary, report_document, summarize, write_json, write_markdown
@@ -30,6 +31,12 @@ class ReportFiles:
 def plan_for(config: SimConfig) -> Scenario:
     """The scenario ``config`` asks for (the template's defaults fill what it leaves out)."""
     spec = load_template(config.template).manifest.scenario
+    if config.idle_agents:  # many agents, long seeded idle gaps, never planned
+        idle = config.idle
+        packages = config.packages if config.packages is not None else idle.default_agents()
+        return plan_scenario(spec, config.seed, packages=packages, steps=config.steps,
+                             tokens_per_step=config.tokens_per_step, plan=False,
+                             tool_latency_s=idle.tool_latency())
     return plan_scenario(
         spec,
         config.seed,
@@ -81,7 +88,7 @@ def write_report(run: SimRun, out_dir: Path) -> ReportFiles:
     """``report.json``, ``report.md`` and the plots of one run, in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(run)
-    plots = write_plots([run], out_dir)
+    plots = write_plots([run], out_dir) + parking_plots([run], out_dir)
     json_path = write_json(out_dir / "report.json", report_document(run, summary))
     md_path = write_markdown(out_dir / "report.md", run, summary, plots)
     return ReportFiles(json_path, md_path, tuple(plots), summary)

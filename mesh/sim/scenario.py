@@ -98,8 +98,12 @@ def plan_scenario(
     steps: int | None = None,
     tokens_per_step: int | None = None,
     plan: bool | None = None,
+    tool_latency_s: Mapping[str, Any] | None = None,
 ) -> Scenario:
     """The packages of a run; ``None`` overrides take the template's defaults.
+
+    ``tool_latency_s``: a distribution table (as in the manifest) for every step's tool
+    call instead of the template's, e.g. the long idle gaps of ``--scenario idle-agents``.
 
     Raises ``ValueError`` for a count below 1. Pure: same arguments, same scenario.
     """
@@ -129,7 +133,8 @@ def plan_scenario(
             # The distributions travel too, so the schedule does not depend on which
             # template the server loaded.
             "tools": list(spec.tools),
-            "tool_latency_s": defaults["tool_latency_s"],
+            "tool_latency_s": dict(tool_latency_s) if tool_latency_s is not None
+            else defaults["tool_latency_s"],
             "tool_output_tokens": defaults["tool_output_tokens"],
         }
         knobs = ScenarioParams.model_validate({**defaults, **params})

@@ -31,6 +31,7 @@ __all__ = [
     "ServerProcess",
     "free_port",
     "mesh_executable",
+    "parking_args",
     "serve_command",
 ]
 
@@ -68,7 +69,23 @@ def serve_command(config: SimConfig, port: int, data_dir: Path) -> list[str]:
         cmd += ["--floor-tps", f"{config.floor_tps:g}"]
     if config.model is not None:
         cmd += ["--model", config.model]
-    return [*cmd, *config.serve_args]
+    return [*cmd, *parking_args(config), *config.serve_args]
+
+
+def parking_args(config: SimConfig) -> list[str]:
+    """``--scenario idle-agents``: fewer resident slots than agents, room for every agent
+    to stay attached, and parking of idle sessions (none for other scenarios). The run's
+    ``serve_args`` come after, so ``--serve-arg`` may override any of them."""
+    if not config.idle_agents:
+        return []
+    idle = config.idle
+    agents = config.packages if config.packages is not None else idle.default_agents()
+    args = ["--max-sessions", str(idle.resident),
+            "--max-attached", str(max(agents, idle.resident)),
+            "--park-idle", f"{idle.park_idle_s:g}"]
+    if idle.park_memory_gib is not None:
+        args += ["--park-memory", f"{idle.park_memory_gib:g}"]
+    return args
 
 
 class ServerProcess:

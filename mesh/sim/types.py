@@ -12,11 +12,59 @@ from typing import Any
 
 from mesh.sim.schedule import parse_schedule
 
-__all__ = ["NeighbourConfig", "PhaseRecord", "Sample", "SimConfig", "SimRun", "TaskEvent",
-           "TaskTimeline"]
+__all__ = ["SCENARIOS", "IdleAgentsConfig", "NeighbourConfig", "PhaseRecord", "Sample",
+           "SimConfig", "SimRun", "TaskEvent", "TaskTimeline"]
 
 POLICIES_HELP = "floor, projection, legacy, static:N or none"
 NEIGHBOURS = ("none", "cpu", "mesh")
+# "packages": the template's scenario as it is; "idle-agents": many agents, mostly idle
+# (long seeded tool gaps), more of them than the pool has resident slots, so they park.
+SCENARIOS = ("packages", "idle-agents")
+
+
+@dataclass(frozen=True)
+class IdleAgentsConfig:
+    """The ``idle-agents`` scenario's knobs (issue 28; :mod:`mesh.sim.idle`).
+
+    Each agent is one package: a multi-turn tool loop whose tool calls last a seeded
+    log-normal ``idle_s`` (median; ``idle_sigma``, clipped to ``[idle_min_s, idle_max_s]``).
+    The server started here gets ``resident`` sequence ids (``--max-sessions``), room for
+    every agent to stay attached (``--max-attached``) and parks a session idle for
+    ``park_idle_s`` (``--park-idle``); ``park_memory_gib`` None keeps the server's
+    ``--park-memory`` (0: every park recomputes).
+    """
+
+    resident: int = 4
+    idle_s: float = 8.0
+    idle_sigma: float = 0.5
+    idle_min_s: float = 1.0
+    idle_max_s: float = 60.0  # the worker's bound (SCENARIO_BOUNDS["tool_latency_s"])
+    park_idle_s: float = 1.0
+    park_memory_gib: float | None = None
+
+    def validate(self) -> None:
+        if self.resident < 1:
+            raise ValueError(f"idle-agents resident must be >= 1, got {self.resident}; "
+                             "fix --resident")
+        if not 0 < self.idle_min_s <= self.idle_s <= self.idle_max_s <= 60.0:
+            raise ValueError(
+                f"idle-agents needs 0 < idle min ({self.idle_min_s:g}) <= --idle "
+                f"({self.idle_s:g}) <= idle max ({self.idle_max_s:g}) <= 60 s")
+        if self.idle_sigma < 0:
+            raise ValueError(f"idle-agents sigma must be >= 0, got {self.idle_sigma:g}")
+        if not self.park_idle_s > 0:
+            raise ValueError(f"--park-idle must be > 0 s, got {self.park_idle_s:g}")
+        if self.park_memory_gib is not None and self.park_memory_gib < 0:
+            raise ValueError(f"--park-memory must be >= 0 GiB, got {self.park_memory_gib:g}")
+
+    def tool_latency(self) -> dict[str, Any]:
+        """The tool-latency distribution every agent's steps are drawn from."""
+        return {"dist": "lognormal", "median": self.idle_s, "sigma": self.idle_sigma,
+                "min": self.idle_min_s, "max": self.idle_max_s}
+
+    def default_agents(self) -> int:
+        """Agents when ``--packages`` is not given: four per resident slot."""
+        return 4 * self.resident
 
 
 @dataclass(frozen=True)
@@ -83,8 +131,21 @@ class SimConfig:
     max_retries: int = 20  # per package, on HTTP 429
     serve_args: tuple[str, ...] = ()  # extra `mesh serve` arguments
     neighbour: NeighbourConfig = field(default_factory=NeighbourConfig)
+    scenario: str = "packages"  # one of SCENARIOS
+    idle: IdleAgentsConfig = field(default_factory=IdleAgentsConfig)  # "idle-agents" only
+
+    @property
+    def idle_agents(self) -> bool:
+        return self.scenario == "idle-agents"
 
     def validate(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got "
+                             f"{self.scenario!r}; pass --scenario packages or idle-agents")
+        if self.idle_agents:
+            self.idle.validate()
+            if self.plan:
+                raise ValueError("--scenario idle-agents runs scripted tool loops; drop --plan")
         if self.pool not in ("shared", "naive"):
             raise ValueError(f"pool must be 'shared' or 'naive', got {self.pool!r}")
         if self.floor_tps is not None and not self.floor_tps > 0:
