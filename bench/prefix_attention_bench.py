@@ -120,7 +120,7 @@ def analyse(points: Sequence[dict[str, Any]], suffix: int) -> dict[str, Any]:
     for p in ok:
         if p["suffix"] == suffix:
             groups.setdefault((p["model"], p["kv"], p["fa"], p["rows"]), []).append(p)
-    fits = []
+    fits: list[dict[str, Any]] = []
     slopes: dict[tuple[str, str, str, int], float] = {}
     for (model, kv, fa, rows), pts in sorted(groups.items()):
         pts.sort(key=lambda p: p["prefix"])

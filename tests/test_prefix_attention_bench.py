@@ -81,9 +81,10 @@ def test_analyse_fits_the_prefix_term_and_picks_the_best_path() -> None:
 
 
 def test_a_noisy_fit_is_clamped_to_the_step() -> None:
-    pts = [{"model": "m", "kv": "f16", "fa": "on", "prefix": p, "rows": 8, "suffix": 64,
-            "step_ms": ms, "masked_cells_per_row": 448, "flops_floor_ms": 0.0}
-           for p, ms in ((1000, 1.0), (2000, 50.0), (4000, 2.0))]
+    pts: list[dict[str, Any]] = [
+        {"model": "m", "kv": "f16", "fa": "on", "prefix": p, "rows": 8, "suffix": 64,
+         "step_ms": ms, "masked_cells_per_row": 448, "flops_floor_ms": 0.0}
+        for p, ms in ((1000, 1.0), (2000, 50.0), (4000, 2.0))]
     out = analyse(pts, 64)
     for p in pts:
         assert 0 <= p["prefix_ms"] + p["masked_ms"] <= p["step_ms"] + 1e-12
