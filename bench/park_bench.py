@@ -13,7 +13,11 @@ generate ``gen`` tokens, wait an idle gap (exponential, mean ``idle``) as if a t
 * ``none``: no parking (``max_attached = max_sessions``): an agent that finds no slot
   waits for one (``attach`` refused: retried every 50 ms);
 * ``recompute``: parking on (``max_attached = N``), a resumed agent's suffix re-prefilled;
-* ``swap``: the same with ``park_memory`` (suffix cells copied to host RAM and back).
+* ``swap``: the same with ``park_memory`` (suffix cells copied to host RAM and back);
+* ``llama-server`` (with ``--llama-server BINARY``): llama.cpp's server at the same KV
+  memory, ``-np`` = the slots that hold a whole context without a shared prefix,
+  ``--cache-ram`` ``--llama-cache-ram`` MiB, the same agents through its OpenAI API
+  (:mod:`bench.park_llama_server`; binary: ``bash ../shared/tools/build-llama-server.sh``).
 
 Reported per run: agents served (finished every turn), how many were attached at once at
 most, task wall, attach wait p50/p95 (without parking, an agent waits here for a slot),
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.park_llama_server import llama_server_slots, run_llama_server
 from mesh.engine.models import resolve_model
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PooledSession
@@ -268,6 +273,11 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true",
                     help="P=256, S=256, N=7,14, 2 turns, idle 0.2 s, gen 8")
+    ap.add_argument("--llama-server", default=None, metavar="BINARY",
+                    help="also run llama-server -np N --cache-ram M on the same workload "
+                    "(BINARY: the last line of ../shared/tools/build-llama-server.sh)")
+    ap.add_argument("--llama-cache-ram", type=int, default=8192, metavar="MiB",
+                    help="llama-server's --cache-ram (default: 8192)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     if args.quick:
@@ -287,12 +297,26 @@ async def main(argv: list[str] | None = None) -> int:
             run = await one_run(path, g, mode, n, args.threads, prefix, args.seed)
             runs.append(run.row())
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+        if args.llama_server:  # the comparison row: same agents, same KV memory
+            print(f"... N={n} llama-server", file=sys.stderr, flush=True)
+            run = Run("llama-server", n)
+            log = args.out.parent / f"park-llama-server-{n}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            await run_llama_server(args.llama_server, path, g, run, prefix=prefix, words=words,
+                                   seed=args.seed, cache_ram_mib=args.llama_cache_ram,
+                                   threads=args.threads, log=log)
+            runs.append(run.row())
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     sizes = [min(int(x), g.suffix - 16) for x in args.cost_sizes.split(",")]
     cost = await resume_cost(path, g, args.threads, prefix, sizes)
     doc = {"meta": {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "model": model.name, "machine": platform.machine(),
                     "argv": sys.argv[1:], "geometry": g.__dict__ | {"tool": g.tool},
-                    "kv_cells": g.prefix + g.resident * g.suffix},
+                    "kv_cells": g.prefix + g.resident * g.suffix,
+                    "llama_server": {"binary": args.llama_server,
+                                     "slots": llama_server_slots(g)[0],
+                                     "cache_ram_mib": args.llama_cache_ram}
+                    if args.llama_server else None},
            "runs": runs, "resume_cost": cost}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
