@@ -11,7 +11,15 @@ A sample (the page turns each live SSE frame into the same shape, see ``sampleOf
 
     {"t": unix s, "floor": tok/s or null, "verdict": "admit"|"queue"|"refuse"|...,
      "admitted": n, "refused": n, "queue": n, "maxQueue": n, "waiting": n or null,
-     "cells": {"used": n, "prefix": n, "total": n}, "workers": [[id, tok/s], ...]}
+     "cells": {"used": n, "prefix": n, "total": n},
+     "parking": {"attached": n, "resident": n, "parked": n, "parkedCells": n,
+                 "parkedBytes": n},
+     "workers": [[id, tok/s], ...]}
+
+``parking`` is ``/capacity``'s ``parking`` block (issue 28): ``attached`` is every session
+(``sessions.total``), ``resident`` those holding a sequence id and their cells, ``parked``
+those off the KV cache, ``parkedCells`` the suffix tokens they hold off it (their
+``parked_tokens``), ``parkedBytes`` the host RAM their swapped suffixes take.
 
 ``waiting`` is ``/capacity``'s ``turns.waiting`` (turns queued for a decode slot) when the
 gate reports it, else null. Every field is read defensively: an admission whose document
@@ -61,6 +69,10 @@ def sample_of(cap: dict[str, Any], t: float, max_workers: int = 64) -> dict[str,
         if tps is not None and len(workers) < max_workers:
             workers.append([str(row.get("id")), tps])
     verdict = cap.get("verdict")
+    parking = cap.get("parking")
+    parking = parking if isinstance(parking, dict) else {}
+    sessions = cap.get("sessions")
+    attached = _num(sessions.get("total")) if isinstance(sessions, dict) else None
     return {
         "t": t,
         "floor": _num(cap.get("floor_tps")),
@@ -71,6 +83,10 @@ def sample_of(cap: dict[str, Any], t: float, max_workers: int = 64) -> dict[str,
         "maxQueue": _num(cap.get("max_queue")),
         "waiting": waiting,
         "cells": {k: _num(kv.get(k)) for k in ("used", "prefix", "total")},
+        "parking": {"attached": attached, "resident": _num(parking.get("resident")),
+                    "parked": _num(parking.get("parked")),
+                    "parkedCells": _num(parking.get("parked_tokens")),
+                    "parkedBytes": _num(parking.get("parked_bytes"))},
         "workers": workers,
     }
 

@@ -77,7 +77,9 @@ async def test_page_and_assets_are_served(served: Any) -> None:
     async with httpx.AsyncClient() as client:
         page = await client.get(url + "/dashboard")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-        for ident in ("chart", "verdict", "kvReduction", "tasksTable", "workersTable", "auth"):
+        for ident in ("chart", "verdict", "kvReduction", "tasksTable", "workersTable", "auth",
+                      "parkChart", "pAttached", "pResident", "pParked", "pParkedCells",
+                      "pBytes", "pMemory"):
             assert f'id="{ident}"' in page.text
         js = await client.get(url + "/dashboard/assets/dashboard.js")
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
@@ -315,6 +317,8 @@ def test_history_keeps_a_bounded_window_of_samples() -> None:
         "t": 1049.0, "floor": 5.0, "verdict": "admit", "admitted": 3, "refused": 1,
         "queue": 49 % 3, "maxQueue": 10, "waiting": None,
         "cells": {"used": 150, "prefix": 100, "total": 400},
+        "parking": {"attached": None, "resident": None, "parked": None, "parkedCells": None,
+                    "parkedBytes": None},
         "workers": [["w1", 49.0]],  # a worker with no measured tok/s is not a point
     }
     now[0] += 60.0  # nothing sampled for a minute: the window is empty
@@ -323,13 +327,42 @@ def test_history_keeps_a_bounded_window_of_samples() -> None:
         DashboardHistory(cap, interval_s=2.0, window_s=1.0)  # type: ignore[arg-type]
 
 
+def test_sample_keeps_resident_and_parked_sessions_cells_and_host_bytes() -> None:
+    """Issue 28: the history carries the parking block, so the page's sessions chart has
+    a past; junk in it reads as null."""
+    parking = {"max_attached": 16, "resident": 4, "parked": 9, "parked_tokens": 5000,
+               "parks": 30, "resumes": 21, "swaps": 12, "parked_bytes": 115_200_000}
+    s = sample_of(_cap_doc(3.0, sessions={"total": 13}, parking=parking), 5.0)
+    assert s["parking"] == {"attached": 13, "resident": 4, "parked": 9, "parkedCells": 5000,
+                            "parkedBytes": 115_200_000}
+    junk = sample_of(_cap_doc(3.0, sessions=[], parking={"parked": "x"}), 6.0)
+    assert junk["parking"]["attached"] is None and junk["parking"]["parked"] is None
+
+
+async def test_frames_and_history_carry_parking(served: Any) -> None:
+    url, _, gate, _ = served
+    async with httpx.AsyncClient() as client:
+        sid = (await client.post(url + "/v1/sessions", json={})).json()["id"]
+        assert sid
+        frames = await _frames(client, url, 1)
+    parking = frames[-1]["capacity"]["parking"]
+    assert {"resident", "parked", "parked_tokens", "parked_bytes", "max_attached"} <= set(parking)
+    assert frames[-1]["capacity"]["sessions"]["total"] == 1
+    kept = DashboardHistory(gate).sample()  # what /dashboard/history serves
+    assert kept["parking"]["attached"] == 1
+    assert kept["parking"]["resident"] == parking["resident"]
+
+
 def test_sample_reads_fields_defensively() -> None:
     # The node pool's document has no floor, workers or cells; a gate with a decode queue
     # reports turns.waiting; NaN and junk become null.
     assert sample_of({"verdict": "wait", "queue_len": 2}, 1.0) == {
         "t": 1.0, "floor": None, "verdict": "wait", "admitted": None, "refused": None,
         "queue": 2, "maxQueue": None, "waiting": None,
-        "cells": {"used": None, "prefix": None, "total": None}, "workers": [],
+        "cells": {"used": None, "prefix": None, "total": None},
+        "parking": {"attached": None, "resident": None, "parked": None, "parkedCells": None,
+                    "parkedBytes": None},
+        "workers": [],
     }
     s = sample_of(_cap_doc(math.nan, turns={"waiting": 4}), 2.0)
     assert s["waiting"] == 4 and s["workers"] == []

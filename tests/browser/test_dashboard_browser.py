@@ -83,7 +83,8 @@ def _dom(b: Browser) -> dict[str, Any]:
       const ids = ["policy","floor","verdict","projNext","headroom","queueLen","maxQueue",
         "refused","wPrefilling","wDecoding","wIdle","wTotal","kvPrefix","kvPrivate","kvFree",
         "kvTotal","kvNaive","kvReduction","tasksRunning","tasksQueued","tasksFinished",
-        "turnsWaiting"];
+        "turnsWaiting","pAttached","pMaxAttached","pResident","pParked","pParkedCells",
+        "pParks","pBytes"];
       const text = {};
       for (const id of ids) text[id] = document.getElementById(id).textContent;
       return JSON.stringify({text, last: window.meshDashboard.last,
@@ -152,6 +153,7 @@ def test_dashboard_draws_the_past_at_load(server: ServeProc) -> None:
     # page has had no live frame), and they reach back before the page was opened.
     assert doc["loaded"] >= len(past)
     assert doc["drawnBeforeLive"]["tps"] >= 2 and doc["drawnBeforeLive"]["load"] >= 8
+    assert doc["drawnBeforeLive"]["park"] >= 8  # resident, parked, attached per sample
     assert doc["oldest"] < opened - 3.0
     assert doc["withWorkers"] >= 1
 
@@ -226,6 +228,15 @@ def test_dashboard_shows_live_numbers_that_match_capacity(server: ServeProc) -> 
     if isinstance(turns, dict):
         assert text["turnsWaiting"] == _fmt(turns["waiting"])
     assert text["headroom"] == _fmt(live_cap["headroom"])
+    # Parking (issue 28): attached = resident + parked, as the frame says.
+    parking = live_cap["parking"]
+    assert text["pAttached"] == _fmt(sessions["total"])
+    assert text["pMaxAttached"] == _fmt(parking["max_attached"])
+    assert text["pResident"] == _fmt(parking["resident"])
+    assert text["pParked"] == _fmt(parking["parked"])
+    assert text["pParkedCells"] == _fmt(parking["parked_tokens"])
+    assert text["pParks"] == _fmt(parking["parks"])
+    assert text["pBytes"] == _fmt(round(parking["parked_bytes"] / 1e4) / 100)
     assert dom["workerRows"] == len(live_cap["workers"]) >= 1
     tasks = last["tasks"]
     assert text["tasksFinished"] == _fmt(tasks["finishedTotal"])

@@ -87,6 +87,7 @@
     $("kvBarPrefix").style.width = pct(prefix);
     $("kvBarPrivate").style.width = pct(priv);
     $("kvBarFree").style.width = pct(free);
+    renderParking(cap, s, kv);
     var workers = cap.workers || [];
     rows("workersTable", workers, function (w) {
       return [w.id, w.state, w.decodeTps, w.dutyCycle, w.privateCells, w.ageS];
@@ -105,6 +106,25 @@
     if (nodes) renderNodes(nodes);
     keep([sampleOf(frame)]);
     drawAll();
+  }
+
+  // Parking (issue 28): attached = resident + parked; the host RAM swapped suffixes take
+  // against --park-memory (shown where /capacity reports parking.park_memory).
+  function renderParking(cap, sessions, kv) {
+    var p = cap.parking && typeof cap.parking === "object" ? cap.parking : {};
+    put("pAttached", sessions.total);
+    put("pMaxAttached", p.max_attached);
+    put("pResident", p.resident);
+    put("pParked", p.parked);
+    put("pResidentCells", kv.used);
+    put("pParkedCells", p.parked_tokens);
+    put("pParks", p.parks);
+    put("pResumes", p.resumes);
+    put("pSwaps", p.swaps);
+    var bytes = num(p.parked_bytes), limit = num(p.park_memory);
+    put("pBytes", bytes === null ? null : Math.round(bytes / 1e4) / 100);
+    put("pMemory", limit === null ? null : Math.round(limit / 1e4) / 100);
+    $("pMemUsed").style.width = limit ? Math.min(100, 100 * (bytes || 0) / limit) + "%" : "0%";
   }
 
   function renderNodes(nodes) {
@@ -129,6 +149,7 @@
   function sampleOf(frame) {
     var cap = frame.capacity || {}, kv = cap.kv_cells || {};
     var turns = cap.turns && typeof cap.turns === "object" ? cap.turns : {};
+    var park = cap.parking && typeof cap.parking === "object" ? cap.parking : {};
     var workers = [];
     (cap.workers || []).forEach(function (w) {
       if (num(w.decodeTps) !== null) workers.push([String(w.id), w.decodeTps]);
@@ -138,6 +159,9 @@
              queue: num(cap.queue_len), maxQueue: num(cap.max_queue),
              waiting: num(turns.waiting),
              cells: { used: num(kv.used), prefix: num(kv.prefix), total: num(kv.total) },
+             parking: { attached: num((cap.sessions || {}).total), resident: num(park.resident),
+                        parked: num(park.parked), parkedCells: num(park.parked_tokens),
+                        parkedBytes: num(park.parked_bytes) },
              workers: workers };
   }
 
@@ -222,7 +246,7 @@
 
   function drawAll() {
     if (!state.samples.length) return;
-    var drawn = { tps: drawTps(), load: drawLoad() };
+    var drawn = { tps: drawTps(), load: drawLoad(), park: drawPark() };
     if (!state.frames.length) state.drawnBeforeLive = drawn;
     state.drawn = drawn;
   }
@@ -273,6 +297,23 @@
       a.ctx.fillRect(x0, 0, Math.max(1, x1 - x0), 4);
     });
     $("legendWaiting").hidden = !waiting.length;
+    return n;
+  }
+
+  // Sessions over time: resident, parked and attached (every session), as counts.
+  function drawPark() {
+    var cv = $("parkChart"), res = [], parked = [], att = [], top = 1, n = 0;
+    state.samples.forEach(function (s) {
+      var p = s.parking || {};
+      if (p.resident !== null && p.resident !== undefined) res.push([s.t, p.resident]);
+      if (p.parked !== null && p.parked !== undefined) parked.push([s.t, p.parked]);
+      if (p.attached !== null && p.attached !== undefined) att.push([s.t, p.attached]);
+      top = Math.max(top, p.attached || 0, (p.resident || 0) + (p.parked || 0));
+    });
+    var a = axis(cv, top * 1.1);
+    n += line(a, att, "#8a96a3", 3);
+    n += line(a, res, "#4c9be8", 1.5);
+    n += line(a, parked, "#e8a14c", 1.5);
     return n;
   }
 
