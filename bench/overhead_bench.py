@@ -111,13 +111,13 @@ async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> d
         s.append_tokens(suffix_tokens(tok, i))
     await asyncio.gather(*(consume(g) for g in await start_all(pool, sessions, greedy(1))))
     gens = await start_all(pool, sessions, greedy(tokens))
-    s0, h0, d0 = pool.num_steps, pool.host_s, pool.decode_s
+    s0, h0, d0 = pool.stats.num_steps, pool.stats.host_s, pool.stats.decode_s
     stepper = getattr(pool, "_stepper", None)  # the native step's own counters
     n0 = (stepper.sample_s, stepper.gil_wait_s) if stepper is not None else None
     t0 = time.perf_counter()
     got = sum(await asyncio.gather(*(consume(g) for g in gens)))
     wall = time.perf_counter() - t0
-    steps, host, dec = pool.num_steps - s0, pool.host_s - h0, pool.decode_s - d0
+    steps, host, dec = pool.stats.num_steps - s0, pool.stats.host_s - h0, pool.stats.decode_s - d0
     sample_ms = gil_ms = None
     if stepper is not None and n0 is not None:
         sample_ms = round((stepper.sample_s - n0[0]) / steps * 1e3, 3)

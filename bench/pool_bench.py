@@ -31,7 +31,7 @@ What is measured, and how:
 * ``decode``: N sessions, each generating T tokens greedy, started together inside
   ``pool.held()``; vs the same N generations one after another on the same pool (fresh
   sessions with the same suffixes). Suffix prefill is done before timing in both cases.
-* ``overhead``: ``pool.host_s``/``decode_s``/``num_steps`` deltas over the batched runs.
+* ``overhead``: ``pool.stats.host_s``/``decode_s``/``num_steps`` deltas over the batched runs.
   ``untracked_ms`` is wall time per step outside both counters (the engine loop between
   steps, delivery to asyncio).
 """
@@ -161,7 +161,7 @@ def cells_from_ranges(ranges: dict[int, tuple[int, int]]) -> int:
 
 async def native_cells(pool: SharedKVPool) -> tuple[int, int] | None:
     """llama.cpp's own count of occupied cells (and sequence references)."""
-    census = await pool.cell_census()
+    census = await pool.call(pool.parts.cell_census)
     return None if census is None else (census.cells, census.seq_refs)
 
 
@@ -227,7 +227,7 @@ class Bench:
             # back to the session's queue), so each session holds exactly S private cells.
             await run_turns(fresh, pool, greedy(1))
             load = pool.load()
-            ranges = await pool.seq_pos_ranges()
+            ranges = await pool.call(pool.parts.seq_pos_ranges)
             by_ranges = cells_from_ranges(ranges)
             native = await native_cells(pool)
             pooled = load.cells_used
@@ -257,7 +257,7 @@ class Bench:
             return ss
 
         def counters() -> tuple[int, float, float]:
-            return pool.num_steps, pool.host_s, pool.decode_s
+            return pool.stats.num_steps, pool.stats.host_s, pool.stats.decode_s
 
         for n in ns:
             # Batched: all N turns start in the same step.
@@ -337,7 +337,7 @@ class Bench:
             # and every session holds exactly its S appended tokens.
             await run_turns(sessions, pool, greedy(1))
             load = pool.load()
-            ranges = await pool.seq_pos_ranges()
+            ranges = await pool.call(pool.parts.seq_pos_ranges)
             by_ranges = cells_from_ranges(ranges)
             native = await native_cells(pool)
             measured = len(sessions)

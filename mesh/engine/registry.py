@@ -3,8 +3,11 @@
 Attach takes a free sequence id from the ledger and shares the prefix with it
 (``llama_memory_seq_cp`` of sequence 0: metadata only, the cells are shared), or, in the
 naive baseline, queues a private copy of the prefix. Release drops the session's private
-cells (the prefix stays: sequence 0 holds it), fails its turn in flight through the outbox
-and gives its promises and sequence id back to the ledger.
+cells (the prefix stays: sequence 0 holds it), fails its turn in flight through the turns'
+outbox and gives its promises and sequence id back to the ledger.
+
+The registry is the one owner of the sessions dict: it alone adds and removes entries;
+the step runner reads it through :meth:`SessionRegistry.resident`, a read-only view.
 
 Parking (recompute): an IDLE resident session's private cells leave the cache
 (``seq_remove``), its sequence id and cells go back to the ledger, and it moves from
@@ -22,28 +25,30 @@ private cells, then shares the prefix again: no re-prefill, and the same K/V bit
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 
 from mesh.engine.build import PREFIX_SEQ, Built
 from mesh.engine.ledger import CellLedger
 from mesh.engine.session import SeqState
-from mesh.engine.turns import Outbox
-from mesh.engine.types import ContextOverflow, EngineConfig, PoolFull, SessionFailed
+from mesh.engine.turns import Turns
+from mesh.engine.types import AttachCheck, ContextOverflow, EngineConfig, PoolFull, SessionFailed
 
 __all__ = ["SessionRegistry"]
 
 
 class SessionRegistry:
-    """Sessions by sequence id (``sessions``, shared with the pool) and parked sessions by
-    session id (``parked``); engine thread only."""
+    """Resident sessions by sequence id and parked sessions by session id (``parked``);
+    engine thread only, except :meth:`check_attach`."""
 
-    def __init__(self, built: Built, ledger: CellLedger, outbox: Outbox,
-                 config: EngineConfig, sessions: dict[int, SeqState]) -> None:
+    def __init__(self, built: Built, ledger: CellLedger, turns: Turns,
+                 config: EngineConfig) -> None:
         self._built = built
         self._ledger = ledger
-        self._outbox = outbox
+        self._turns = turns
         self._config = config
-        self.sessions = sessions
+        self._sessions: dict[int, SeqState] = {}  # written here only (see resident())
+        self._view = MappingProxyType(self._sessions)
         self.parked: dict[str, SeqState] = {}
         self._next_id = 0
         self.parks = 0  # totals since start, for the load snapshot
@@ -57,15 +62,23 @@ class SessionRegistry:
         """Sessions attached since start (the ids handed out)."""
         return self._next_id
 
+    def resident(self) -> Mapping[int, SeqState]:
+        """The resident sessions by sequence id: a live, read-only view."""
+        return self._view
+
+    def check_attach(self) -> AttachCheck:
+        """Would an attach succeed now (any thread: reads a copy of the sessions)."""
+        return self._ledger.check_attach(*self._parkable())
+
     def all_states(self) -> Iterator[SeqState]:
         """Every attached session, resident then parked."""
-        yield from self.sessions.values()
+        yield from self._sessions.values()
         yield from self.parked.values()
 
     def attach(self) -> SeqState:
         """A new session on a free sequence id (an idle one is parked for it if none is
         free); raises PoolFull with the reason."""
-        check = self._ledger.check_attach(*self._parkable())
+        check = self.check_attach()
         if not check.ok:
             raise PoolFull(check.reason)
         self.make_room(self._ledger.attach_need)
@@ -78,7 +91,7 @@ class SessionRegistry:
         else:  # naive baseline: the session prefills a private copy of the prefix
             st = SeqState(id=sid, seq=seq, prefix_len=0,
                           budget=cfg.session_budget + len(prefix))
-        self.sessions[seq] = st
+        self._sessions[seq] = st
         if not cfg.share_prefix:
             try:
                 self._ledger.queue(st, list(prefix))
@@ -91,11 +104,13 @@ class SessionRegistry:
 
     def _idle(self) -> list[SeqState]:
         """Resident sessions not in a turn, least recently busy first (park order)."""
-        return sorted((st for st in self.sessions.values() if st.turn is None),
+        return sorted((st for st in self._sessions.values() if st.turn is None),
                       key=lambda st: st.idle_since)
 
     def _parkable(self) -> tuple[int, int]:
-        idle = [st for st in self.sessions.values() if st.turn is None]
+        # Any thread: tuple() copies the dict's values under the GIL; the idle sessions in
+        # it could be parked to make room (the attach itself checks again).
+        idle = [st for st in tuple(self._sessions.values()) if st.turn is None]
         return len(idle), sum(st.reserved for st in idle)
 
     def park(self, st: SeqState) -> bool:
@@ -111,7 +126,7 @@ class SessionRegistry:
             self.parked_bytes += len(st.swapped)
             self.swaps += 1
         self._built.ctx.seq_remove(st.seq)  # shared prefix cells stay: sequence 0 holds them
-        del self.sessions[st.seq]
+        del self._sessions[st.seq]
         self._ledger.park(st)
         self.parked[st.id] = st
         self.parks += 1
@@ -171,7 +186,7 @@ class SessionRegistry:
         if self._config.share_prefix:  # after set_data, which drops what the id held
             ctx.seq_copy(PREFIX_SEQ, seq)
         del self.parked[st.id]
-        self.sessions[seq] = st
+        self._sessions[seq] = st
         self.resumes += 1
         return True
 
@@ -192,7 +207,7 @@ class SessionRegistry:
 
     def park_idle(self, now: float, idle_s: float) -> int:
         """Park every resident session idle for ``idle_s`` or more; how many."""
-        old = [st for st in self.sessions.values()
+        old = [st for st in self._sessions.values()
                if st.turn is None and now - st.idle_since >= idle_s]
         return sum(self.park(st) for st in old)
 
@@ -212,12 +227,8 @@ class SessionRegistry:
                 st.swapped = None
         else:
             self._built.ctx.seq_remove(st.seq)  # shared prefix cells stay: seq 0 holds them
-            self.sessions.pop(st.seq, None)
-        if st.turn is not None:
-            self._outbox.append((st.turn, SessionFailed(reason or f"session {st.id} was "
-                                                        "detached")))
-            st.turn.sampler.close()
-            st.turn = None
+            self._sessions.pop(st.seq, None)
+        self._turns.fail(st, reason or f"session {st.id} was detached")
         self._ledger.release(st, reason)
 
     def release_turns(self, reason: str) -> None:
@@ -233,9 +244,9 @@ class SessionRegistry:
                 st.turn.post(SessionFailed(reason))  # the thread has stopped
                 st.turn.sampler.close()
             st.detached, st.failed = True, reason
-        self.sessions.clear()
+        self._sessions.clear()
         self.parked.clear()
 
     def cells_used(self) -> int:
         """Cells in use: the shared prefix's and every session's private suffix."""
-        return self._built.shared_cells + sum(st.private for st in self.sessions.values())
+        return self._built.shared_cells + sum(st.private for st in self._sessions.values())

@@ -1,7 +1,9 @@
 """Turns on the engine thread: open one (its sampler and output), sample a row, end it.
 
-Everything here runs on the engine thread. Items for consumers go to the pool's outbox
-(posted after the snapshot is published); cell promises go through the ledger.
+Everything here runs on the engine thread. :class:`Turns` owns the outbox: the items for
+consumers (pieces, results, failures) wait there until the engine thread takes them
+(:meth:`Turns.take_items`) and posts them, after the snapshot is published; cell promises
+go through the ledger.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ Outbox = list[tuple[Turn, Piece | TurnResult | BaseException]]
 class Turns:
     """Opens, samples and finishes the turns of one pool."""
 
-    def __init__(self, model: LlamaModel, ledger: CellLedger, outbox: Outbox,
-                 pool_seed: int) -> None:
+    def __init__(self, model: LlamaModel, ledger: CellLedger, pool_seed: int) -> None:
         self._model = model
         self._ledger = ledger
-        self._outbox = outbox
+        self._outbox: Outbox = []  # this step's items; only Turns appends to it
         self._seed = pool_seed
         # Per-token lookups through ctypes, cached (the vocabulary never changes).
         self._bytes: dict[int, bytes] = {}
@@ -59,6 +60,20 @@ class Turns:
         st.turns_started += 1
         self.changes += 1
         return turn
+
+    def take_items(self) -> Outbox:
+        """The items queued since the last take, oldest first (the outbox starts over)."""
+        items, self._outbox = self._outbox, []
+        return items
+
+    def fail(self, st: SeqState, reason: str) -> None:
+        """End the session's turn in flight with SessionFailed (its session is released)."""
+        turn = st.turn
+        if turn is None:
+            return
+        self._outbox.append((turn, SessionFailed(reason)))
+        turn.sampler.close()
+        st.turn = None
 
     def sample(self, st: SeqState, ctx: LlamaContext, idx: int) -> None:
         """Sample the session's next token from batch row ``idx`` and queue the piece."""

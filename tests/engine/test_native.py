@@ -42,8 +42,8 @@ async def schedule(model: Path, use_native: bool, params: list[SamplingParams],
     wave of turns joins while the first still decodes (prefill and decode rows mixed).
     ``threads``: the native step samples on that many threads (0: as it chooses)."""
     pool = await make_pool(model, use_native)
-    if threads and pool._stepper is not None:
-        pool._stepper.threads, pool._stepper.force_threads = threads, True
+    if threads and pool.parts.runner.stepper is not None:
+        pool.parts.runner.stepper.threads, pool.parts.runner.stepper.force_threads = threads, True
     try:
         sessions = [await pool.attach() for _ in params]
         half = len(params) // 2
@@ -120,7 +120,7 @@ def test_failed_native_decode_fails_its_sessions_and_the_pool_goes_on(
     async def body() -> None:
         pool = await make_pool(tiny_model_path, True)
         try:
-            stepper = pool._stepper
+            stepper = pool.parts.runner.stepper
             assert stepper is not None
             real = stepper.step
             calls = {"n": 0}

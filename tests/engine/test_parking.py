@@ -22,7 +22,7 @@ from tests.engine.test_pool import GREEDY, make_pool, run, tokens_of
 
 
 def ledger_of(pool: SharedKVPool) -> tuple[int, int]:
-    ledger = pool._ledger
+    ledger = pool.parts.scheduler.ledger
     assert ledger is not None
     return ledger.free_seq_ids, ledger.free_cells()
 
@@ -42,14 +42,14 @@ def test_park_frees_cells_and_id_and_resume_continues_like_an_unparked_twin(
             first_t = await tokens_of(twin, "the first question")
             assert first_a == first_t
             assert suffix_matches(a) and len(a.state.suffix) == a.state.private > 0
-            ctx_len, sid, census = a.context_len, a.id, await pool.cell_census()
+            ctx_len, sid, census = a.context_len, a.id, await pool.call(pool.parts.cell_census)
             free_ids, free_cells = ledger_of(pool)
             private = a.state.private
             assert await pool.park(a)
             assert a.parked and a.id == sid and a.seq_id == -1
             assert a.context_len == ctx_len  # the same history, off the cache
             assert ledger_of(pool) == (free_ids + 1, free_cells + private + 1)  # + carry
-            after = await pool.cell_census()
+            after = await pool.call(pool.parts.cell_census)
             if census is not None and after is not None:
                 assert after.cells == census.cells - private  # llama.cpp's own count
             load = pool.load()
@@ -67,7 +67,7 @@ def test_park_frees_cells_and_id_and_resume_continues_like_an_unparked_twin(
                 await pool.park(a)
             load = pool.load()
             assert load.resumes == 2 and load.resume_tokens > 2 * private
-            ranges = await pool.seq_pos_ranges()
+            ranges = await pool.call(pool.parts.seq_pos_ranges)
             assert ranges[twin.seq_id][1] == twin.context_len - 1
         finally:
             await pool.aclose()
@@ -162,7 +162,7 @@ def test_detach_of_a_parked_session_frees_nothing_twice(tiny_model_path: Path) -
             await a.detach()
             await a.detach()
             assert ledger_of(pool) == (base[0] + 1, base[1])  # all back, once
-            assert pool._ledger is not None and pool._ledger.num_attached == 0
+            assert pool.parts.scheduler.ledger.num_attached == 0
             assert pool.load().sessions == () and pool.load().parked_tokens == 0
             x, y = await pool.attach(), await pool.attach()
             assert {x.seq_id, y.seq_id} == {1, 2}
@@ -261,12 +261,12 @@ def test_swap_parks_the_suffix_alone_and_restores_it_shared_without_re_prefill(
             a, twin = await pool.attach(), await pool.attach()
             assert await tokens_of(a, "the first question") == await tokens_of(
                 twin, "the first question")
-            before = await pool.cell_census()
+            before = await pool.call(pool.parts.cell_census)
             private = a.state.private
             assert await pool.park(a)
             load = pool.load()
             assert load.swaps == 1 and 0 < load.parked_bytes <= 1 << 22
-            parked = await pool.cell_census()
+            parked = await pool.call(pool.parts.cell_census)
             got, want = await tokens_of(a, "and the second"), await tokens_of(
                 twin, "and the second")
             assert got == want
@@ -277,17 +277,17 @@ def test_swap_parks_the_suffix_alone_and_restores_it_shared_without_re_prefill(
                 assert parked.cells == before.cells - private
                 await pool.park(a)
                 await pool.park(twin)
-                again = await pool.cell_census()
+                again = await pool.call(pool.parts.cell_census)
                 assert again is not None and again.seq_refs == again.cells  # prefix alone
                 got, want = await tokens_of(a, "x"), await tokens_of(twin, "x")
                 assert got == want
-                after = await pool.cell_census()
+                after = await pool.call(pool.parts.cell_census)
                 # restored as the suffix only, the prefix shared again (no private copy)
                 assert after is not None
-                assert after.cells == len(pool._prefix) + a.state.private + twin.state.private
-                assert after.seq_refs == 3 * len(pool._prefix) + a.state.private + \
-                    twin.state.private
-            ranges = await pool.seq_pos_ranges()
+                prefix = len(pool.parts.built.prefix)
+                assert after.cells == prefix + a.state.private + twin.state.private
+                assert after.seq_refs == 3 * prefix + a.state.private + twin.state.private
+            ranges = await pool.call(pool.parts.seq_pos_ranges)
             assert ranges[a.seq_id] == (0, a.context_len - 1)
         finally:
             await pool.aclose()

@@ -53,18 +53,18 @@ async def check_cells(pool: SharedKVPool) -> None:
     load = pool.load()
     prefix = pool.info.prefix_tokens
     assert load.cells_used == prefix + sum(s.private_cells for s in load.sessions)
-    ranges = await pool.seq_pos_ranges()
+    ranges = await pool.call(pool.parts.seq_pos_ranges)
     prefix_lo, prefix_hi = ranges[0]
     assert prefix_hi == prefix - 1
     # 0 after a prefill; after a warm start of an iSWA model, the window's first position.
     assert prefix_lo == 0 or pool.info.warm_started
-    by_seq = {st.seq: st for st in pool._sessions.values()}
+    by_seq = {st.seq: st for st in pool.parts.scheduler.registry.resident().values()}
     for seq, (lo, hi) in ranges.items():
         if seq == 0:
             continue
         assert lo == prefix_lo, "every session starts with the shared prefix"
         assert hi - prefix + 1 == by_seq[seq].private
-    census = await pool.cell_census()
+    census = await pool.call(pool.parts.cell_census)
     assert census is not None, "llama.cpp's serialized cache could not be parsed"
     assert census.cells == load.cells_used
     if pool.config.share_prefix and not pool.info.warm_started:
@@ -107,9 +107,9 @@ def test_detach_frees_exactly_the_private_cells(tiny_model_path: Path) -> None:
             after = pool.load()
             assert after.cells_used == before.cells_used - private_a
             assert [s.id for s in after.sessions] == [b.id]
-            ranges = await pool.seq_pos_ranges()
+            ranges = await pool.call(pool.parts.seq_pos_ranges)
             assert a.seq_id not in ranges
-            assert pool._ctx is not None and pool._ctx.seq_pos_range(a.seq_id) == (-1, -1)
+            assert pool.parts.built.ctx.seq_pos_range(a.seq_id) == (-1, -1)
             await check_cells(pool)
             await a.detach()  # idempotent
             with pytest.raises(SessionFailed):
@@ -184,7 +184,7 @@ def test_one_pooled_session_equals_from_scratch(
         pool = await make_pool(path, prefill_chunk=512)
         try:
             s = await pool.attach()
-            prompt = pool._prefix + pool.tokenize("one question")
+            prompt = pool.parts.built.prefix + pool.tokenize("one question")
             return await tokens_of(s, "one question"), prompt
         finally:
             await pool.aclose()
@@ -365,15 +365,15 @@ def test_failed_decode_fails_its_sessions_and_the_pool_goes_on(
         pool = await make_pool(tiny_model_path, native=False)
         try:
             s = await pool.attach()
-            assert pool._ctx is not None
-            real = pool._ctx.decode
+            assert pool.parts.built.ctx is not None
+            real = pool.parts.built.ctx.decode
             calls = {"n": 0}
 
             def failing(batch: Batch) -> int:
                 calls["n"] += 1
                 return 1 if calls["n"] == 1 else real(batch)
 
-            monkeypatch.setattr(pool._ctx, "decode", failing)
+            monkeypatch.setattr(pool.parts.built.ctx, "decode", failing)
             s.append("doomed")
             with pytest.raises(SessionFailed, match="no KV slot"):
                 _ = [p async for p in s.generate(GREEDY)]
@@ -462,7 +462,7 @@ def test_naive_baseline_holds_a_private_prefix_per_session(tiny_model_path: Path
             assert n_load.cells_used == s_load.cells_used + 2 * p
             assert n_load.cells_used == n_load.naive_cells == s_load.naive_cells
             assert n_load.reduction == 1.0 and s_load.reduction > 1.0
-            ranges = await naive.seq_pos_ranges()
+            ranges = await naive.call(naive.parts.seq_pos_ranges)
             assert all(hi >= p - 1 for seq, (lo, hi) in ranges.items() if seq != 0)
             assert outs[0] == outs[1], "one session alone in its step: same greedy tokens"
         finally:

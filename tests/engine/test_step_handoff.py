@@ -51,7 +51,7 @@ def test_one_hand_off_per_loop_per_step(tiny_model_path: Path,
     async def body() -> None:
         pool, counts = await run_lockstep(tiny_model_path, 4, 24)
         try:
-            steps = pool.num_steps
+            steps = pool.stats.num_steps
             assert counts == [24] * 4
             assert calls["items"] == 4 * 24 + 4  # every piece and every turn's result
             # All four turns move in lock-step: one hand-off per step (not per token).

@@ -104,7 +104,7 @@ async def test_failed_decode_fails_the_task_and_the_pool_goes_on(
     # The Python step calls ctx.decode (tests/engine/test_native.py fails the native one).
     async with real_stack(tiny_model_path, tmp_path, native=False) as stack:
         pool = stack.pool
-        ctx = pool._ctx
+        ctx = pool.parts.built.ctx
         assert ctx is not None
         real = ctx.decode
         failures = {"left": 1}
@@ -128,11 +128,11 @@ async def test_failed_decode_fails_the_task_and_the_pool_goes_on(
         for task in tasks:
             assert task["status"]["state"] in ("TASK_STATE_FAILED", "TASK_STATE_COMPLETED")
         # The engine thread survived and every session's cells came back.
-        assert pool._thread is not None and pool._thread.is_alive()
+        assert pool._engine.alive
         load = pool.load()
         assert load.sessions == ()
         assert load.cells_used == pool.info.prefix_tokens
-        census = await pool.cell_census()
+        census = await pool.call(pool.parts.cell_census)
         assert census is not None and census.cells == pool.info.prefix_tokens
         assert stack.gate.num_tickets == 0
         again = await call(stack.client, "SendMessage", send_params("after the failure"))

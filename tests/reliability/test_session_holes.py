@@ -97,7 +97,7 @@ async def test_append_racing_a_release_leaks_nothing(
                 threading.Thread(target=racing_append).start()
                 time.sleep(0.1)  # the append passes its first check and waits on the lock
 
-        ledger = pool._ledger
+        ledger = pool.parts.scheduler.ledger
         assert ledger is not None
         ledger._free_seqs = Hook(ledger._free_seqs)
         await session.detach()
@@ -107,7 +107,8 @@ async def test_append_racing_a_release_leaks_nothing(
             await asyncio.sleep(0.01)
         assert isinstance(outcome[0], SessionFailed), outcome
         assert session.state.reserved == 0 and not session.state.pending
-        assert ledger._reserved == sum(s.reserved for s in pool._sessions.values())
+        resident = pool.parts.scheduler.registry.resident()
+        assert ledger._reserved == sum(s.reserved for s in resident.values())
 
 
 async def test_the_lifespan_closes_the_session_api(tmp_path: Path) -> None:
