@@ -112,7 +112,7 @@ async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> d
     await asyncio.gather(*(consume(g) for g in await start_all(pool, sessions, greedy(1))))
     gens = await start_all(pool, sessions, greedy(tokens))
     s0, h0, d0 = pool.stats.num_steps, pool.stats.host_s, pool.stats.decode_s
-    stepper = getattr(pool, "_stepper", None)  # the native step's own counters
+    stepper = pool.parts.runner.stepper  # the native step's own counters (None: Python step)
     n0 = (stepper.sample_s, stepper.gil_wait_s) if stepper is not None else None
     t0 = time.perf_counter()
     got = sum(await asyncio.gather(*(consume(g) for g in gens)))
