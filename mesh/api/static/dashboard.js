@@ -310,7 +310,7 @@
       if (p.attached !== null && p.attached !== undefined) att.push([s.t, p.attached]);
       top = Math.max(top, p.attached || 0, (p.resident || 0) + (p.parked || 0));
     });
-    var a = axis(cv, top * 1.1);
+    var a = axis(cv, Math.ceil(top * 1.1 / 4) * 4);  // whole sessions on every grid line
     n += line(a, att, "#8a96a3", 3);
     n += line(a, res, "#4c9be8", 1.5);
     n += line(a, parked, "#e8a14c", 1.5);
