@@ -49,7 +49,7 @@ def _writes_of(name: str) -> list[str]:
                 targets = [node.func.value]
             for t in targets:
                 if isinstance(t, ast.Attribute) and t.attr == name:
-                    found.append(f"{path.relative_to(ENGINE).as_posix()}:{node.lineno}")
+                    found.append(f"{path.relative_to(ENGINE).as_posix()}:{t.lineno}")
     return found
 
 
