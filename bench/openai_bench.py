@@ -1,23 +1,30 @@
-"""The multi-turn agent workload through OpenAI-style chat APIs: mesh vs other servers.
+"""The multi-turn agent workload through OpenAI-style chat APIs: mesh, llama-server, vLLM.
 
 N agents run T turns each, all at once: every turn asks for G tokens (greedy), then the
 agent appends a simulated tool result (~60 tokens) and asks again. Every agent's first
 message is the same system text: mesh's prefix (``GET /v1/prefix``), so every server is
-sent byte-identical prompts. Two waves run back to back: the first from a cold server
-(start-up included when this script starts the server), the second with new agents on the
-warm server. Per target and wave: wall time, turn latency p50/p95, prompt tokens the
-server actually processed (``prompt_tokens - cached_tokens``, or llama.cpp's
-``timings.prompt_n``) and the KV cells it was given.
+sent byte-identical messages. Two waves run back to back: the first from a cold server
+(its start-up shown apart when this script starts the server), the second with new agents
+on the warm server. Per system, prefix size P and agent count N, per wave: wall time, turn
+latency p50/p95, prompt tokens the server actually processed (``prompt_tokens -
+cached_tokens``, or llama.cpp's ``timings.prompt_n``) and the KV cells and bytes it holds.
 
-    python -m bench.openai_bench --spawn-mesh "--model tiny --policy none" --agents 4
-    python -m bench.openai_bench --spawn-mesh "--policy none --max-sessions 8" \\
-        --llama-server http://127.0.0.1:8080 --llama-server-cells 40760 \\
-        --llama-cpp-server http://127.0.0.1:8081
+    # one command, three systems, P = 1K and 4K, N = 8 and 32 (each started fresh per P, N)
+    python -m bench.openai_bench --spawn-mesh "--policy none" \\
+        --spawn-llama-server "$(bash ../shared/tools/build-llama-server.sh)" \\
+        --spawn-vllm --prefix-tokens 1024,4096 --agents 8,32
+    # smoke
+    python -m bench.openai_bench --spawn-mesh "--model tiny --policy none" --agents 2 --turns 1
 
-``--spawn-mesh ARGS`` starts ``mesh serve ARGS`` on a free port (and stops it); ``--mesh URL``
-uses a running one. Other servers are only measured when their URL is given (start them
-yourself with the same model; their start-up is then not included). Prints a table and
-writes ``bench/results/openai.json`` (or ``--out``).
+**P** is mesh's prefix size: the bench starts ``mesh serve --prefix-tokens P`` (the
+template fills the prefix with labelled project text up to P tokens), reads the system text
+from its ``/v1/prefix`` and sends that text to every system. **N** sets mesh's
+``--max-sessions`` (unless ARGS set it), llama-server's ``-np N`` (agent i pinned to slot
+i, ``-c N×(P+S)``, ``--cache-ram`` on) and vLLM's ``--max-num-seqs N`` with KV space for
+N×(P+S) cells; S (``--session-tokens``) is one agent's conversation, estimated from T and G.
+``--mesh``/``--llama-server``/``--vllm URL`` measure running servers instead (one P; start-up
+not included; their cold wave is only cold if nothing ran on them before). Prints a table
+and writes ``bench/results/openai.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -40,11 +47,22 @@ from typing import Any
 
 import httpx
 
-from bench.servers import free_port, stop, wait_healthy
+from bench.servers import (
+    Spawned,
+    free_port,
+    spawn_llama_server,
+    spawn_vllm,
+    stop,
+    vllm_kv_tokens,
+    wait_healthy,
+)
 
 TOOL_RESULT = ("courier/parcel.py:{n}: def route(parcel, depot): return depot.next_hop("
                "parcel.zone) if parcel.zone in depot.zones else None  # {n} of the log, "
                "status ok, 3 tests passed, 0 failed, elapsed 0.{n}s")
+# Counters read off a backend's /metrics before and after each wave (the delta is kept).
+COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+            "vllm:prompt_tokens_total", "llamacpp:prompt_tokens_total")
 
 
 @dataclass
@@ -57,6 +75,7 @@ class Wave:
     prompt_tokens_processed: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    metrics_delta: dict[str, float] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list, repr=False)
 
 
@@ -66,6 +85,9 @@ class Target:
     url: str
     kv_cells: int | None = None
     startup_s: float | None = None
+    prefix_tokens: int | None = None  # P asked for (None: the server's own)
+    agents: int = 0
+    kv_bytes: int | None = None
     waves: list[Wave] = field(default_factory=list)
 
 
@@ -83,6 +105,51 @@ def spawn_mesh(args: str, log: Path) -> tuple[subprocess.Popen[bytes], str, floa
         raise SystemExit(str(exc)) from None
 
 
+def mesh_args(args: str, prefix: int | None, agents: int) -> str:
+    """``--spawn-mesh ARGS`` for one (P, N): ``--prefix-tokens P`` and ``--max-sessions N``
+    added unless ARGS set them."""
+    words = shlex.split(args)
+    if prefix is not None and "--prefix-tokens" not in words:
+        words += ["--prefix-tokens", str(prefix)]
+    if "--max-sessions" not in words:
+        words += ["--max-sessions", str(agents)]
+    return shlex.join(words)
+
+
+def int_list(text: str) -> list[int]:
+    """``"8,32"`` → ``[8, 32]`` (argparse type; each value ≥ 1)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def session_tokens(turns: int, tokens: int) -> int:
+    """One agent's conversation after its prefix, generously: the task message and chat
+    markup (64), then per turn the reply (G) and a tool result with its markup (96)."""
+    return 64 + turns * (tokens + 96)
+
+
+def bytes_per_cell(gguf: str, elem_bytes: int) -> int | None:
+    """KV bytes one cell (one token of one sequence) takes for ``gguf``'s model, at
+    ``elem_bytes`` per element (2: f16, 4: f32); None when the GGUF cannot be read."""
+    try:
+        from mesh.engine.llama import LlamaModel
+
+        vocab = LlamaModel(gguf, vocab_only=True)
+        try:
+            layers, kv_heads, k, v, _ = vocab.kv_shape()
+        finally:
+            vocab.close()
+    except Exception:  # only a number in the report
+        return None
+    return layers * kv_heads * (k + v) * elem_bytes
+
+
 def processed(body: dict[str, Any]) -> int:
     timings = body.get("timings") or {}
     if "prompt_n" in timings:
@@ -92,9 +159,9 @@ def processed(body: dict[str, Any]) -> int:
     return int(usage.get("prompt_tokens", 0)) - int(cached)
 
 
-async def chat(client: httpx.AsyncClient, messages: list[dict[str, str]], tokens: int,
-               slot: int | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "bench", "messages": messages, "max_tokens": tokens,
+async def chat(client: httpx.AsyncClient, model: str, messages: list[dict[str, str]],
+               tokens: int, slot: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": tokens,
                             "temperature": 0, "seed": 1}
     if slot is not None:  # llama-server: pin each agent to its own slot
         body["id_slot"], body["cache_prompt"] = slot, True
@@ -109,15 +176,15 @@ async def chat(client: httpx.AsyncClient, messages: list[dict[str, str]], tokens
     raise RuntimeError("still 429 after 200 tries")
 
 
-async def agent(client: httpx.AsyncClient, system: str, wave: int, i: int, turns: int,
-                tokens: int, slot: int | None, out: Wave) -> None:
+async def agent(client: httpx.AsyncClient, model: str, system: str, wave: int, i: int,
+                turns: int, tokens: int, slot: int | None, out: Wave) -> None:
     messages = [{"role": "system", "content": system},
                 {"role": "user", "content": f"Task w{wave}a{i}: find where parcels are routed "
                  f"and explain step {i} of the route."}]
     for t in range(turns):
         t0 = time.monotonic()
         try:
-            body = await chat(client, messages, tokens, slot)
+            body = await chat(client, model, messages, tokens, slot)
         except (httpx.HTTPError, RuntimeError):
             out.errors += 1
             return
@@ -132,14 +199,38 @@ async def agent(client: httpx.AsyncClient, system: str, wave: int, i: int, turns
                      {"role": "user", "content": TOOL_RESULT.format(n=wave * 100 + i * 10 + t)}]
 
 
+async def counters(client: httpx.AsyncClient) -> dict[str, float]:
+    """The :data:`COUNTERS` a backend's /metrics shows (empty without one)."""
+    from mesh.backends.remote_wire import parse_prometheus
+
+    with contextlib.suppress(httpx.HTTPError):
+        r = await client.get("/metrics", timeout=10)
+        if r.status_code == 200:
+            found = parse_prometheus(r.text)
+            return {k: found[k] for k in COUNTERS if k in found}
+    return {}
+
+
+async def model_id(client: httpx.AsyncClient) -> str:
+    """The first model ``/v1/models`` lists (vLLM refuses any other name)."""
+    with contextlib.suppress(httpx.HTTPError, KeyError, IndexError, ValueError):
+        return str((await client.get("/v1/models")).json()["data"][0]["id"])
+    return "bench"
+
+
 async def run_target(target: Target, system: str, a: argparse.Namespace, pin: bool) -> None:
     async with httpx.AsyncClient(base_url=target.url, timeout=a.timeout) as client:
+        model = await model_id(client)
         for w in range(2):
             wave = Wave()
+            before = await counters(client)
             t0 = time.monotonic()
-            await asyncio.gather(*(agent(client, system, w, i, a.turns, a.tokens,
-                                         i if pin else None, wave) for i in range(a.agents)))
+            await asyncio.gather(*(agent(client, model, system, w, i, a.turns, a.tokens,
+                                         i if pin else None, wave)
+                                   for i in range(target.agents)))
             wave.wall_s = time.monotonic() - t0
+            after = await counters(client)
+            wave.metrics_delta = {k: after[k] - before.get(k, 0.0) for k in after}
             if wave.latencies:
                 q = sorted(wave.latencies)
                 wave.turn_p50_s = statistics.median(q)
@@ -152,49 +243,121 @@ async def run_target(target: Target, system: str, a: argparse.Namespace, pin: bo
 
 
 def table(targets: list[Target]) -> str:
-    rows = ["| system | wave | wall s | +start-up s | turn p50 s | turn p95 s | prompt tok "
-            "processed | KV cells | errors |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| system | P | N | wave | wall s | +start-up s | turn p50 s | turn p95 s | "
+            "prompt tok processed | KV cells | KV MiB | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in targets:
+        mib = f"{t.kv_bytes / 2**20:,.0f}" if t.kv_bytes else "?"
         for i, w in enumerate(t.waves):
             start = f"{t.startup_s:.1f}" if (i == 0 and t.startup_s is not None) else ""
-            rows.append(f"| {t.name} | {i + 1} | {w.wall_s:.1f} | {start} | {w.turn_p50_s:.2f} "
-                        f"| {w.turn_p95_s:.2f} | {w.prompt_tokens_processed:,} | "
-                        f"{t.kv_cells or '?'} | {w.errors} |")
+            rows.append(f"| {t.name} | {t.prefix_tokens or '-'} | {t.agents} | {i + 1} | "
+                        f"{w.wall_s:.1f} | {start} | {w.turn_p50_s:.2f} | {w.turn_p95_s:.2f} | "
+                        f"{w.prompt_tokens_processed:,} | {t.kv_cells or '?'} | {mib} | "
+                        f"{w.errors} |")
     return "\n".join(rows)
 
 
-async def amain(a: argparse.Namespace) -> int:
-    targets: list[Target] = []
-    proc = None
-    log = Path(tempfile.mkdtemp(prefix="openai-bench-")) / "mesh.log"
-    try:
-        if a.spawn_mesh is not None:
-            proc, url, startup = spawn_mesh(a.spawn_mesh, log)
-            targets.append(Target("mesh", url, startup_s=startup))
-        elif a.mesh:
-            targets.append(Target("mesh", a.mesh.rstrip("/")))
-        if a.system_file:
-            system = Path(a.system_file).read_text()
-        elif targets:
-            system = httpx.get(targets[0].url + "/v1/prefix", timeout=30).json()["system"]
-        else:
-            raise SystemExit("give --spawn-mesh, --mesh or --system-file")
-        if a.llama_server:
-            targets.append(Target("llama-server", a.llama_server.rstrip("/"),
-                                  kv_cells=a.llama_server_cells))
-        if a.llama_cpp_server:
-            targets.append(Target("llama-cpp-python server", a.llama_cpp_server.rstrip("/"),
-                                  kv_cells=a.llama_cpp_server_cells))
-        for t in targets:
-            await run_target(t, system, a, pin=t.name == "llama-server" and a.pin_slots)
-    finally:
-        if proc is not None:
+@dataclass
+class Run:
+    """One (P, N): the system text, its size in tokens, and where logs go."""
+
+    prefix: int | None
+    agents: int
+    logs: Path
+    system: str = ""
+    system_tokens: int = 0
+    targets: list[Target] = field(default_factory=list)
+
+
+async def measure(run: Run, a: argparse.Namespace) -> None:
+    """Every system asked for, one after the other, at ``run``'s P and N."""
+    tag = f"p{run.prefix or 'x'}-n{run.agents}"
+    if a.spawn_mesh is not None:
+        log = run.logs / f"mesh-{tag}.log"
+        proc, url, startup = spawn_mesh(mesh_args(a.spawn_mesh, run.prefix, run.agents), log)
+        try:
+            pre = httpx.get(url + "/v1/prefix", timeout=30).json()
+            run.system, run.system_tokens = pre["system"], int(pre["prefix_tokens"])
+            t = Target("mesh", url, startup_s=startup, prefix_tokens=run.prefix,
+                       agents=run.agents)
+            await run_target(t, run.system, a, pin=False)
+            if t.kv_cells and a.cell_bytes_f16:
+                t.kv_bytes = t.kv_cells * a.cell_bytes_f16
+            run.targets.append(t)
+        finally:
             stop(proc)
+    elif a.mesh:
+        pre = httpx.get(a.mesh.rstrip("/") + "/v1/prefix", timeout=30).json()
+        run.system, run.system_tokens = pre["system"], int(pre["prefix_tokens"])
+        t = Target("mesh", a.mesh.rstrip("/"), agents=run.agents)
+        await run_target(t, run.system, a, pin=False)
+        run.targets.append(t)
+    if a.system_file:
+        run.system = Path(a.system_file).read_text()
+        run.system_tokens = -(-len(run.system) // 3)  # no tokenizer here: generous
+    if not run.system:
+        raise SystemExit("give --spawn-mesh, --mesh or --system-file")
+    cells = run.agents * (run.system_tokens + a.session_tokens)
+    if a.spawn_llama_server:
+        s = spawn_llama_server(a.spawn_llama_server, a.model, slots=run.agents, ctx=cells,
+                               log=run.logs / f"llama-server-{tag}.log")
+        await run_spawned(run, a, "llama-server", s, cells, a.cell_bytes_f16, pin=True)
+    elif a.llama_server:
+        t = Target("llama-server", a.llama_server.rstrip("/"), kv_cells=a.llama_server_cells,
+                   prefix_tokens=run.prefix, agents=run.agents)
+        await run_target(t, run.system, a, pin=a.pin_slots)
+        run.targets.append(t)
+    if a.spawn_vllm is not None:
+        gguf = a.spawn_vllm or a.model
+        f32 = (a.cell_bytes_f16 or 0) * 2
+        limit = -(-(run.system_tokens + a.session_tokens) // 256) * 256
+        s = spawn_vllm(gguf, name="bench", max_model_len=limit, kv_bytes=cells * f32,
+                       max_seqs=run.agents, log=run.logs / f"vllm-{tag}.log")
+        await run_spawned(run, a, "vLLM", s, vllm_kv_tokens(s.log), f32)
+    elif a.vllm:
+        t = Target("vLLM", a.vllm.rstrip("/").removesuffix("/v1"), prefix_tokens=run.prefix,
+                   agents=run.agents)
+        await run_target(t, run.system, a, pin=False)
+        run.targets.append(t)
+    if a.llama_cpp_server:
+        t = Target("llama-cpp-python server", a.llama_cpp_server.rstrip("/"),
+                   kv_cells=a.llama_cpp_server_cells, prefix_tokens=run.prefix,
+                   agents=run.agents)
+        await run_target(t, run.system, a, pin=False)
+        run.targets.append(t)
+
+
+async def run_spawned(run: Run, a: argparse.Namespace, name: str, s: Spawned,
+                      cells: int | None, cell_bytes: int | None, *, pin: bool = False) -> None:
+    try:
+        t = Target(name, s.url, kv_cells=cells, startup_s=s.startup_s,
+                   prefix_tokens=run.prefix, agents=run.agents,
+                   kv_bytes=cells * cell_bytes if cells and cell_bytes else None)
+        await run_target(t, run.system, a, pin=pin)
+        run.targets.append(t)
+    finally:
+        s.close()
+
+
+async def amain(a: argparse.Namespace) -> int:
+    if (a.mesh or a.llama_server or a.vllm) and len(a.prefix_tokens or [0]) > 1:
+        raise SystemExit("a running server has one prefix: give one --prefix-tokens value "
+                         "with --mesh/--llama-server/--vllm URL, or spawn them")
+    a.cell_bytes_f16 = bytes_per_cell(a.model, 2)
+    logs = Path(tempfile.mkdtemp(prefix="openai-bench-"))
+    runs = [Run(p, n, logs) for p in (a.prefix_tokens or [None]) for n in a.agents]
+    for run in runs:
+        await measure(run, a)
+    targets = [t for r in runs for t in r.targets]
     print(table(targets))
     doc = {
         "workload": {"agents": a.agents, "turns": a.turns, "tokens": a.tokens,
-                     "system_chars": len(system), "mesh_args": a.spawn_mesh},
+                     "prefix_tokens": a.prefix_tokens, "session_tokens": a.session_tokens,
+                     "mesh_args": a.spawn_mesh, "model": a.model},
+        "runs": [{"prefix_tokens": r.prefix, "agents": r.agents, "system_chars": len(r.system),
+                  "system_tokens": r.system_tokens} for r in runs],
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "logs": str(logs),
         "targets": [{**asdict(t), "waves": [
             {k: v for k, v in asdict(w).items() if k != "latencies"} for w in t.waves]}
             for t in targets],
@@ -202,29 +365,66 @@ async def amain(a: argparse.Namespace) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {out} (server logs: {logs})")
     return 0 if all(w.errors == 0 for t in targets for w in t.waves) else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def default_model() -> str:
+    from mesh.engine.models import smollm2_path
+
+    return str(smollm2_path())
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--spawn-mesh", metavar="ARGS", default=None,
-                   help='start "mesh serve ARGS" (e.g. "--model tiny --policy none")')
+                   help='start "mesh serve ARGS" per P and N (e.g. "--policy none")')
     p.add_argument("--mesh", metavar="URL", default=None, help="a running mesh serve")
+    p.add_argument("--spawn-llama-server", metavar="BIN", default=None,
+                   help="start this llama-server binary per P and N (-np N, slots pinned)")
     p.add_argument("--llama-server", metavar="URL", default=None)
     p.add_argument("--llama-server-cells", type=int, default=None, help="its -c")
     p.add_argument("--pin-slots", action="store_true", help="agent i -> llama-server slot i")
+    p.add_argument("--spawn-vllm", metavar="GGUF", nargs="?", const="", default=None,
+                   help="start vLLM-CPU on this GGUF's weights (default: --model) per P and N "
+                        "through ../shared/tools/vllm-cpu-serve.sh")
+    p.add_argument("--vllm", metavar="URL", default=None, help="a running vLLM (APC on)")
     p.add_argument("--llama-cpp-server", metavar="URL", default=None)
     p.add_argument("--llama-cpp-server-cells", type=int, default=None, help="its --n_ctx")
+    p.add_argument("--model", default=None,
+                   help="GGUF the spawned llama-server and vLLM serve, and KV bytes are "
+                        "computed for (default: SmolLM2, mesh's default; keep it equal to "
+                        "mesh's --model)")
     p.add_argument("--system-file", default=None, help="system text (default: mesh's prefix)")
-    p.add_argument("--agents", type=int, default=8)
+    p.add_argument("--prefix-tokens", type=int_list, default=None, metavar="P[,P...]",
+                   help="mesh's prefix sizes (mesh serve --prefix-tokens), e.g. 1024,4096")
+    p.add_argument("--agents", type=int_list, default=[8], metavar="N[,N...]")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--session-tokens", type=int, default=None, metavar="S",
+                   help="KV cells one agent needs past the prefix (default: from T and G)")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", default="bench/results/openai.json")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with the defaults that depend on others filled in."""
+    a = parser().parse_args(argv)
+    if a.session_tokens is None:
+        a.session_tokens = session_tokens(a.turns, a.tokens)
+    if a.model is None and (a.spawn_llama_server or a.spawn_vllm is not None):
+        a.model = default_model()
+    if a.spawn_mesh is not None and a.mesh:
+        raise SystemExit("give --spawn-mesh or --mesh, not both")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
     # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so a spawned server is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    return asyncio.run(amain(p.parse_args(argv)))
+    return asyncio.run(amain(a))
 
 
 if __name__ == "__main__":

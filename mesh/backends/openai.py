@@ -17,6 +17,9 @@ all serve it. :class:`OpenAIEngine` implements :class:`~mesh.engine.types.Engine
   exposes ``/metrics`` (vLLM, llama-server, mesh), it is polled and
   :meth:`OpenAIEngine.backend_metrics` reports running/waiting requests, inter-token
   latency and KV use (``/capacity`` shows them under ``engine.backend``).
+* A grammar (plans, tool calls) goes out in the field the backend reads: vLLM's
+  ``structured_outputs.grammar``, SGLang's ``ebnf``, llama.cpp's ``grammar`` (by the
+  model's ``owned_by`` in ``GET /v1/models``); vLLM ignores an unknown field silently.
 * Limits are mesh's: ``max_sessions`` sessions of ``session_budget`` tokens each; the
   backend's own scheduler does the batching and the KV cache.
 
@@ -39,7 +42,12 @@ from typing import Any
 import httpx
 
 from mesh.backends.remote_session import RemoteSession
-from mesh.backends.remote_wire import backend_gauges, parse_prometheus
+from mesh.backends.remote_wire import (
+    backend_counters,
+    backend_gauges,
+    grammar_fields,
+    parse_prometheus,
+)
 from mesh.engine.types import (
     AttachCheck,
     ModelError,
@@ -120,6 +128,7 @@ class OpenAIEngine:
         self._metrics: dict[str, float | None] | None = None
         self._metrics_task: asyncio.Task[None] | None = None
         self.model_id = config.model or ""
+        self.owner: str | None = None  # the model's owned_by (vllm, sglang, llamacpp, ...)
 
     # ------------------------------------------------------------------ life
 
@@ -156,7 +165,8 @@ class OpenAIEngine:
         try:
             r = await self.http.get(self.config.url + "/v1/models")
             r.raise_for_status()
-            models = [str(m.get("id")) for m in r.json().get("data", []) if m.get("id")]
+            listed = [m for m in r.json().get("data", []) if m.get("id")]
+            models = [str(m["id"]) for m in listed]
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             raise ModelError(
                 f"cannot list models at {self.config.url}/v1/models ({exc}); is the "
@@ -168,6 +178,8 @@ class OpenAIEngine:
         elif models and self.model_id not in models:
             raise ModelError(f"{self.config.url} does not serve {self.model_id!r}; it "
                              f"serves {', '.join(models)}")
+        owners = [m.get("owned_by") for m in listed if str(m["id"]) == self.model_id]
+        self.owner = str(owners[0]) if owners and owners[0] else None
         n_prefix = len(self._prefix_ids) if self._prefix_ids is not None else (
             self.count_tokens(self.prefix_text))
         if self._prefix_ids is not None:
@@ -223,7 +235,8 @@ class OpenAIEngine:
                 if r.status_code == 404:
                     return  # no metrics endpoint: the streamed tokens are all there is
                 if r.status_code == 200:
-                    self._metrics = backend_gauges(parse_prometheus(r.text))
+                    found = parse_prometheus(r.text)
+                    self._metrics = {**backend_gauges(found), **backend_counters(found)}
             except httpx.HTTPError:
                 self._metrics = None
             await asyncio.sleep(_METRICS_EVERY_S)
@@ -322,5 +335,10 @@ class OpenAIEngine:
         return sum(n for _, n in self._rate) / span if span > 0 else 0.0
 
     def request_body(self, prompt: str, **fields: Any) -> dict[str, Any]:
+        """A streamed completion of ``prompt``; a ``grammar`` field goes out in the field
+        this backend reads (:func:`~mesh.backends.remote_wire.grammar_fields`)."""
+        grammar = fields.pop("grammar", None)
+        if grammar is not None:
+            fields.update(grammar_fields(self.owner, grammar))
         return {"model": self.model_id, "prompt": prompt, "stream": True,
                 "stream_options": {"include_usage": True}, **fields}

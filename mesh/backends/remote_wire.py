@@ -11,7 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["backend_gauges", "parse_engine_spec", "parse_prometheus", "sse_data"]
+__all__ = ["backend_counters", "backend_gauges", "grammar_fields", "parse_engine_spec",
+           "parse_prometheus", "sse_data"]
 
 ENGINE_LOCAL = "llama.cpp"
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -97,3 +98,30 @@ def backend_gauges(metrics: Mapping[str, float]) -> dict[str, float | None]:
         "kv_usage": first("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
                           "llamacpp:kv_cache_usage_ratio"),
     }
+
+
+def backend_counters(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The backend's prefix-cache counters since it started, where it counts them (vLLM:
+    ``vllm:prefix_cache_queries_total`` / ``hits_total``, in prompt tokens), and the hit
+    rate they give: how much of every prompt mesh sent was served from the cache."""
+    out: dict[str, float] = {}
+    queries = metrics.get("vllm:prefix_cache_queries_total")
+    hits = metrics.get("vllm:prefix_cache_hits_total")
+    if queries is not None and hits is not None:
+        out = {"prefix_cache_queries": queries, "prefix_cache_hits": hits}
+        if queries > 0:
+            out["prefix_cache_hit_rate"] = hits / queries
+    return out
+
+
+def grammar_fields(owner: str | None, grammar: str) -> dict[str, Any]:
+    """The request field that carries a GBNF ``grammar`` to a backend, by who serves the
+    model (``owned_by`` in its ``GET /v1/models``). vLLM reads ``structured_outputs.grammar``
+    (xgrammar takes GBNF) and silently ignores llama.cpp's ``grammar`` field, so a plan or a
+    tool call would go unconstrained there; SGLang reads ``ebnf``; llama.cpp's servers and
+    mesh read ``grammar``."""
+    if owner == "vllm":
+        return {"structured_outputs": {"grammar": grammar}}
+    if owner == "sglang":
+        return {"ebnf": grammar}
+    return {"grammar": grammar}
