@@ -1,14 +1,19 @@
-"""The coordinator's ``AgentExecutor``: a task in, subtasks through the gate, workers out.
+"""The coordinator's ``AgentExecutor``: the SDK's contract and the task's event writer.
 
-Life of a task (every step is an event on the SDK's queue, so it is persisted, streamed to
-subscribers and pushed)::
+``execute`` hands every task to the one task path (:class:`mesh.agent.task.AgentTask`:
+plan or the client's subtasks, the fan-out through the gate, the answer) with what the
+door checked of its message (:func:`mesh.a2a.validation.checked_message`: subtask list,
+text, hops; nothing is parsed again), and writes what it says as the SDK's events. Life of
+a task with explicit subtasks (a planned one adds its planning and synthesis turns, see
+:mod:`mesh.agent.task`; every step is an event on the SDK's queue, so it is persisted,
+streamed to subscribers and pushed)::
 
     submitted ─▶ submitted "queued for the gate at position N" (per subtask, while queued)
               ─▶ working "admitted" ─▶ working per worker turn / tool call,
                  generated text as chunks of a ``stream-<subtask>`` artifact (append=True,
                  last_chunk=True at the end)
               ─▶ completed with the ``answer`` artifact │ failed with the reason │
-                 rejected (bad subtasks, queue full) │ canceled
+                 rejected (queue full) │ canceled
 
 A worker that fails does not cancel its siblings: the task completes with the answers it
 has and says which subtasks are missing and why; it fails only when every worker failed.
@@ -25,7 +30,6 @@ the terminal event.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -36,34 +40,34 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2 as pb
-from google.protobuf.json_format import MessageToDict
 
 from mesh.a2a.store import owner_of
-from mesh.agent.subtasks import join_answers, local_id, message_text, subtasks_from_message
-from mesh.agent.synthesis import Outcome, missing_note
+from mesh.a2a.validation.checked import checked_message
+from mesh.agent.events import ANSWER_ARTIFACT, TextSink
+from mesh.agent.fanout import WorkerFactory
 from mesh.agent.task import Agent, AgentTask
-from mesh.fleet.peers import CURRENT_HOPS, hops_of
 from mesh.gate.types import Admission, QueueFull
-from mesh.worker.types import EventKind, Subtask, Worker, WorkerEvent, WorkerResult
+from mesh.worker.types import EventKind, WorkerEvent
 
 __all__ = ["ANSWER_ARTIFACT", "CoordinatorExecutor", "WorkerFactory"]
 
 logger = logging.getLogger(__name__)
 
-WorkerFactory = Callable[[], Worker]
-ANSWER_ARTIFACT = "answer"
 _TOOL_TEXT_MAX = 500
 _FLUSH_CHARS = 4096
 
 
 class _Run:
-    """One execution's event writer. Once ``closed`` (the task was canceled), it writes
-    nothing more, so no event can follow the terminal one. ``caller``: whose share of the
-    gate's queue the task's subtasks take (the authenticated caller, "" without auth)."""
+    """One execution's event writer (:class:`~mesh.agent.events.TaskEvents`). Once
+    ``closed`` (the task ended, or was canceled), it writes nothing more, so no event can
+    follow the terminal one. ``is_working`` once any working status was written: progress
+    lines never take the task back to submitted."""
 
-    def __init__(self, updater: TaskUpdater, caller: str = "") -> None:
+    def __init__(self, updater: TaskUpdater, flush_s: float = 0.05,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.updater = updater
-        self.caller = caller
+        self.flush_s = flush_s
+        self.clock = clock
         self.closed = False
         self.is_working = False
 
@@ -77,6 +81,7 @@ class _Run:
         # task's own metadata by the SDK.
         if self.closed:
             return
+        self.is_working = self.is_working or state == pb.TaskState.TASK_STATE_WORKING
         await self.updater.update_status(state, message=self._message(text, metadata))
 
     async def progress(self, text: str, metadata: dict[str, Any]) -> None:
@@ -95,6 +100,32 @@ class _Run:
             return
         self.closed = True
         await self.updater.update_status(state, message=self._message(text))
+
+    def stream(self, artifact_id: str, name: str) -> _TextStream:
+        return _TextStream(self, artifact_id=artifact_id, name=name, flush_s=self.flush_s,
+                           clock=self.clock)
+
+    async def worker_event(self, sink: TextSink, sid: str, event: WorkerEvent) -> None:
+        """Text to ``sink``; a turn, tool call or result, or status line as a status."""
+        if event.kind is EventKind.TEXT:
+            await sink.add(event.text)
+            return
+        await sink.flush()
+        text = event.text
+        is_tool = event.kind in (EventKind.TOOL_CALL, EventKind.TOOL_RESULT)
+        if is_tool and len(text) > _TOOL_TEXT_MAX:
+            text = text[:_TOOL_TEXT_MAX] + f"... [{len(event.text)} chars]"
+        label = {
+            EventKind.TURN_STARTED: "",
+            EventKind.TOOL_CALL: "tool call: ",
+            EventKind.TOOL_RESULT: "tool result: ",
+            EventKind.STATUS: "",
+        }[event.kind]
+        meta: dict[str, Any] = {"subtask": sid, "event": event.kind.value, "turn": event.turn}
+        wait_s = event.data.get("wait_s")
+        if isinstance(wait_s, int | float):  # the turn's wait for the decode gate
+            meta["wait_s"] = float(wait_s)
+        await self.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] {label}{text}", meta)
 
 
 @dataclass
@@ -138,7 +169,9 @@ class _TextStream:
 
 
 class CoordinatorExecutor(AgentExecutor):
-    """Runs each task's subtasks through the gate and the workers (see module docstring)."""
+    """The SDK's executor over the one task path (see the module docstring). ``agent``
+    (optional) plans messages without explicit subtasks; ``max_subtasks`` is checked at
+    the door (:mod:`mesh.a2a.validation`) and kept here for the constructor's callers."""
 
     def __init__(
         self,
@@ -179,14 +212,25 @@ class CoordinatorExecutor(AgentExecutor):
                     history=[message],
                 )
             )
+        run = _Run(TaskUpdater(event_queue, task_id, context_id), self._text_flush_s,
+                   self._clock)
+        checked = checked_message(context.call_context)
+        if checked is None:  # an app wired without the guard's context builder
+            await run.finish(pb.TaskState.TASK_STATE_REJECTED,
+                             "rejected: the message did not pass the request guard; serve "
+                             "the app with mesh.a2a.validation.CheckedContextBuilder")
+            return
         caller = owner_of(context.call_context) if context.call_context is not None else ""
-        run = _Run(TaskUpdater(event_queue, task_id, context_id), caller)
         self._runs[task_id] = run
-        # The hop count travels on to any peer this task's workers delegate to.
-        CURRENT_HOPS.set(hops_of(MessageToDict(message.metadata)))
         try:
-            planned = self._planned(context, run, message, task_id, context_id)
-            await (planned.run() if planned is not None else self._execute(run, message, task_id))
+            await AgentTask(self._agent, run, self._admission, task_id,
+                            f"{caller}\x00{context_id}", checked.text, self._worker_factory,
+                            checked.subtasks, caller=caller, hops=checked.hops).run()
+        except QueueFull as e:
+            await run.finish(
+                pb.TaskState.TASK_STATE_REJECTED,
+                f"rejected: over capacity ({e}); retry after {e.retry_after_s:.0f} s",
+            )
         except Exception as e:  # any failure point (admit, a flush, an error group, ...)
             await self._fail(run, task_id, e)
         finally:
@@ -204,177 +248,6 @@ class CoordinatorExecutor(AgentExecutor):
         except Exception:
             logger.exception("task %s: could not write its failed state", task_id)
 
-    def _planned(
-        self, context: RequestContext, run: _Run, message: pb.Message, task_id: str,
-        context_id: str,
-    ) -> AgentTask | None:
-        """The planned run of this message, or None when it is dispatched as before."""
-        agent = self._agent
-        if agent is None or agent.config.plan == "never":
-            return None
-        text = message_text(message)
-        if text is None:
-            return None  # explicit subtasks (or nothing to plan): no planning turn
-        owner = run.caller
-
-        def make_sink(artifact_id: str, name: str) -> _TextStream:
-            return _TextStream(run, artifact_id=artifact_id, name=name,
-                               flush_s=self._text_flush_s, clock=self._clock)
-
-        return AgentTask(agent, run, self._admission, task_id, f"{owner}\x00{context_id}",
-                         text, lambda s: self._run_one(run, s), make_sink, caller=owner)
-
-    async def _execute(self, run: _Run, message: pb.Message, task_id: str) -> None:
-        try:
-            subtasks = subtasks_from_message(message, task_id, self._max_subtasks)
-        except ValueError as e:
-            await run.finish(pb.TaskState.TASK_STATE_REJECTED, f"rejected: {e}")
-            return
-        try:
-            results = await self._run_all(run, subtasks)
-        except QueueFull as e:
-            await run.finish(
-                pb.TaskState.TASK_STATE_REJECTED,
-                f"rejected: over capacity ({e}); retry after {e.retry_after_s:.0f} s",
-            )
-            return
-        except _SubtaskFailed as e:
-            await run.finish(pb.TaskState.TASK_STATE_FAILED, str(e))
-            return
-        failed = [(s, r) for s, r in zip(subtasks, results, strict=True)
-                  if isinstance(r, _SubtaskFailed)]
-        if len(failed) == len(subtasks):
-            await run.finish(pb.TaskState.TASK_STATE_FAILED,
-                             "; ".join(str(r) for _, r in failed))
-            return
-        answers = [(local_id(s), r.answer) for s, r in zip(subtasks, results, strict=True)
-                   if isinstance(r, WorkerResult)]
-        summary = [
-            {
-                "id": local_id(s),
-                "answer": r.answer,
-                # camelCase, as every A2A 1.0 JSON key
-                "numTurns": r.num_turns,
-                "numGenerated": r.num_generated,
-                "numToolCalls": r.num_tool_calls,
-                "finishReason": r.finish_reason,
-            } if isinstance(r, WorkerResult) else
-            {"id": local_id(s), "answer": "", "finishReason": "failed", "error": str(r)}
-            for s, r in zip(subtasks, results, strict=True)
-        ]
-        text = join_answers(answers)
-        if failed:  # the same note a planned task's answer carries
-            text += "\n\n" + missing_note(
-                [Outcome(local_id(st), st.instructions, error=str(r)) for st, r in failed])
-        data = pb.Part()
-        data.data.struct_value.update({"subtasks": summary})
-        await run.artifact(
-            [pb.Part(text=text), data],
-            artifact_id=ANSWER_ARTIFACT,
-            name=ANSWER_ARTIFACT,
-            last_chunk=True,
-        )
-        done = len(subtasks) - len(failed)
-        await run.finish(
-            pb.TaskState.TASK_STATE_COMPLETED,
-            f"completed {len(subtasks)} subtask(s)" if not failed
-            else f"completed {done} of {len(subtasks)} subtask(s); {len(failed)} failed",
-        )
-
-    async def _run_all(
-        self, run: _Run, subtasks: list[Subtask]
-    ) -> list[WorkerResult | _SubtaskFailed]:
-        """Every subtask's result, or how its worker failed (a worker's failure is its own;
-        its siblings go on). Anything else (the gate breaking, a full queue) cancels the
-        rest and is raised."""
-        if len(subtasks) == 1:
-            return [await self._run_one(run, subtasks[0])]
-
-        async def one(s: Subtask) -> WorkerResult | _SubtaskFailed:
-            try:
-                return await self._run_one(run, s)
-            except _SubtaskFailed as e:
-                return e
-
-        try:
-            async with asyncio.TaskGroup() as group:
-                jobs = [group.create_task(one(s)) for s in subtasks]
-        except BaseExceptionGroup as eg:
-            for exc in eg.exceptions:
-                if isinstance(exc, QueueFull):
-                    raise exc from None
-            raise
-        return [job.result() for job in jobs]
-
-    async def _run_one(self, run: _Run, subtask: Subtask) -> WorkerResult:
-        sid = local_id(subtask)
-        meta: dict[str, Any] = {"subtask": sid}
-
-        async def on_position(position: int) -> None:
-            if position > 0:
-                await run.progress(
-                    f"[{sid}] queued for the gate at position {position}",
-                    {**meta, "event": "queued", "queue_position": position},
-                )
-
-        # The request passed check_queue at the door for all its subtasks (one place each,
-        # in its caller's share): it queues, it is never rejected here.
-        ticket = await self._admission.admit(subtask.id, on_position, accepted=True,
-                                             caller=run.caller)
-        try:
-            run.is_working = True
-            await run.status(
-                pb.TaskState.TASK_STATE_WORKING,
-                f"[{sid}] admitted; worker started",
-                {**meta, "event": "admitted"},
-            )
-            stream = _TextStream(
-                run,
-                artifact_id=f"stream-{sid}",
-                name=f"{sid} output",
-                flush_s=self._text_flush_s,
-                clock=self._clock,
-            )
-
-            async def emit(event: WorkerEvent) -> None:
-                await self._translate(run, stream, sid, event)
-
-            try:
-                result = await self._worker_factory().run(subtask, emit)
-            except (asyncio.CancelledError, QueueFull):
-                raise
-            except Exception as e:
-                logger.info("subtask %s failed: %s", subtask.id, e, exc_info=True)
-                reason = str(e) or type(e).__name__
-                raise _SubtaskFailed(f"subtask {sid} failed: {reason}") from e
-            await stream.flush(last=True)
-            return result
-        finally:
-            await ticket.release()
-
-    async def _translate(
-        self, run: _Run, stream: _TextStream, sid: str, event: WorkerEvent
-    ) -> None:
-        if event.kind is EventKind.TEXT:
-            await stream.add(event.text)
-            return
-        await stream.flush()
-        text = event.text
-        is_tool = event.kind in (EventKind.TOOL_CALL, EventKind.TOOL_RESULT)
-        if is_tool and len(text) > _TOOL_TEXT_MAX:
-            text = text[:_TOOL_TEXT_MAX] + f"... [{len(event.text)} chars]"
-        label = {
-            EventKind.TURN_STARTED: "",
-            EventKind.TOOL_CALL: "tool call: ",
-            EventKind.TOOL_RESULT: "tool result: ",
-            EventKind.STATUS: "",
-        }[event.kind]
-        meta: dict[str, Any] = {"subtask": sid, "event": event.kind.value, "turn": event.turn}
-        wait_s = event.data.get("wait_s")
-        if isinstance(wait_s, int | float):  # the turn's wait for the decode gate
-            meta["wait_s"] = float(wait_s)
-        await run.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] {label}{text}", meta)
-
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Write the canceled state; the SDK then cancels ``execute`` (see module doc)."""
         task_id = context.task_id or ""
@@ -385,7 +258,3 @@ class CoordinatorExecutor(AgentExecutor):
         context_id = task.context_id if task is not None else (context.context_id or "")
         updater = TaskUpdater(event_queue, task_id, context_id)
         await updater.cancel(updater.new_agent_message([pb.Part(text="canceled by the client")]))
-
-
-class _SubtaskFailed(Exception):
-    """A worker raised; the message is the reason the client sees."""

@@ -18,7 +18,7 @@ noise cannot plan ", ". Everything here is pure.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from mesh.agent.plan_grammar import (
     max_plan_chars,
     schema_to_gbnf,
 )
+from mesh.agent.subtasks import SubtaskSpec
 
 __all__ = [
     "ACTIONS",
@@ -35,6 +36,8 @@ __all__ = [
     "Plan",
     "PlanError",
     "PlannedSubtask",
+    "explicit_plan",
+    "fallback_plan",
     "max_plan_chars",
     "parse_plan",
     "plan_prompt",
@@ -61,11 +64,15 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class PlannedSubtask:
-    """One subtask of a plan: what to do and, where it helps, which files and tools."""
+    """One subtask of a plan: what to do and, where it helps, which files and tools.
+    An explicit subtask (the client listed it) keeps the client's ``id`` and ``params``;
+    a planned one is numbered ``p1``, ``p2``... by its place."""
 
     instructions: str
     files: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
+    id: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def worker_instructions(self, request: str = "", history: str = "") -> str:
         """The instructions a worker gets, the files and tools spelled out. With the
@@ -93,16 +100,23 @@ class Plan:
     subtasks: tuple[PlannedSubtask, ...] = ()
     answer: str = ""
     question: str = ""
-    source: str = field(default="model", compare=False)  # "model" | "fallback"
+    # "model" (the planning turn's), "fallback" (the request as one subtask, when the
+    # plan did not parse) or "explicit" (the client's own subtask list, or the message as
+    # one subtask when planning is off): no planning turn, no synthesis turn.
+    source: str = field(default="model", compare=False)
+
+    def subtask_ids(self) -> list[str]:
+        """Each subtask's id within the task: its own, else ``p1``, ``p2``..."""
+        return [s.id or f"p{i + 1}" for i, s in enumerate(self.subtasks)]
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as published on the task (camelCase keys)."""
         out: dict[str, Any] = {"action": self.action, "source": self.source}
         if self.action == "delegate":
             out["subtasks"] = [
-                {"id": f"p{i + 1}", "instructions": s.instructions, "files": list(s.files),
+                {"id": sid, "instructions": s.instructions, "files": list(s.files),
                  "tools": list(s.tools)}
-                for i, s in enumerate(self.subtasks)
+                for sid, s in zip(self.subtask_ids(), self.subtasks, strict=True)
             ]
         elif self.action == "answer":
             out["answer"] = self.answer
@@ -274,3 +288,18 @@ def parse_plan(text: str, max_subtasks: int) -> Plan:
 def fallback_plan(message: str) -> Plan:
     """The plan used when the model's plan does not parse: the request as one subtask."""
     return Plan("delegate", (PlannedSubtask(message),), source="fallback")
+
+
+def explicit_plan(specs: Sequence[SubtaskSpec] | None, text: str) -> Plan:
+    """The plan of a message that needs no planning turn: its explicit subtask list
+    (checked at the door; the message's ``text`` goes to each as ``params["context"]``),
+    or, without one, ``text`` as the one subtask ``s1``."""
+    if specs is None:
+        return Plan("delegate", (PlannedSubtask(text, id="s1"),), source="explicit")
+    subtasks = []
+    for spec in specs:
+        params = dict(spec.params)
+        if text:
+            params.setdefault("context", text)
+        subtasks.append(PlannedSubtask(spec.instructions, id=spec.id, params=params))
+    return Plan("delegate", tuple(subtasks), source="explicit")

@@ -46,8 +46,11 @@ class Outcome:
     def ok(self) -> bool:
         return self.result is not None
 
-    def record(self) -> dict[str, Any]:
-        """This subtask in the ``answer`` artifact's data part."""
+    def record(self, *, legacy: bool = False) -> dict[str, Any]:
+        """This subtask in the ``answer`` artifact's data part. ``legacy`` adds the keys
+        explicit-subtask answers had before one task path (``numTurns``,
+        ``numGenerated``, ``numToolCalls``: the same numbers as ``turns``, ``tokens``,
+        ``toolCalls``), kept readable for one release; read the short keys."""
         r = self.result
         out: dict[str, Any] = {
             "id": self.id,
@@ -58,13 +61,17 @@ class Outcome:
             "toolCalls": r.num_tool_calls if r else 0,
             "finishReason": r.finish_reason if r else "failed",
         }
+        if legacy:
+            out.update(numTurns=out["turns"], numGenerated=out["tokens"],
+                       numToolCalls=out["toolCalls"])
         if self.error is not None:
             out["error"] = self.error
         return out
 
 
-def summary(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
-    return [o.record() for o in outcomes]
+def summary(outcomes: Sequence[Outcome], *, legacy: bool = False) -> list[dict[str, Any]]:
+    """The ``subtasks`` rows of the ``answer`` artifact (see :meth:`Outcome.record`)."""
+    return [o.record(legacy=legacy) for o in outcomes]
 
 
 def missing_note(outcomes: Sequence[Outcome]) -> str:

@@ -1,50 +1,52 @@
-"""The coordinator as an agent: plan on the pool, delegate through the gate, synthesize.
+"""The one task path: plan (or take the client's plan), fan out through the gate, answer.
 
-Life of a planned task (a message without an explicit ``subtasks`` list, ``plan`` not
-``never``)::
+Every task runs here, whatever its message (the executor only writes its events)::
 
-    working "planning" ─▶ stream-plan chunks ─▶ working event=plan + the ``plan`` artifact
+    explicit subtasks, or planning off ─▶ the explicit plan (no planning turn)
+    otherwise: working "planning" ─▶ stream-plan chunks ─▶ working event=plan + ``plan``
       ├─ action answer   ─▶ completed with the ``answer`` artifact (no worker)
       ├─ action ask      ─▶ input-required with the question (the reply resumes the task)
-      └─ action delegate ─▶ every subtask p1..pN through the gate like an explicit one
-                            (one failing does not cancel the others)
-                         ─▶ synthesis turn (stream-synthesis) ─▶ completed with ``answer``
-                            (what failed is said) │ failed when every worker failed
+      └─ action delegate ─▶
+    delegate: every subtask through the gate to a worker at once (:mod:`.fanout`; one
+      failing does not cancel the others) ─▶ a synthesis turn (stream-synthesis) for a
+      model's plan of two or more ─▶ completed with ``answer`` (what failed is said) │
+      failed when every worker failed
 
 The planning and synthesis turns are pool sessions admitted by the gate like workers (keys
 ``<task>/plan`` and ``<task>/synthesis``), so they share the prefix and keep the floor.
-Queue places: the door counted one for the planning turn; a plan's N subtasks enter the
-gate's queue only once all N fit its free places and the caller's share (the task waits
-outside the queue until then), so a plan never takes the queue past its bound.
-In ``auto`` mode a plan that does not parse (or a planning turn that fails) falls back to
-the message as one subtask, answered as the dispatcher did; in ``always`` mode it fails the
-task. The events go through a :class:`TaskEvents` writer (the executor's run).
+Queue places: the door counted one per explicit subtask, else one for the planning turn; a
+plan's N subtasks enter the gate's queue only once all N fit its free places and the
+caller's share (the task waits outside the queue until then), so a plan never takes the
+queue past its bound. In ``auto`` mode a plan that does not parse (or a planning turn that
+fails) falls back to the message as one subtask; in ``always`` mode it fails the task.
+Planned tasks (not explicit ones) remember their context's conversation.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import anyio
 from a2a.types import a2a_pb2 as pb
 
+from mesh.agent.config import PLAN_MODES, PLAN_STYLES, AgentConfig
+from mesh.agent.events import ANSWER_ARTIFACT, PLAN_ARTIFACT, TaskEvents, TextSink
+from mesh.agent.fanout import SubtaskFailed, WorkerFactory, fan_out, run_subtask
 from mesh.agent.history import Conversations
 from mesh.agent.plans import (
-    ACTIONS,
     Plan,
     PlanError,
+    explicit_plan,
     fallback_plan,
     max_plan_chars,
     parse_plan,
     plan_prompt,
-    plan_schema,
     schema_to_gbnf,
 )
 from mesh.agent.request_parts import request_parts
+from mesh.agent.subtasks import SubtaskSpec
 from mesh.agent.synthesis import (
     Outcome,
     direct_answer,
@@ -59,9 +61,10 @@ from mesh.engine.types import Engine, EngineError, SamplingParams, TurnResult
 from mesh.gate.types import Admission
 from mesh.worker.loop import WorkerFailed, release, stream_turn
 from mesh.worker.text import prose_params
-from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
+from mesh.worker.types import NO_HOPS, EventKind, Hops, Subtask, WorkerEvent, WorkerResult
 
 __all__ = [
+    "ANSWER_ARTIFACT",
     "PLAN_ARTIFACT",
     "PLAN_MODES",
     "PLAN_STYLES",
@@ -73,12 +76,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PLAN_MODES = ("auto", "always", "never")
-# free: the model writes each subtask's instructions; guided: each subtask is one part of
-# the request (mesh.agent.request_parts) and the model adds files, tools and detail.
-PLAN_STYLES = ("free", "guided")
-PLAN_ARTIFACT = "plan"
-ANSWER_ARTIFACT = "answer"
 S = pb.TaskState
 
 
@@ -86,68 +83,6 @@ def plain_turn(prompt: str) -> str:
     """How a coordinator turn's prompt is written into its session (plain text for now;
     the model's chat format replaces this once it is available)."""
     return prompt
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """How the coordinator plans. ``history_tokens`` bounds what a follow-up's plan sees
-    of the earlier conversation; ``text_max`` bounds each string of a plan (characters);
-    ``style`` is one of :data:`PLAN_STYLES`; ``files`` (the project's, as the prefix names
-    them) are the only file names a plan may give, when there are any."""
-
-    plan: str = "auto"
-    style: str = "free"
-    files: tuple[str, ...] = ()
-    max_subtasks: int = 4
-    text_max: int = 240
-    history_tokens: int = 512
-    temperature: float = 0.0
-    synthesis_max_tokens: int = 256
-    actions: tuple[str, ...] = ACTIONS
-    tools: tuple[str, ...] = ()
-    # The instruction texts of the shared prefix (a template's own text, not the
-    # project's): a synthesis or direct answer that reproduces a sentence of them is an echo.
-    instructions: tuple[str, ...] = ()
-
-    def validate(self) -> None:
-        if self.plan not in PLAN_MODES:
-            raise ValueError(f"plan must be one of {PLAN_MODES}, got {self.plan!r}")
-        if self.style not in PLAN_STYLES:
-            raise ValueError(f"style must be one of {PLAN_STYLES}, got {self.style!r}")
-        if self.max_subtasks < 1:
-            raise ValueError(f"max_subtasks must be >= 1, got {self.max_subtasks}")
-        if self.history_tokens < 0:
-            raise ValueError(f"history_tokens must be >= 0, got {self.history_tokens}")
-        if self.synthesis_max_tokens < 1:
-            raise ValueError("synthesis_max_tokens must be >= 1")
-        plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
-                    files=self.files)  # checks
-
-    def schema(self, message: str) -> dict[str, Any]:
-        """The plan schema for ``message``: guided plans follow the request's parts."""
-        parts = request_parts(message, self.max_subtasks) if self.style == "guided" else ()
-        return plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
-                           files=self.files, parts=parts)
-
-
-class TextSink(Protocol):
-    async def add(self, text: str) -> None: ...
-
-    async def flush(self, now: float | None = None, *, last: bool = False) -> None: ...
-
-
-class TaskEvents(Protocol):
-    """The executor's event writer, as the agent uses it."""
-
-    async def status(
-        self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None
-    ) -> None: ...
-
-    async def progress(self, text: str, metadata: dict[str, Any]) -> None: ...
-
-    async def artifact(self, parts: list[pb.Part], **kwargs: Any) -> None: ...
-
-    async def finish(self, state: pb.TaskState, text: str) -> None: ...
 
 
 class Agent:
@@ -206,31 +141,35 @@ def _sink_emit(sink: TextSink) -> Callable[[WorkerEvent], Awaitable[None]]:
     return emit
 
 
-RunOne = Callable[[Subtask], Awaitable[WorkerResult]]
-MakeSink = Callable[[str, str], TextSink]
-
-
 @dataclass
 class AgentTask:
-    """One planned task run (see the module docstring). ``run_one`` is the executor's
-    gate-and-worker path for one subtask; ``make_sink(artifact_id, name)`` streams text."""
+    """One task's run (see the module docstring). ``agent`` plans and synthesizes (None:
+    every message runs as its explicit plan); ``message`` is the request's text as the
+    door read it; ``subtasks`` its explicit subtask list (None: plan the message);
+    ``workers`` makes one worker per admitted subtask; ``hops`` travel on with every
+    subtask (to any peer or node its worker asks)."""
 
-    agent: Agent
+    agent: Agent | None
     events: TaskEvents
     admission: Admission
     task_id: str
     conversation: str  # the owner-scoped context key
     message: str
-    run_one: RunOne
-    make_sink: MakeSink
+    workers: WorkerFactory
+    subtasks: Sequence[SubtaskSpec] | None = None
     caller: str = ""  # whose share of the gate's queue this task's turns take
+    hops: Hops = NO_HOPS
 
     # how often a plan waiting for room in the queue asks again (at most)
     room_poll_s: float = 1.0
 
     async def run(self) -> None:
-        cfg = self.agent.config
-        window = self.agent.conversations.window(self.conversation, cfg.history_tokens)
+        agent = self.agent
+        if self.subtasks is not None or agent is None or agent.config.plan == "never":
+            await self._delegate(explicit_plan(self.subtasks, self.message), "")
+            return
+        cfg = agent.config
+        window = agent.conversations.window(self.conversation, cfg.history_tokens)
         history = window.render()
         if window.entries or window.dropped:
             dropped = f"; {window.dropped} older dropped to fit" if window.dropped else ""
@@ -240,8 +179,8 @@ class AgentTask:
                 f"tokens (budget {cfg.history_tokens}){dropped}",
                 {"event": "context", "entries": len(window.entries), "dropped": window.dropped},
             )
-        self.agent.conversations.add(self.conversation, "user", self.message)
-        plan = await self._plan(history)
+        agent.conversations.add(self.conversation, "user", self.message)
+        plan = await self._plan(agent, history)
         if plan is None:
             return
         await self._publish(plan)
@@ -249,12 +188,13 @@ class AgentTask:
             await self._complete(plan, direct_answer(plan.answer, cfg.tools, cfg.max_subtasks,
                                                      cfg.instructions), [])
         elif plan.action == "ask":
-            self.agent.conversations.add(self.conversation, "question", plan.question)
+            agent.conversations.add(self.conversation, "question", plan.question)
             await self.events.finish(S.TASK_STATE_INPUT_REQUIRED, plan.question)
         else:
             await self._delegate(plan, history)
 
-    async def _admitted_turn(self, key: str, prompt: str, params: SamplingParams) -> TurnResult:
+    async def _admitted_turn(self, agent: Agent, key: str, prompt: str,
+                             params: SamplingParams) -> TurnResult:
         async def on_position(position: int) -> None:
             if position > 0:
                 await self.events.progress(f"[{key}] queued for the gate at position {position}",
@@ -266,17 +206,18 @@ class AgentTask:
         try:
             await self.events.status(S.TASK_STATE_WORKING, f"[{key}] admitted; {key} turn",
                                      {"subtask": key, "event": "admitted"})
-            sink = self.make_sink(f"stream-{key}", f"{key} output")
-            return await self.agent.turn(prompt, params, sink)
+            sink = self.events.stream(f"stream-{key}", f"{key} output")
+            return await agent.turn(prompt, params, sink)
         finally:
             await ticket.release()
 
-    async def _plan(self, history: str) -> Plan | None:
-        cfg = self.agent.config
+    async def _plan(self, agent: Agent, history: str) -> Plan | None:
+        cfg = agent.config
         parts = request_parts(self.message, cfg.max_subtasks) if cfg.style == "guided" else ()
         prompt = plan_prompt(self.message, history, cfg.tools, cfg.max_subtasks, parts)
         try:
-            turn = await self._admitted_turn("plan", prompt, self.agent.plan_params(self.message))
+            turn = await self._admitted_turn(agent, "plan", prompt,
+                                             agent.plan_params(self.message))
             return parse_plan(turn.text, cfg.max_subtasks)
         except (PlanError, EngineError) as e:
             if cfg.plan == "always":
@@ -300,22 +241,39 @@ class AgentTask:
         await self.events.artifact([part], artifact_id=PLAN_ARTIFACT, name=PLAN_ARTIFACT,
                                    last_chunk=True)
 
+    def _worker_subtasks(self, plan: Plan, history: str) -> list[Subtask]:
+        """The plan's subtasks as workers get them: an explicit one as the client wrote
+        it, a planned one with the request (and the conversation) it belongs to."""
+        explicit = plan.source == "explicit"
+        return [
+            Subtask(id=f"{self.task_id}/{sid}",
+                    instructions=s.instructions if explicit
+                    else s.worker_instructions(self.message, history),
+                    params=s.params, hops=self.hops)
+            for sid, s in zip(plan.subtask_ids(), plan.subtasks, strict=True)
+        ]
+
     async def _delegate(self, plan: Plan, history: str) -> None:
-        subtasks = [
-            Subtask(id=f"{self.task_id}/p{i + 1}",
-                    instructions=s.worker_instructions(self.message, history))
-            for i, s in enumerate(plan.subtasks)
-        ]
-        await self._wait_for_room(len(subtasks))
-        outcomes = list(await asyncio.gather(*(self._settle(s) for s in subtasks)))
+        subtasks = self._worker_subtasks(plan, history)
+        if plan.source != "explicit":  # the door counted the planning turn's place only
+            await self._wait_for_room(len(subtasks))
+
+        async def run_one(subtask: Subtask) -> WorkerResult:
+            return await run_subtask(self.events, self.admission, self.workers, subtask,
+                                     self.caller)
+
+        results = await fan_out(subtasks, run_one)
         outcomes = [
-            Outcome(o.id, p.instructions, o.result, o.error)
-            for o, p in zip(outcomes, plan.subtasks, strict=True)
+            Outcome(sid, p.instructions, error=str(r)) if isinstance(r, SubtaskFailed)
+            else Outcome(sid, p.instructions, result=r)
+            for sid, p, r in zip(plan.subtask_ids(), plan.subtasks, results, strict=True)
         ]
-        if not any(o.ok for o in outcomes):
-            reasons = "; ".join(f"[{o.id}] {o.error}" for o in outcomes)
-            await self.events.finish(S.TASK_STATE_FAILED,
-                                     f"all {len(outcomes)} subtask(s) failed: {reasons}")
+        failed = [o for o in outcomes if not o.ok]
+        if len(failed) == len(outcomes):
+            reason = str(failed[0].error) if len(failed) == 1 else (
+                f"all {len(failed)} subtask(s) failed: "
+                + "; ".join(f"[{o.id}] {o.error}" for o in failed))
+            await self.events.finish(S.TASK_STATE_FAILED, reason)
             return
         answer = await self._synthesize(plan, outcomes, history)
         note = missing_note(outcomes)
@@ -338,42 +296,41 @@ class AgentTask:
                     f"{check.reason}", {"event": "waiting_for_room", "places": places})
             await anyio.sleep(min(max(check.retry_after_s, 0.05), self.room_poll_s))
 
-    async def _settle(self, subtask: Subtask) -> Outcome:
-        sid = subtask.id.rsplit("/", 1)[-1]
-        try:
-            return Outcome(sid, subtask.instructions, result=await self.run_one(subtask))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # a failed worker is an outcome; its siblings go on
-            return Outcome(sid, subtask.instructions, error=str(e) or type(e).__name__)
-
     async def _synthesize(self, plan: Plan, outcomes: list[Outcome], history: str) -> str:
-        # One subtask (that answered): its worker's answer is the answer, no synthesis turn.
-        if plan.source == "fallback" or not needs_synthesis(outcomes):
+        # A plan the model did not write, or one subtask that answered: the workers'
+        # answers are the answer, no synthesis turn.
+        agent = self.agent
+        if agent is None or plan.source != "model" or not needs_synthesis(outcomes):
             return joined_answers(outcomes)
         prompt = synthesis_prompt(self.message, plan, outcomes, history)
         try:
-            turn = await self._admitted_turn("synthesis", prompt, self.agent.synthesis_params())
+            turn = await self._admitted_turn(agent, "synthesis", prompt,
+                                             agent.synthesis_params())
         except EngineError as e:
             logger.info("synthesis of %s failed: %s", self.task_id, e)
             await self.events.status(S.TASK_STATE_WORKING,
                                      f"synthesis failed ({e}); answering with the reports",
                                      {"event": "synthesis_fallback"})
             return joined_answers(outcomes)
-        answer, replaced = synthesis_answer(turn.text, plan, outcomes,
-                                            self.agent.config.instructions)
+        answer, replaced = synthesis_answer(turn.text, plan, outcomes, agent.config.instructions)
         if replaced:
             await self.events.status(S.TASK_STATE_WORKING, f"{replaced}; answering with the "
                                      "workers' reports", {"event": "synthesis_replaced"})
         return answer
 
     async def _complete(self, plan: Plan, answer: str, outcomes: list[Outcome]) -> None:
-        self.agent.conversations.add(self.conversation, "answer", answer)
+        explicit = plan.source == "explicit"
+        if self.agent is not None and not explicit:
+            self.agent.conversations.add(self.conversation, "answer", answer)
         data = pb.Part()
-        data.data.struct_value.update({"plan": plan.to_dict(), "subtasks": summary(outcomes)})
+        # Explicit tasks' rows keep their old key names for one release (Outcome.record).
+        data.data.struct_value.update({"plan": plan.to_dict(),
+                                       "subtasks": summary(outcomes, legacy=explicit)})
         await self.events.artifact([pb.Part(text=answer), data], artifact_id=ANSWER_ARTIFACT,
                                    name=ANSWER_ARTIFACT, last_chunk=True)
         done = sum(1 for o in outcomes if o.ok)
-        text = (f"completed: {done} of {len(outcomes)} subtask(s) answered" if outcomes
-                else "completed: answered without workers")
+        failed = len(outcomes) - done
+        text = ("completed: answered without workers" if not outcomes
+                else f"completed {done} of {len(outcomes)} subtask(s); {failed} failed" if failed
+                else f"completed {done} subtask(s)")
         await self.events.finish(S.TASK_STATE_COMPLETED, text)

@@ -26,10 +26,12 @@ from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError
 from google.protobuf.json_format import MessageToDict
 
+from mesh.agent.events import ANSWER_ARTIFACT
 from mesh.agent.subtasks import local_id
+from mesh.fleet.hops import hops_metadata
 from mesh.fleet.nodes import Node, NodePool
 from mesh.fleet.peer_guard import confine_card
-from mesh.fleet.peers import CHAIN_KEY, CURRENT_HOPS, HOPS_KEY, answer_text
+from mesh.fleet.peers import answer_text
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
 
 __all__ = ["NodeClient", "NodeTaskFailed", "NodeUnreachable", "NodeWorker"]
@@ -88,8 +90,7 @@ class NodeClient:
             "id": local_id(subtask), "instructions": subtask.instructions,
             "params": dict(subtask.params)}]})
         message = pb.Message(role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[data])
-        hops, chain = CURRENT_HOPS.get()
-        message.metadata.update({HOPS_KEY: hops + 1, CHAIN_KEY: [*chain, self.origin]})
+        message.metadata.update(hops_metadata(subtask.hops.onward(self.origin)))
         return message
 
     async def run(self, node: Node, subtask: Subtask, emit: Emit) -> tuple[pb.Task, str]:
@@ -150,9 +151,9 @@ async def _cancel_quietly(client: Any, task_id: str) -> None:
 
 
 def _summary(task: pb.Task) -> dict[str, Any]:
-    """The node's own subtask summary (``numTurns``...) from its answer's data part."""
+    """The node's own subtask row (``turns``, ``tokens``...) from its answer's data part."""
     for art in task.artifacts:
-        if art.artifact_id == "answer":
+        if art.artifact_id == ANSWER_ARTIFACT:
             for part in art.parts:
                 if part.HasField("data"):
                     data = MessageToDict(part.data)
@@ -188,10 +189,11 @@ class NodeWorker:
             else:
                 self._pool.answered(node)
                 row = _summary(task)
+                # A node of the release before one task path names them numTurns...
                 return WorkerResult(
-                    answer=answer, num_turns=int(row.get("numTurns", 0)),
-                    num_generated=int(row.get("numGenerated", 0)),
-                    num_tool_calls=int(row.get("numToolCalls", 0)),
+                    answer=answer, num_turns=int(row.get("turns", row.get("numTurns", 0))),
+                    num_generated=int(row.get("tokens", row.get("numGenerated", 0))),
+                    num_tool_calls=int(row.get("toolCalls", row.get("numToolCalls", 0))),
                     finish_reason=str(row.get("finishReason", "answer")),
                     data={"node": node.url, "retried": attempt > 0})
             if attempt == 0:

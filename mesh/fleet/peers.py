@@ -20,22 +20,19 @@ its interface URLs, and the transport under every token-carrying client refuses 
 origin and connects only to the address the policy checked).
 
 Every delegated message carries ``metadata.meshHops`` (hops so far, this one included)
-and ``metadata.meshChain`` (the agents it went through). The hop count of the message
-being worked on is :data:`CURRENT_HOPS` (the executor sets it from the incoming message);
-a coordinator refuses a message past ``--max-hops`` at its door, with the chain, so
-A → B → A cannot loop.
+and ``metadata.meshChain`` (the agents it went through), from the ``hops`` argument of
+``send`` (the incoming message's, :mod:`.hops`); a coordinator refuses a message past
+``--max-hops`` at its door, with the chain, so A → B → A cannot loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from a2a.client import A2ACardResolver, A2AClientError, ClientConfig, ClientFactory
@@ -43,11 +40,13 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError
 
+from mesh.agent.events import ANSWER_ARTIFACT
+from mesh.fleet.hops import CHAIN_KEY, HOPS_KEY, hops_metadata, hops_of
 from mesh.fleet.peer_guard import GuardedTransport, confine_card
+from mesh.worker.types import NO_HOPS, Hops
 
 __all__ = [
     "CHAIN_KEY",
-    "CURRENT_HOPS",
     "HOPS_KEY",
     "PeerClient",
     "PeerError",
@@ -61,12 +60,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-HOPS_KEY = "meshHops"
-CHAIN_KEY = "meshChain"
-#: (hops, chain) of the message the current task is working on (set by the executor).
-CURRENT_HOPS: contextvars.ContextVar[tuple[int, tuple[str, ...]]] = contextvars.ContextVar(
-    "mesh_current_hops", default=(0, ())
-)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 
@@ -89,19 +82,6 @@ def peer_token_env(name: str) -> str:
     return "MESH_PEER_TOKEN_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
-def hops_of(metadata: Mapping[str, Any] | None) -> tuple[int, tuple[str, ...]]:
-    """(hops, chain) from a message's metadata; (0, ()) when absent or malformed."""
-    if not metadata:
-        return 0, ()
-    hops = metadata.get(HOPS_KEY, 0)
-    chain = metadata.get(CHAIN_KEY, [])
-    if isinstance(hops, float) and hops.is_integer():
-        hops = int(hops)
-    if not isinstance(hops, int) or isinstance(hops, bool) or hops < 0:
-        hops = 0
-    names = tuple(str(c) for c in chain) if isinstance(chain, list | tuple) else ()
-    return hops, names
-
 _TERMINAL = frozenset(
     {
         pb.TaskState.TASK_STATE_COMPLETED,
@@ -110,7 +90,6 @@ _TERMINAL = frozenset(
         pb.TaskState.TASK_STATE_REJECTED,
     }
 )
-_ANSWER = "answer"
 
 
 class PeerError(Exception):
@@ -139,7 +118,7 @@ def _message_text(message: pb.Message) -> str:
 def answer_text(task: pb.Task) -> str:
     """The answer a terminal task carries (see the module docstring for the order)."""
     for artifact in task.artifacts:
-        if artifact.artifact_id == _ANSWER or artifact.name == _ANSWER:
+        if ANSWER_ARTIFACT in (artifact.artifact_id, artifact.name):
             return "".join(p.text for p in artifact.parts if p.HasField("text"))
     texts = ["".join(p.text for p in a.parts if p.HasField("text")) for a in task.artifacts]
     joined = "\n".join(t for t in texts if t)
@@ -255,13 +234,14 @@ class PeerClient:
         cards = [self._cards[u].name for u in self.urls if u not in named and u in self._cards]
         return [*self.names, *cards]
 
-    async def send(self, peer: str, text: str) -> str:
-        """Send ``text`` to ``peer`` (a URL or a card name); return the final answer text."""
+    async def send(self, peer: str, text: str, hops: Hops = NO_HOPS) -> str:
+        """Send ``text`` to ``peer`` (a URL or a card name) for a task that came ``hops``
+        far; return the final answer text."""
         url = await self._resolve(peer)
         await self._check(url)
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._send(url, text)
+                return await self._send(url, text, hops)
         except TimeoutError:
             raise PeerError(f"peer {url} did not finish within {self.timeout_s:.0f} s") from None
         except (A2AClientError, A2AError) as e:
@@ -307,7 +287,7 @@ class PeerClient:
             )
         return confined
 
-    async def _send(self, url: str, text: str) -> str:
+    async def _send(self, url: str, text: str, hops: Hops) -> str:
         card = self._confined(url, await self.card(url))
         config = ClientConfig(
             httpx_client=self._http_for(url),
@@ -318,11 +298,10 @@ class PeerClient:
             ],
         )
         client = ClientFactory(config).create(card)
-        hops, chain = CURRENT_HOPS.get()
         message = pb.Message(
             role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[pb.Part(text=text)]
         )
-        message.metadata.update({HOPS_KEY: hops + 1, CHAIN_KEY: [*chain, self.origin]})
+        message.metadata.update(hops_metadata(hops.onward(self.origin)))
         request = pb.SendMessageRequest(message=message)
         task_id = ""
         state = pb.TaskState.TASK_STATE_UNSPECIFIED

@@ -21,7 +21,7 @@ from mesh.template.loader import Template
 from mesh.worker.grammar import ProjectPaths
 from mesh.worker.loop import AgentWorker, WorkerFailed
 from mesh.worker.simulated import ScenarioWorker
-from mesh.worker.tools import ToolFn
+from mesh.worker.tools import DelegateTool, ToolFn
 from mesh.worker.types import Emit, Subtask, Worker, WorkerResult
 
 __all__ = ["DispatchWorker"]
@@ -47,6 +47,8 @@ class DispatchWorker:
                 )
             worker = ScenarioWorker(self.engine, self.template)
         else:
-            worker = AgentWorker(self.engine, self.template, self.tools, chat=self.chat,
+            tools = {name: tool.for_hops(subtask.hops) if isinstance(tool, DelegateTool)
+                     else tool for name, tool in self.tools.items()}
+            worker = AgentWorker(self.engine, self.template, tools, chat=self.chat,
                                  paths=self.paths, first_call=self.first_call)
         return await worker.run(subtask, emit)

@@ -32,8 +32,9 @@ from typing import Any, TypeVar
 import anyio.to_thread
 
 from mesh.template.project import DEFAULT_EXCLUDED_DIRS
+from mesh.worker.types import NO_HOPS, Hops
 
-__all__ = ["ProjectTools", "ToolError", "ToolFn", "delegate_tool"]
+__all__ = ["DelegateTool", "ProjectTools", "ToolError", "ToolFn", "delegate_tool"]
 
 ToolFn = Callable[[Mapping[str, Any]], Awaitable[str]]
 T = TypeVar("T")
@@ -287,24 +288,40 @@ class ProjectTools:
         }
 
 
-def delegate_tool(send: Callable[[str, str], Awaitable[str]]) -> ToolFn:
-    """The ``delegate`` tool over ``send(peer, text) -> answer`` (injected by the coordinator).
+class DelegateTool:
+    """The ``delegate`` tool over ``send(peer, text, hops) -> answer`` (injected by the
+    coordinator), for the subtask whose :class:`~mesh.worker.types.Hops` it carries:
+    :meth:`for_hops` binds them (:class:`~mesh.worker.dispatch.DispatchWorker` does, per
+    subtask), so the hop count reaches the peer as an argument, never through hidden state.
+    Unbound (no hops yet) it calls ``send(peer, text)``, so a two-argument ``send`` works.
 
     A peer that fails (any exception from ``send``) is reported to the model as a tool
     error; cancellation still propagates.
     """
 
-    async def delegate(args: Mapping[str, Any]) -> str:
+    def __init__(self, send: Callable[..., Awaitable[str]], hops: Hops = NO_HOPS) -> None:
+        self.send = send
+        self.hops = hops
+
+    def for_hops(self, hops: Hops) -> DelegateTool:
+        return DelegateTool(self.send, hops)
+
+    async def __call__(self, args: Mapping[str, Any]) -> str:
         _check_args(args, {"peer", "text"})
         peer = _arg(args, "peer", str)
         text = _arg(args, "text", str)
         if not peer.strip() or not text.strip():
             raise ToolError("peer and text must not be empty")
         try:
-            return await send(peer, text)
+            if self.hops == NO_HOPS:
+                return await self.send(peer, text)
+            return await self.send(peer, text, self.hops)
         except ToolError:
             raise
         except Exception as exc:
             raise ToolError(f"peer {peer!r} failed: {type(exc).__name__}: {exc}") from exc
 
-    return delegate
+
+def delegate_tool(send: Callable[..., Awaitable[str]]) -> DelegateTool:
+    """The ``delegate`` tool (:class:`DelegateTool`) over ``send``, with no hops yet."""
+    return DelegateTool(send)

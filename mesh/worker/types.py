@@ -22,16 +22,35 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["EventKind", "Subtask", "Worker", "WorkerEvent", "WorkerResult"]
+__all__ = ["NO_HOPS", "EventKind", "Hops", "Subtask", "Worker", "WorkerEvent", "WorkerResult"]
+
+
+@dataclass(frozen=True)
+class Hops:
+    """How far the task a subtask belongs to was delegated to get here: ``count`` hops so
+    far and the ``chain`` of agents it went through (A2A metadata ``meshHops`` and
+    ``meshChain``, checked at the door). A worker that delegates on sends :meth:`onward`."""
+
+    count: int = 0
+    chain: tuple[str, ...] = ()
+
+    def onward(self, origin: str) -> Hops:
+        """The hops a message this agent (``origin``) sends on carries."""
+        return Hops(self.count + 1, (*self.chain, origin))
+
+
+NO_HOPS = Hops()  #: a message sent here first (no delegation yet)
 
 
 @dataclass(frozen=True)
 class Subtask:
-    """One unit of delegated work. ``params`` carries scenario knobs (steps, seeds...)."""
+    """One unit of delegated work. ``params`` carries scenario knobs (steps, seeds...);
+    ``hops``: of the incoming message, passed on to any peer or node the worker asks."""
 
     id: str
     instructions: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    hops: Hops = NO_HOPS
 
 
 class EventKind(enum.StrEnum):

@@ -17,19 +17,19 @@ from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.push import make_push_url_validator
 from mesh.cli import serve as serve_cli
-from mesh.fleet.peers import CURRENT_HOPS, PeerClient, PeerError
+from mesh.fleet.peers import PeerClient, PeerError
 from mesh.worker.tools import ToolError, delegate_tool
-from mesh.worker.types import Subtask, WorkerResult
+from mesh.worker.types import Hops, Subtask, WorkerResult
 from tests.coordinator.coord_helpers import FakeAdmission
 
 pytestmark = pytest.mark.anyio
 
 
 class HopWorker:
-    """Answers with the hop count and chain the executor saw on the incoming message."""
+    """Answers with the hop count and chain its subtask carries from the incoming message."""
 
     async def run(self, subtask: Subtask, emit: Any) -> WorkerResult:
-        hops, chain = CURRENT_HOPS.get()
+        hops, chain = subtask.hops.count, subtask.hops.chain
         return WorkerResult(answer=f"{hops}:{','.join(chain)}", num_turns=1, num_generated=0,
                             num_tool_calls=0, finish_reason="answer")
 
@@ -81,8 +81,7 @@ def test_peer_tokens_come_from_env_or_file(
 async def test_delegated_messages_carry_hops_and_chain(tmp_path: Path) -> None:
     async with peer_app(tmp_path) as http:
         peers = PeerClient(["b=http://peer-b"], httpx_client=http, origin="a")
-        CURRENT_HOPS.set((1, ("x",)))
-        assert await peers.send("b", "count my hops") == "2:x,a"
+        assert await peers.send("b", "count my hops", Hops(1, ("x",))) == "2:x,a"
 
 
 async def test_a_message_past_max_hops_is_refused_with_the_chain(tmp_path: Path) -> None:
@@ -96,9 +95,8 @@ async def test_a_message_past_max_hops_is_refused_with_the_chain(tmp_path: Path)
         assert err["code"] == -32602
         assert "--max-hops" in err["message"] and "a -> b -> a -> b -> a -> b" in err["message"]
         peers = PeerClient(["b=http://peer-b"], httpx_client=http, origin="a")
-        CURRENT_HOPS.set((4, ("a", "b", "a", "b")))
         with pytest.raises(PeerError, match="max-hops"):
-            await peers.send("b", "once more")
+            await peers.send("b", "once more", Hops(4, ("a", "b", "a", "b")))
 
 
 def test_serve_takes_max_hops_and_named_peers() -> None:

@@ -17,6 +17,9 @@ Order of checks for a request with a body:
    shape (422), query parameters (400).
 4. Sending a message whose places (one per listed subtask, else one) do not all fit the
    gate's queue, or the caller's share of it: 429 with ``Retry-After``.
+
+A message that passes is left on the scope as it was checked (:mod:`.checked`: its
+subtask list, text and hops), for the executor: nothing is parsed twice.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.validation.asgi import read_body, replay_body, send_json
+from mesh.a2a.validation.checked import put_checked
 from mesh.a2a.validation.jsonrpc import RpcRefused, check_jsonrpc, rpc_error
 from mesh.a2a.validation.rest import RestInvalid, check_rest, rest_error
 from mesh.a2a.validation.shapes import SEND_METHODS, Shapes
@@ -95,17 +99,19 @@ class RequestGuard:
 
         try:
             if surface == "jsonrpc":
-                rpc_method, request_id, places = check_jsonrpc(
+                rpc_method, request_id, checked = check_jsonrpc(
                     body, version=headers.get("a2a-version", ""),
                     content_type=headers.get("content-type", ""), shapes=self.shapes,
                     max_depth=self.config.max_json_depth)
-                if rpc_method in SEND_METHODS:
-                    self._check_capacity(request_id, places, scope)
+                if rpc_method in SEND_METHODS and checked is not None:
+                    self._check_capacity(request_id, checked.places, scope)
+                    put_checked(scope, checked)
             elif rest_match is not None:
-                places = check_rest(method, rest_match.group("rest"), headers, body, scope,
-                                    self.shapes, self.config.max_json_depth)
-                if places:
-                    self._check_capacity(None, places, scope)
+                checked = check_rest(method, rest_match.group("rest"), headers, body, scope,
+                                     self.shapes, self.config.max_json_depth)
+                if checked is not None:
+                    self._check_capacity(None, checked.places, scope)
+                    put_checked(scope, checked)
         except RpcRefused as e:
             await send_json(send, 200, e.payload)
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mesh.a2a.validation.checked import CheckedMessage
 from mesh.a2a.validation.fields import Invalid, parse_json
 from mesh.a2a.validation.shapes import JSONRPC_METHODS, Shapes
 
@@ -39,10 +40,9 @@ class RpcRefused(Exception):
 
 
 def check_jsonrpc(body: bytes, *, version: str, content_type: str, shapes: Shapes,
-                  max_depth: int) -> tuple[str, Any, int]:
-    """The request's method, id and queue places (one per subtask a send lists, else 1),
-    once every check passed; raises RpcRefused (carrying the request id as far as it was
-    read)."""
+                  max_depth: int) -> tuple[str, Any, CheckedMessage | None]:
+    """The request's method, id and, for a send, the message as checked, once every
+    check passed; raises RpcRefused (carrying the request id as far as it was read)."""
     request_id: Any = None
     try:
         ctype = content_type.split(";")[0].strip().lower()
@@ -84,10 +84,10 @@ def check_jsonrpc(body: bytes, *, version: str, content_type: str, shapes: Shape
         params = doc.get("params", {})
         if not isinstance(params, dict):
             raise Invalid("params", "params must be an object")
-        places = shapes.jsonrpc_params(method, params)
+        checked = shapes.jsonrpc_params(method, params)
     except Invalid as e:
         raise RpcRefused(request_id, e.kind, str(e)) from None
-    return method, request_id, places
+    return method, request_id, checked
 
 
 def is_v0_3(version: str) -> bool:

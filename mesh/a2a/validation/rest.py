@@ -11,9 +11,10 @@ from typing import Any
 
 from starlette.types import Scope
 
+from mesh.a2a.validation.checked import CheckedMessage
 from mesh.a2a.validation.fields import Invalid, integer, parse_json
 from mesh.a2a.validation.jsonrpc import JSON_TYPES
-from mesh.a2a.validation.shapes import Shapes, legacy_places
+from mesh.a2a.validation.shapes import Shapes
 
 __all__ = ["RestInvalid", "check_rest", "query_params", "rest_error"]
 
@@ -33,10 +34,10 @@ def rest_error(status: int, grpc_status: str, message: str) -> dict[str, Any]:
 
 
 def check_rest(method: str, rest: str, headers: dict[str, str], body: bytes, scope: Scope,
-               shapes: Shapes, max_depth: int) -> int:
+               shapes: Shapes, max_depth: int) -> CheckedMessage | None:
     """Check one HTTP+JSON request (``rest``: the path after the prefix); raises
-    RestInvalid. When it sends a message, the queue places it asks for (one per listed
-    subtask, else 1: the caller checks the gate's queue); else 0."""
+    RestInvalid. When it sends a message, the message as checked (the caller checks its
+    places against the gate's queue); else None."""
     legacy = rest.startswith("/v1/")
     op = rest[3:] if legacy else rest
     if method == "POST" and (
@@ -50,18 +51,20 @@ def check_rest(method: str, rest: str, headers: dict[str, str], body: bytes, sco
                 f"Content-Type must be application/json, got {ctype or 'none'}",
             )
         doc = _rest_doc(body, max_depth)
-        places = legacy_places(doc.get("message"))
-        if not legacy:
-            try:
-                if op.startswith("/message:"):
-                    places = shapes.send(doc, "body")
-                else:
-                    shapes.push_config(doc, "body", need_task=False)
-            except Invalid as e:
-                if e.kind == "content_type":  # A2A's ContentTypeNotSupportedError
-                    raise RestInvalid(415, "INVALID_ARGUMENT", str(e)) from None
-                raise RestInvalid(422, "INVALID_ARGUMENT", str(e)) from None
-        return places if op.startswith("/message:") else 0
+        sends = op.startswith("/message:")
+        try:
+            if legacy:
+                message = doc.get("message", doc.get("request"))
+                return shapes.legacy_message(message, "body.message", rest=True) if sends \
+                    else None
+            if sends:
+                return shapes.send(doc, "body")
+            shapes.push_config(doc, "body", need_task=False)
+        except Invalid as e:
+            if e.kind == "content_type":  # A2A's ContentTypeNotSupportedError
+                raise RestInvalid(415, "INVALID_ARGUMENT", str(e)) from None
+            raise RestInvalid(422, "INVALID_ARGUMENT", str(e)) from None
+        return None
     elif method == "POST" and body:
         _rest_doc(body, max_depth)
     elif method == "GET" and not legacy:
@@ -74,7 +77,7 @@ def check_rest(method: str, rest: str, headers: dict[str, str], body: bytes, sco
                 integer(query, "pageSize", "query", 1, 100)
         except Invalid as e:
             raise RestInvalid(400, "INVALID_ARGUMENT", str(e)) from None
-    return 0
+    return None
 
 
 def _rest_doc(body: bytes, max_depth: int) -> dict[str, Any]:

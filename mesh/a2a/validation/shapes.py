@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mesh.a2a.config import CoordinatorConfig
+from mesh.a2a.validation.checked import CheckedMessage
 from mesh.a2a.validation.fields import (
     Invalid,
     boolean,
@@ -22,11 +23,12 @@ from mesh.a2a.validation.fields import (
     type_name,
 )
 from mesh.agent.subtasks import SubtaskSpec, check_subtask_list
-from mesh.fleet.peers import HOPS_KEY, hops_of
+from mesh.fleet.hops import HOPS_KEY, hops_of
 from mesh.worker.simulated import check_scenario_bounds
+from mesh.worker.types import Hops
 
 __all__ = ["ACCEPTED_MEDIA_TYPES", "JSONRPC_METHODS", "SEND_METHODS", "Shapes",
-           "accepted_media", "legacy_places"]
+           "accepted_media"]
 
 # 1.0 names -> params check; 0.3 names are accepted with a lighter check.
 SEND_METHODS = ("SendMessage", "SendStreamingMessage", "message/send", "message/stream")
@@ -86,25 +88,37 @@ class Shapes:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
 
-    def message(self, msg: dict[str, Any], at: str) -> int:
-        """Check a message; returns the queue places it will ask the gate for (one per
-        listed subtask, else one)."""
+    def hops(self, meta: dict[str, Any] | None, at: str) -> Hops:
+        """The hops ``meta`` (a message's metadata) says, refused past ``--max-hops``."""
+        hops = hops_of(meta)
+        if hops.count > self.config.max_hops:
+            path = " -> ".join([*hops.chain, self.config.name]) or "unknown"
+            raise Invalid(
+                "params",
+                f"{at}.metadata.{HOPS_KEY} is {hops.count}, past this agent's limit of "
+                f"{self.config.max_hops} delegation hops (--max-hops); chain: {path}",
+            )
+        return hops
+
+    def subtask_list(self, value: Any, at: str) -> list[SubtaskSpec]:
+        """A ``subtasks`` list, checked (its scenario params too)."""
+        try:
+            specs = check_subtask_list(value, self.config.max_subtasks, at)
+        except ValueError as e:
+            raise Invalid("params", str(e)) from None
+        self._scenarios(specs, at)
+        return specs
+
+    def message(self, msg: dict[str, Any], at: str) -> CheckedMessage:
+        """Check a message; returns what the task needs of it (its subtask list, text,
+        hops and queue places)."""
         string(msg, "messageId", at, required=True)
         role = field(msg, "role")
         if not isinstance(role, str) or role not in _ROLES:
             raise Invalid("params", f"{at}.role must be \"ROLE_USER\" (or \"ROLE_AGENT\")")
         for key in ("contextId", "taskId"):
             string(msg, key, at)
-        meta = obj(msg, "metadata", at)
-        if meta is not None:
-            hops, chain = hops_of(meta)
-            if hops > self.config.max_hops:
-                path = " -> ".join([*chain, self.config.name]) or "unknown"
-                raise Invalid(
-                    "params",
-                    f"{at}.metadata.{HOPS_KEY} is {hops}, past this agent's limit of "
-                    f"{self.config.max_hops} delegation hops (--max-hops); chain: {path}",
-                )
+        hops = self.hops(obj(msg, "metadata", at), at)
         str_list(msg, "extensions", at)
         str_list(msg, "referenceTaskIds", at)
         parts = field(msg, "parts")
@@ -116,7 +130,8 @@ class Shapes:
             )
         num_chars = 0
         has_content = False
-        places = 0
+        specs: list[SubtaskSpec] | None = None
+        pieces: list[tuple[str, Any]] = []  # text and other data parts, in part order
         for i, part in enumerate(parts):
             pat = f"{at}.parts[{i}]"
             if not isinstance(part, dict):
@@ -128,23 +143,21 @@ class Shapes:
             value = part[kind]
             if kind == "data":
                 if isinstance(value, dict) and "subtasks" in value:
-                    try:
-                        specs = check_subtask_list(
-                            value["subtasks"], self.config.max_subtasks, f"{pat}.data.subtasks"
-                        )
-                    except ValueError as e:
-                        raise Invalid("params", str(e)) from None
-                    self._scenarios(specs, f"{pat}.data.subtasks")
-                    places += len(specs)
+                    if specs is not None:
+                        raise Invalid("params", f"{pat}: only one data part may list subtasks")
+                    specs = self.subtask_list(value["subtasks"], f"{pat}.data.subtasks")
                     num_chars += sum(len(s.instructions) for s in specs)
                     has_content = True
                 elif value is None:
                     raise Invalid("params", f"{pat}.data must not be null")
+                else:
+                    pieces.append(("data", value))
             elif not isinstance(value, str):
                 raise Invalid("params", f"{pat}.{kind} must be a string, got {type_name(value)}")
             elif kind == "text":
                 num_chars += len(value)
                 has_content = has_content or bool(value.strip())
+                pieces.append(("text", value))
             for key in ("filename", "mediaType"):
                 string(part, key, pat)
             media = field(part, "mediaType")
@@ -162,7 +175,7 @@ class Shapes:
             )
         if not has_content:
             raise Invalid("params", f"{at} has no text and no subtasks; send a text part")
-        return max(1, places)
+        return CheckedMessage.of_parts(pieces, specs, hops)
 
     def _scenarios(self, specs: list[SubtaskSpec], at: str) -> None:
         """Scenario params: refused unless simulation is on, and bounded when it is."""
@@ -180,11 +193,11 @@ class Shapes:
             except ValueError as e:
                 raise Invalid("params", f"{at}[{i}].params: {e}") from None
 
-    def send(self, params: dict[str, Any], at: str = "params") -> int:
-        """Check SendMessage params; returns the message's queue places."""
+    def send(self, params: dict[str, Any], at: str = "params") -> CheckedMessage:
+        """Check SendMessage params; returns the message as checked."""
         msg = obj(params, "message", at, required=True)
         assert msg is not None
-        places = self.message(msg, f"{at}.message")
+        checked = self.message(msg, f"{at}.message")
         obj(params, "metadata", at)
         string(params, "tenant", at)
         conf = obj(params, "configuration", at)
@@ -196,7 +209,7 @@ class Shapes:
             push = obj(conf, "taskPushNotificationConfig", cat)
             if push is not None:
                 self.push_config(push, f"{cat}.taskPushNotificationConfig", need_task=False)
-        return places
+        return checked
 
     def push_config(self, cfg: dict[str, Any], at: str, *, need_task: bool) -> None:
         string(cfg, "url", at, required=True)
@@ -220,8 +233,8 @@ class Shapes:
         if status is not None and status not in _TASK_STATES:
             raise Invalid("params", f"{at}.status must be one of {sorted(_TASK_STATES)}")
 
-    def jsonrpc_params(self, method: str, params: dict[str, Any]) -> int:
-        """Check a method's params; returns the queue places a send asks for (else 1)."""
+    def jsonrpc_params(self, method: str, params: dict[str, Any]) -> CheckedMessage | None:
+        """Check a method's params; returns the message a send sends (else None)."""
         at = "params"
         if method in ("SendMessage", "SendStreamingMessage"):
             return self.send(params)
@@ -248,19 +261,39 @@ class Shapes:
                 raise Invalid("params", "params.message.parts must be a non-empty list of objects")
             if len(parts) > self.config.max_parts:
                 raise Invalid("params", f"params.message.parts: at most {self.config.max_parts}")
-            return legacy_places(msg)
+            return self.legacy_message(msg, "params.message")
         elif method in ("tasks/get", "tasks/cancel", "tasks/resubscribe"):
             string(params, "id", at, required=True)
-        return 1
+        return None
 
-
-def legacy_places(msg: Any) -> int:
-    """The queue places an A2A 0.3 message asks for: one per subtask its data parts list
-    (their shape is checked by the executor), else one."""
-    parts = msg.get("parts") if isinstance(msg, dict) else None
-    count = 0
-    for part in parts if isinstance(parts, list) else ():
-        data = part.get("data") if isinstance(part, dict) else None
-        subtasks = data.get("subtasks") if isinstance(data, dict) else None
-        count += len(subtasks) if isinstance(subtasks, list) else 0
-    return max(1, count)
+    def legacy_message(self, msg: Any, at: str, *, rest: bool = False) -> CheckedMessage:
+        """An A2A 0.3 message, checked lightly (the SDK's adapter parses the rest): its
+        subtask list, text and hops. JSON-RPC parts are ``{"kind": "text", "text": ...}``
+        / ``{"kind": "data", "data": {...}}``; HTTP+JSON (``rest``) puts them in
+        ``content`` as ``{"text": ...}`` / ``{"data": {"data": {...}}}``."""
+        msg = msg if isinstance(msg, dict) else {}
+        parts = msg.get("content" if rest else "parts")
+        meta = msg.get("metadata")
+        hops = self.hops(meta if isinstance(meta, dict) else None, at)
+        specs: list[SubtaskSpec] | None = None
+        pieces: list[tuple[str, Any]] = []
+        for i, part in enumerate(parts if isinstance(parts, list) else ()):
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("kind") or ("text" if "text" in part else "data" if "data" in part
+                                        else "")
+            value = part.get(kind) if kind in ("text", "data") else None
+            if rest and kind == "data" and isinstance(value, dict):
+                value = value.get("data")
+            if kind == "text" and isinstance(value, str):
+                pieces.append(("text", value))
+            elif isinstance(value, dict) and "subtasks" in value:
+                if specs is not None:
+                    raise Invalid("params", f"{at}: only one data part may list subtasks")
+                specs = self.subtask_list(value["subtasks"], f"{at}.parts[{i}].data.subtasks")
+            elif kind == "data" and value is not None:
+                pieces.append(("data", value))
+        checked = CheckedMessage.of_parts(pieces, specs, hops)
+        if specs is None and not checked.text:
+            raise Invalid("params", f"{at} has no text and no subtasks; send a text part")
+        return checked
