@@ -79,11 +79,12 @@ async def test_the_subtask_list_is_checked_once_per_request(
     assert calls == ["params.message.parts[0].data.subtasks"]
 
 
-class HopRecorder:
-    seen: list[Hops] = []
+seen_hops: list[Hops] = []
 
+
+class HopRecorder:
     async def run(self, subtask: Subtask, emit: Any) -> WorkerResult:
-        HopRecorder.seen.append(subtask.hops)
+        seen_hops.append(subtask.hops)
         return WorkerResult("ok", 1, 1, 0, "answer")
 
 
@@ -93,7 +94,7 @@ async def test_the_incoming_hops_reach_every_subtask_as_an_argument(tmp_path: An
     from mesh.a2a.app import build_app
     from mesh.a2a.config import CoordinatorConfig
 
-    HopRecorder.seen = []
+    seen_hops.clear()
     app = build_app(CoordinatorConfig(data_dir=str(tmp_path / "data")),
                     worker_factory=HopRecorder, admission=FakeAdmission(), pool_info=None)
     meta = {"meshHops": 2, "meshChain": ["x", "y"]}
@@ -106,7 +107,7 @@ async def test_the_incoming_hops_reach_every_subtask_as_an_argument(tmp_path: An
         assert r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
         r = await client.post("/", json=send([{"text": "no hops"}]))
         assert r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
-    assert HopRecorder.seen == [Hops(2, ("x", "y")), Hops(2, ("x", "y")), NO_HOPS]
+    assert seen_hops == [Hops(2, ("x", "y")), Hops(2, ("x", "y")), NO_HOPS]
 
 
 async def test_a_0_3_message_with_bad_subtasks_is_refused_at_the_door(asgi: Any) -> None:
