@@ -173,3 +173,27 @@ def test_a_node_subtask_carries_its_own_hops_onward() -> None:
     assert dict(message.metadata) == {"meshHops": 2.0, "meshChain": ["a", "front"]}
     first = client._message(Subtask("t/s2", "hello"))
     assert dict(first.metadata) == {"meshHops": 1.0, "meshChain": ["front"]}
+
+
+async def test_progress_never_takes_a_working_task_back_to_submitted() -> None:
+    """A planned task is working once its planning turn is admitted; its subtasks' queue
+    positions are then said in the working state, not as a step back to submitted."""
+    from a2a.types import a2a_pb2 as pb
+
+    from mesh.a2a import executor as executor_mod
+
+    states: list[int] = []
+
+    class Updater:
+        def new_agent_message(self, parts: Any, metadata: Any = None) -> Any:
+            return None
+
+        async def update_status(self, state: int, message: Any = None) -> None:
+            states.append(state)
+
+    run = executor_mod._Run(Updater())  # type: ignore[arg-type]
+    await run.progress("[plan] queued for the gate at position 1", {})
+    await run.status(pb.TaskState.TASK_STATE_WORKING, "[plan] admitted; plan turn")
+    await run.progress("[p1] queued for the gate at position 1", {})
+    assert states == [pb.TaskState.TASK_STATE_SUBMITTED, pb.TaskState.TASK_STATE_WORKING,
+                      pb.TaskState.TASK_STATE_WORKING]
