@@ -1,11 +1,12 @@
 """The A2A coordinator: the official a2a-sdk's routes and request handler around an
 ``AgentExecutor`` that sends subtasks through the gate to pooled workers.
 
-Build the app with :func:`build_app`, serve it with :func:`run_server`; talk to other A2A
+Build the app with :func:`create_app` (its lifespan composes the parts; :func:`build_app`
+for parts built beforehand), serve it with :func:`run_server`; talk to other A2A
 agents with :class:`PeerClient`.
 """
 
-from mesh.a2a.app import Coordinator, build_app, run_server
+from mesh.a2a.app import AppParts, Compose, Coordinator, build_app, create_app, run_server
 from mesh.a2a.card import POOL_EXTENSION_URI, Skill, build_agent_card
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.executor import ANSWER_ARTIFACT, CoordinatorExecutor, WorkerFactory
@@ -16,6 +17,8 @@ __all__ = [
     "ANSWER_ARTIFACT",
     "INTERRUPTED_REASON",
     "POOL_EXTENSION_URI",
+    "AppParts",
+    "Compose",
     "Coordinator",
     "CoordinatorConfig",
     "CoordinatorExecutor",
@@ -27,5 +30,6 @@ __all__ = [
     "answer_text",
     "build_agent_card",
     "build_app",
+    "create_app",
     "run_server",
 ]

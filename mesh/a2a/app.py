@@ -1,18 +1,28 @@
-"""The coordinator's ASGI app, assembled from the SDK's route factories.
+"""The coordinator's ASGI app, assembled from the SDK's route factories: the one
+composition root of ``mesh serve``, its ``--node`` form, the tests and the benchmarks.
 
-``build_app`` builds every object here (no module-level singletons); the ones with a life
-(the SQLite engine, the push client, the request handler's running tasks) are opened and
-closed by the app's ``lifespan``:
+:func:`create_app` takes the config and a *compose* step: an async function that builds
+the live objects (the pool, the gate, peer and node clients, the session and OpenAI APIs)
+and returns them as :class:`AppParts`. Nothing is built at import or at ``create_app``:
+compose runs in the app's ``lifespan``, on the event loop that serves the app, and what
+it registers on the :class:`~contextlib.AsyncExitStack` it is handed is closed there, in
+reverse order, after the A2A side below. Objects built by the caller beforehand (tests,
+benchmarks) are handed in as :class:`AppParts` directly (:func:`build_app`).
 
-* startup: create ``DATA_DIR/tasks.db`` if needed, then mark tasks a previous process left
-  running as failed "interrupted by restart";
-* shutdown: cancel running tasks (workers detach, tickets are released), mark them failed
-  "interrupted by restart", close the push client and the engine.
+The lifespan, in order:
+
+* startup: compose; then the agent card, the stores, the request handler and the routes
+  are assembled from its parts; create ``DATA_DIR/tasks.db`` if needed and mark tasks a
+  previous process left running as failed "interrupted by restart"; run ``on_startup``;
+* shutdown: ``on_shutdown``; cancel running tasks (workers detach, tickets are released),
+  mark them failed "interrupted by restart", close the push client and the stores; then
+  everything compose registered (the pool last, if it registered it first).
 
 Routes, in match order (the SDK's HTTP+JSON routes end in a catch-all ``/{tenant}`` mount,
 so they come last): the agent card, ``/healthz``, ``extra_routes`` (the lead's
 ``/capacity``, ``/metrics``, ``/v1/sessions``), JSON-RPC at ``/`` (1.0 and 0.3), HTTP+JSON
-under ``config.rest_prefix`` (1.0, and 0.3 under ``PREFIX/v1``).
+under ``config.rest_prefix`` (1.0, and 0.3 under ``PREFIX/v1``). They exist once the
+lifespan has started (uvicorn, ``run_server`` and ``app.router.lifespan_context`` run it).
 
 Middleware, outermost first: :class:`BearerAuth` (401s; card and ``/healthz`` public),
 then :class:`RequestGuard` (413, request validation, 429 from the gate's queue check). Both
@@ -22,14 +32,12 @@ cover ``extra_routes`` too.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import uvicorn
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
 from a2a.types import a2a_pb2 as pb
@@ -44,24 +52,55 @@ from mesh.a2a.auth import BearerAuth
 from mesh.a2a.card import CARD_PATH, LEGACY_CARD_PATH, Skill, build_agent_card, card_routes
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.executor import CoordinatorExecutor, WorkerFactory
-from mesh.a2a.push import build_push_sender, make_push_url_validator
+from mesh.a2a.push import BackgroundPushSender, build_push_sender, make_push_url_validator
+from mesh.a2a.serving import run_server
 from mesh.a2a.store import Stores, mark_interrupted, open_stores
 from mesh.a2a.taskboard import ObservedTaskStore, TaskBoard
-from mesh.a2a.validation import RequestGuard
+from mesh.a2a.validation import CheckedContextBuilder, RequestGuard
 from mesh.agent.task import Agent
 from mesh.engine.types import PoolInfo
-from mesh.gate.types import Admission
+from mesh.gate.types import Admission, QueueCheck
 
-__all__ = ["Coordinator", "build_app", "run_server"]
+__all__ = ["AppParts", "Compose", "Coordinator", "build_app", "create_app", "run_server"]
 
 logger = logging.getLogger(__name__)
 
 HEALTH_PATH = "/healthz"
 
+Hook = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class AppParts:
+    """What a composition root hands the app.
+
+    ``worker_factory`` makes one worker per admitted subtask; ``admission`` is the gate's
+    async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
+    card; ``task_board``, if given, sees every task the handler saves (the dashboard);
+    ``on_startup`` runs after the stores are ready (the dashboard's history);
+    ``on_shutdown`` runs first at shutdown (the session API's ``aclose``); ``agent``
+    (optional) plans messages without explicit subtasks.
+    """
+
+    worker_factory: WorkerFactory
+    admission: Admission
+    pool_info: PoolInfo | None
+    extra_routes: Sequence[BaseRoute] = ()
+    skills: Sequence[Skill | Mapping[str, Any]] = ()
+    task_board: TaskBoard | None = None
+    agent: Agent | None = None
+    on_startup: Sequence[Hook] = ()
+    on_shutdown: Sequence[Hook] = ()
+
+
+# Builds the parts on the serving loop; what it registers on the stack is closed there.
+Compose = Callable[[AsyncExitStack], Awaitable[AppParts]]
+
 
 @dataclass
 class Coordinator:
-    """What ``build_app`` built, reachable as ``app.state.coordinator`` (tests, the CLI)."""
+    """What the lifespan assembled, reachable as ``app.state.coordinator`` once it started
+    (tests, the CLI)."""
 
     config: CoordinatorConfig
     card: pb.AgentCard
@@ -72,87 +111,48 @@ class Coordinator:
     interrupted_at_start: tuple[str, ...] = ()
 
 
-def build_app(
-    config: CoordinatorConfig,
-    *,
-    worker_factory: WorkerFactory,
-    admission: Admission,
-    pool_info: PoolInfo | None,
-    extra_routes: Sequence[BaseRoute] = (),
-    skills: Sequence[Skill | Mapping[str, Any]] = (),
-    task_board: TaskBoard | None = None,
-    public_paths: Sequence[str] = (),
-    on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
-    on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
-    agent: Agent | None = None,
-) -> Starlette:
-    """The A2A coordinator as a Starlette app (see the module docstring for what it mounts).
+class _Live:
+    """The parts of the running lifespan, for the middleware built before it started."""
 
-    ``worker_factory`` makes one worker per admitted subtask; ``admission`` is the gate's
-    async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
-    card; ``task_board``, if given, sees every task the handler saves (the dashboard);
-    ``public_paths`` are served without auth next to the card and ``/healthz``;
-    ``on_startup`` runs in the serving loop at start-up (the dashboard's history);
-    ``on_shutdown`` runs first at shutdown (the session API's ``aclose``); ``agent``
-    (optional) plans messages without explicit subtasks. Raises
-    ``ValueError`` if ``config`` does not validate. Does no I/O.
+    admission: Admission | None = None
+    coordinator: Coordinator | None = None
+
+    def check_queue(self, *, places: int = 1, caller: str = "") -> QueueCheck:
+        if self.admission is None:
+            raise RuntimeError("the app is not started: run its lifespan (uvicorn and "
+                               "run_server do; tests: app.router.lifespan_context(app))")
+        return self.admission.check_queue(places=places, caller=caller)
+
+
+def create_app(
+    config: CoordinatorConfig,
+    compose: Compose | AppParts,
+    *,
+    public_paths: Sequence[str] = (),
+) -> Starlette:
+    """The A2A coordinator as a Starlette app (see the module docstring for its lifespan
+    and what it mounts).
+
+    ``compose`` builds the parts in the lifespan (or is the parts, built by the caller);
+    ``public_paths`` are served without auth next to the card and ``/healthz``. Raises
+    ``ValueError`` if ``config`` does not validate. Does no I/O and builds nothing live.
     """
     config.validate()
-    card = build_agent_card(config, skills, pool_info)
-    stores = open_stores(config.data_dir)
-    url_validator = make_push_url_validator(config.allow_private_push)
-    push_client = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
-    executor = CoordinatorExecutor(
-        worker_factory,
-        admission,
-        max_subtasks=config.max_subtasks,
-        text_flush_s=config.text_flush_s,
-        agent=agent,
-    )
-    push_sender = build_push_sender(push_client, stores.push_configs, url_validator,
-                                    allow_private=config.allow_private_push)
-    handler = DefaultRequestHandler(
-        executor,
-        stores.tasks if task_board is None else ObservedTaskStore(stores.tasks, task_board),
-        card,
-        push_config_store=stores.push_configs,
-        push_sender=push_sender,
-        push_url_validator=url_validator,
-    )
-    coordinator = Coordinator(config, card, stores, executor, handler, push_client)
+    build: Compose = _given(compose) if isinstance(compose, AppParts) else compose
+    live = _Live()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await stores.initialize()
-        marked = await mark_interrupted(stores)
-        if marked:
-            logger.warning("marked %d task(s) left running failed: interrupted", len(marked))
-        coordinator.interrupted_at_start = tuple(marked)
-        try:
-            for start in on_startup:
-                await start()
-            yield
-        finally:
-            try:
-                for close in on_shutdown:
-                    await close()
-                await handler.aclose()
-                await mark_interrupted(stores)
-            finally:
-                await push_sender.aclose()  # stop background deliveries before the client
-                await push_client.aclose()
-                await stores.aclose()
-
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"ok": True, "running_tasks": executor.num_running})
-
-    routes: list[BaseRoute] = [
-        *card_routes(card, f"public, max-age={config.card_max_age_s}"),
-        Route(HEALTH_PATH, healthz, methods=["GET"]),
-        *extra_routes,
-        *create_jsonrpc_routes(handler, "/", enable_v0_3_compat=True),
-        *create_rest_routes(handler, enable_v0_3_compat=True, path_prefix=config.rest_prefix),
-    ]
+        async with AsyncExitStack() as stack:
+            parts = await build(stack)
+            coordinator, push_sender = _assemble(config, parts)
+            # Invariant: no request is served before this (uvicorn and run_server serve
+            # after the lifespan started), so the routes may be filled in here.
+            app.router.routes[:] = _routes(config, coordinator, parts)
+            live.admission, live.coordinator = parts.admission, coordinator
+            app.state.coordinator = coordinator
+            async with _running(coordinator, parts, push_sender):
+                yield
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -166,51 +166,119 @@ def build_app(
             {"error": {"code": status, "status": grpc, "message": text}}, status_code=status
         )
 
-    app = Starlette(
-        routes=routes,
+    return Starlette(
+        routes=[],
         middleware=[
             Middleware(
                 BearerAuth,
                 tokens=config.tokens,
                 public_paths=(CARD_PATH, LEGACY_CARD_PATH, HEALTH_PATH, *public_paths),
             ),
-            Middleware(RequestGuard, config=config, check_queue=admission.check_queue),
+            Middleware(RequestGuard, config=config, check_queue=live.check_queue),
         ],
         exception_handlers={404: http_error, 405: http_error},
         lifespan=lifespan,
     )
-    app.state.coordinator = coordinator
-    return app
 
 
-def run_server(
-    app: Starlette,
-    host: str,
-    port: int,
+def build_app(
+    config: CoordinatorConfig,
     *,
-    log_level: str = "info",
-    graceful_s: int = 5,
-    sock: socket.socket | None = None,
-) -> int:
-    """Serve ``app`` with uvicorn until SIGINT/SIGTERM; returns an exit status.
+    worker_factory: WorkerFactory,
+    admission: Admission,
+    pool_info: PoolInfo | None,
+    extra_routes: Sequence[BaseRoute] = (),
+    skills: Sequence[Skill | Mapping[str, Any]] = (),
+    task_board: TaskBoard | None = None,
+    public_paths: Sequence[str] = (),
+    on_shutdown: Sequence[Hook] = (),
+    on_startup: Sequence[Hook] = (),
+    agent: Agent | None = None,
+) -> Starlette:
+    """:func:`create_app` with parts the caller built (tests, benchmarks); see
+    :class:`AppParts` for each argument."""
+    parts = AppParts(worker_factory, admission, pool_info, extra_routes, skills, task_board,
+                     agent, on_startup, on_shutdown)
+    return create_app(config, parts, public_paths=public_paths)
 
-    ``sock``: an already bound, listening socket to serve on (``mesh serve`` binds the port
-    before its slow start-up, so a port in use fails at once); without it uvicorn binds
-    ``host:port`` itself.
 
-    On a signal uvicorn stops accepting, gives open streams ``graceful_s`` seconds, then
-    runs the app's shutdown: running tasks are cancelled (sessions freed) and recorded as
-    failed "interrupted by restart", and the store is closed cleanly.
-    """
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level=log_level,
-            lifespan="on",
-            timeout_graceful_shutdown=graceful_s,
-        )
+def _given(parts: AppParts) -> Compose:
+    async def compose(stack: AsyncExitStack) -> AppParts:
+        return parts
+
+    return compose
+
+
+def _assemble(config: CoordinatorConfig,
+              parts: AppParts) -> tuple[Coordinator, BackgroundPushSender]:
+    """The card, stores, executor and SDK handler over ``parts`` (no I/O yet), and the
+    push sender the shutdown closes."""
+    card = build_agent_card(config, parts.skills, parts.pool_info)
+    stores = open_stores(config.data_dir)
+    url_validator = make_push_url_validator(config.allow_private_push)
+    push_client = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
+    executor = CoordinatorExecutor(
+        parts.worker_factory,
+        parts.admission,
+        max_subtasks=config.max_subtasks,
+        text_flush_s=config.text_flush_s,
+        agent=parts.agent,
     )
-    server.run(sockets=[sock] if sock is not None else None)
-    return 0 if server.started else 1
+    push_sender = build_push_sender(push_client, stores.push_configs, url_validator,
+                                    allow_private=config.allow_private_push)
+    board = parts.task_board
+    handler = DefaultRequestHandler(
+        executor,
+        stores.tasks if board is None else ObservedTaskStore(stores.tasks, board),
+        card,
+        push_config_store=stores.push_configs,
+        push_sender=push_sender,
+        push_url_validator=url_validator,
+    )
+    return Coordinator(config, card, stores, executor, handler, push_client), push_sender
+
+
+def _routes(config: CoordinatorConfig, coordinator: Coordinator,
+            parts: AppParts) -> list[BaseRoute]:
+    executor, handler = coordinator.executor, coordinator.handler
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True, "running_tasks": executor.num_running})
+
+    return [
+        *card_routes(coordinator.card, f"public, max-age={config.card_max_age_s}"),
+        Route(HEALTH_PATH, healthz, methods=["GET"]),
+        *parts.extra_routes,
+        # the guard's checked message reaches the executor in the call context
+        *create_jsonrpc_routes(handler, "/", enable_v0_3_compat=True,
+                               context_builder=CheckedContextBuilder()),
+        *create_rest_routes(handler, enable_v0_3_compat=True, path_prefix=config.rest_prefix,
+                            context_builder=CheckedContextBuilder()),
+    ]
+
+
+@asynccontextmanager
+async def _running(coordinator: Coordinator, parts: AppParts,
+                   push_sender: BackgroundPushSender) -> AsyncIterator[None]:
+    """The A2A side's life: stores opened and swept, ``on_startup``; at the end
+    ``on_shutdown``, running tasks cancelled and marked, push and stores closed."""
+    stores, handler = coordinator.stores, coordinator.handler
+    await stores.initialize()
+    marked = await mark_interrupted(stores)
+    if marked:
+        logger.warning("marked %d task(s) left running failed: interrupted", len(marked))
+    coordinator.interrupted_at_start = tuple(marked)
+    try:
+        for start in parts.on_startup:
+            await start()
+        yield
+    finally:
+        try:
+            for close in parts.on_shutdown:
+                await close()
+            await handler.aclose()
+            await mark_interrupted(stores)
+        finally:
+            await push_sender.aclose()  # stop background deliveries before the client
+            await coordinator.push_client.aclose()
+            await stores.aclose()

@@ -35,21 +35,16 @@ reported to the model, not raised.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
-
-import anyio
+from dataclasses import dataclass, replace
 
 from mesh.engine.types import ContextOverflow, Engine, EngineError, SamplingParams, Session
-from mesh.engine.types import TurnResult as EngineTurn
 from mesh.template.chat import ChatFormat, ChatFormatError, Message
 from mesh.template.loader import Template
 from mesh.template.prefix import truncate
 from mesh.worker.grammar import ProjectPaths, turn_grammar
+from mesh.worker.stream import Tally, WorkerFailed, closed_text, release, stream_turn
 from mesh.worker.text import (
-    LoopGuard,
     clean,
     echoed,
     prose_params,
@@ -72,10 +67,6 @@ __all__ = [
 # A session renders its turns without the shared system text (ChatFormat.check makes sure
 # the continuation does not depend on it); this stands in for it.
 SESSION_SYSTEM = "(the shared prefix)"
-
-
-class WorkerFailed(Exception):
-    """The subtask failed; the message is the reason shown to the client."""
 
 
 @dataclass(frozen=True)
@@ -101,52 +92,6 @@ class WorkerLimits:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tool_output_tokens < 16:
             raise ValueError("max_tool_output_tokens must be >= 16")
-
-
-async def stream_turn(
-    session: Session, params: SamplingParams, emit: Emit, turn: int, *,
-    loop_stop: bool = False,
-) -> EngineTurn:
-    """Generate one turn, emitting each piece; on any early exit, stop the generation.
-
-    With ``loop_stop`` (answers and syntheses; never a scenario's turn, whose length is
-    the load it simulates) a turn that repeats a phrase
-    (:class:`~mesh.worker.text.LoopGuard`) is stopped there: its result is the text before
-    the repeat, with finish reason ``loop`` (a finished turn).
-    """
-    generation = session.generate(params)
-    pieces = generation.__aiter__()
-    guard = LoopGuard() if loop_stop else None
-    generated = 0
-    finished = False
-    try:
-        async for piece in pieces:
-            generated += piece.token >= 0
-            if piece.text:
-                await emit(WorkerEvent(EventKind.TEXT, piece.text, turn))
-                if guard is not None and guard.feed(piece.text) is not None:
-                    break
-        else:
-            finished = True
-    finally:
-        if not finished:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await generation.aclose()
-                close = getattr(pieces, "aclose", None)
-                if close is not None:
-                    await close()
-    if guard is not None and guard.cut is not None:
-        return EngineTurn(text=guard.text[:guard.cut].rstrip(), num_prompt_tokens=0,
-                          num_generated=generated, finish_reason="loop", decode_s=0.0)
-    if generation.result is None:
-        raise WorkerFailed(f"the engine ended turn {turn} without a result")
-    return generation.result
-
-
-async def release(session: Session) -> None:
-    """Detach ``session`` even while the caller is being cancelled."""
-    with anyio.CancelScope(shield=True):
-        await session.detach()
 
 
 class AgentWorker:
@@ -197,7 +142,7 @@ class AgentWorker:
     async def _turns(self, session: Session, subtask: Subtask, emit: Emit) -> WorkerResult:
         syntax = self._template.manifest.tool_calls
         lim = self.limits
-        state = _Tally(session.id)
+        state = Tally(session.id)
         chat = self._chat
         first = self._template.instructions(subtask.id, subtask.instructions).strip("\n")
         messages: list[Message] = [{"role": "user", "content": first}]
@@ -223,7 +168,7 @@ class AgentWorker:
                 state.generated += result.num_generated
                 state.last_text = result.text
                 state.finishes.append(result.finish_reason)
-                reply = _closed(result, params.stop)
+                reply = closed_text(result, params.stop)
                 if result.finish_reason == "context_full":
                     return state.result(result.text.strip(), "context_full")
                 cut = result.finish_reason not in ("stop", "eos", "loop")
@@ -338,47 +283,3 @@ class AgentWorker:
         output, _ = truncate(output, self.limits.max_tool_output_tokens, self._engine.count_tokens)
         await emit(WorkerEvent(EventKind.TOOL_RESULT, output, turn, {"error": is_error}))
         return output, is_error
-
-
-def _closed(result: EngineTurn, stops: tuple[str, ...]) -> str:
-    """The turn's text with its matched stop string, as the session's context holds it.
-
-    The engine names the stop and leaves all of it out of ``text``; an engine that reports
-    no name may have left the stop's first pieces in: those are completed instead.
-    """
-    if result.stop is not None:
-        return result.text + result.stop
-    if result.finish_reason == "stop":
-        for stop in stops:
-            for k in range(len(stop), 0, -1):
-                if result.text.endswith(stop[:k]):
-                    return result.text[: len(result.text) - k] + stop
-    return result.text
-
-
-@dataclass
-class _Tally:
-    session_id: str
-    turns: int = 0
-    generated: int = 0
-    tool_calls: int = 0
-    parse_errors: int = 0
-    repeated_calls: int = 0
-    last_text: str = ""
-    finishes: list[str] = field(default_factory=list)
-
-    def result(self, answer: str, finish: str, **extra: Any) -> WorkerResult:
-        return WorkerResult(
-            answer=answer,
-            num_turns=self.turns,
-            num_generated=self.generated,
-            num_tool_calls=self.tool_calls,
-            finish_reason=finish,
-            data={
-                "session_id": self.session_id,
-                "parse_errors": self.parse_errors,
-                "repeated_calls": self.repeated_calls,
-                "turn_finishes": list(self.finishes),
-                **extra,
-            },
-        )
