@@ -53,6 +53,7 @@ from bench.servers import (
     spawn_llama_server,
     spawn_vllm,
     stop,
+    vllm_blocks,
     vllm_kv_tokens,
     wait_healthy,
 )
@@ -312,7 +313,8 @@ async def measure(run: Run, a: argparse.Namespace) -> None:
         f32 = (a.cell_bytes_f16 or 0) * 2
         limit = -(-(run.system_tokens + a.session_tokens) // 256) * 256
         s = spawn_vllm(gguf, name="bench", max_model_len=limit, kv_bytes=cells * f32,
-                       max_seqs=run.agents, log=run.logs / f"vllm-{tag}.log")
+                       max_seqs=run.agents, log=run.logs / f"vllm-{tag}.log",
+                       blocks=vllm_blocks(run.agents, run.system_tokens + a.session_tokens))
         await run_spawned(run, a, "vLLM", s, vllm_kv_tokens(s.log), f32)
     elif a.vllm:
         t = Target("vLLM", a.vllm.rstrip("/").removesuffix("/v1"), prefix_tokens=run.prefix,

@@ -19,10 +19,12 @@ from pathlib import Path
 import httpx
 
 __all__ = ["Spawned", "free_port", "llama_server_argv", "spawn_llama_server", "spawn_vllm",
-           "stop", "vllm_env", "wait_healthy"]
+           "stop", "vllm_blocks", "vllm_env", "wait_healthy"]
 
 # The vLLM-CPU launcher (its header says how it installs and what it serves).
-VLLM_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "tools" / "vllm-cpu-serve.sh"
+VLLM_SCRIPT = Path(os.environ.get("MESH_VLLM_SCRIPT") or (
+    Path(__file__).resolve().parents[2] / "shared" / "tools" / "vllm-cpu-serve.sh"))
+VLLM_CPU_BLOCK = 128  # vLLM-CPU's KV block (and prefix-cache) granularity, in tokens
 
 
 def free_port() -> int:
@@ -139,16 +141,26 @@ def vllm_env(max_model_len: int, kv_bytes: int) -> dict[str, str]:
     return {"MAX_MODEL_LEN": str(max_model_len), "VLLM_CPU_KVCACHE_SPACE": str(gib)}
 
 
+def vllm_blocks(seqs: int, tokens_per_seq: int, block: int = VLLM_CPU_BLOCK) -> int:
+    """KV blocks that hold ``seqs`` sequences of ``tokens_per_seq`` tokens (each sequence
+    takes whole blocks), plus one: vLLM's ``--num-gpu-blocks-override`` for a KV cache the
+    size of llama-server's ``-c N×(P+S)``."""
+    return seqs * -(-tokens_per_seq // block) + 1
+
+
 def spawn_vllm(gguf: str, *, name: str, max_model_len: int, kv_bytes: int, max_seqs: int,
-               log: Path, limit_s: float = 1800.0) -> Spawned:
+               log: Path, blocks: int | None = None, limit_s: float = 1800.0) -> Spawned:
     """vLLM-CPU on ``gguf``'s weights with automatic prefix caching, through the launcher
     script (its first run installs vLLM and dequantizes the GGUF: minutes); waits for
-    ``/health``. Started in its own process group: the script runs vLLM as a child."""
+    ``/health``. Started in its own process group: the script runs vLLM as a child.
+    ``blocks``: the KV cache's size in blocks (``--num-gpu-blocks-override``)."""
     if not VLLM_SCRIPT.is_file():
         raise SystemExit(f"{VLLM_SCRIPT} not found; pass --vllm URL of a running vLLM")
     port = free_port()
     argv = ["bash", str(VLLM_SCRIPT), gguf, str(port), name, "--max-num-seqs", str(max_seqs),
             "--enable-prompt-tokens-details"]
+    if blocks is not None:
+        argv += ["--num-gpu-blocks-override", str(blocks)]
     env = {**os.environ, **vllm_env(max_model_len, kv_bytes)}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bench import openai_bench as ob
-from bench.servers import llama_server_argv, stop, vllm_env
+from bench.servers import llama_server_argv, stop, vllm_blocks, vllm_env
 
 
 def test_lists_of_p_and_n_parse_and_bad_ones_are_refused() -> None:
@@ -63,6 +63,11 @@ def test_llama_server_argv_pins_slots_and_turns_the_ram_cache_on() -> None:
 def test_vllm_env_sizes_kv_space_in_whole_gib() -> None:
     assert vllm_env(4352, 1) == {"MAX_MODEL_LEN": "4352", "VLLM_CPU_KVCACHE_SPACE": "1"}
     assert vllm_env(4096, 5 * 2**30 + 1)["VLLM_CPU_KVCACHE_SPACE"] == "6"
+
+
+def test_vllm_blocks_hold_n_sequences_in_whole_blocks() -> None:
+    assert vllm_blocks(8, 1200) == 8 * 10 + 1  # 1200 tokens take 10 blocks of 128
+    assert vllm_blocks(2, 128) == 3
 
 
 def test_stop_group_ends_a_launchers_children() -> None:
