@@ -20,6 +20,8 @@ all serve it. :class:`OpenAIEngine` implements :class:`~mesh.engine.types.Engine
 * A grammar (plans, tool calls) goes out in the field the backend reads: vLLM's
   ``structured_outputs.grammar``, SGLang's ``ebnf``, llama.cpp's ``grammar`` (by the
   model's ``owned_by`` in ``GET /v1/models``); vLLM ignores an unknown field silently.
+* A backend that lists its context (vLLM's ``max_model_len``) must hold the prefix plus
+  one full session, checked at start (else a session would fail mid-turn).
 * Limits are mesh's: ``max_sessions`` sessions of ``session_budget`` tokens each; the
   backend's own scheduler does the batching and the KV cache.
 
@@ -178,10 +180,11 @@ class OpenAIEngine:
         elif models and self.model_id not in models:
             raise ModelError(f"{self.config.url} does not serve {self.model_id!r}; it "
                              f"serves {', '.join(models)}")
-        owners = [m.get("owned_by") for m in listed if str(m["id"]) == self.model_id]
-        self.owner = str(owners[0]) if owners and owners[0] else None
+        mine = [m for m in listed if str(m["id"]) == self.model_id]
+        self.owner = str(mine[0]["owned_by"]) if mine and mine[0].get("owned_by") else None
         n_prefix = len(self._prefix_ids) if self._prefix_ids is not None else (
             self.count_tokens(self.prefix_text))
+        self._check_context(n_prefix, mine[0].get("max_model_len") if mine else None)
         if self._prefix_ids is not None:
             digest = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in self._prefix_ids))
         else:
@@ -201,6 +204,21 @@ class OpenAIEngine:
         self._info = PoolInfo(**{**self._info.__dict__, "build_s": time.monotonic() - t0})
         await self._drop_loop()  # the serving loop (maybe another) makes its own client
         return self._info
+
+    def _check_context(self, n_prefix: int, max_model_len: object) -> None:
+        """A backend that says its context (vLLM: ``max_model_len`` in ``/v1/models``)
+        must hold the prefix plus one full session; otherwise a session would fail
+        mid-turn (HTTP 400) once it grows past it, so refuse at start, naming the fix."""
+        if not isinstance(max_model_len, int) or max_model_len <= 0:
+            return
+        need = n_prefix + self.config.session_budget
+        if need > max_model_len:
+            raise ModelError(
+                f"{self.config.url} serves {self.model_id!r} with a context of "
+                f"{max_model_len} tokens; mesh needs the {n_prefix}-token prefix plus a "
+                f"{self.config.session_budget}-token session = {need}: start the backend "
+                f"with a longer context (vLLM: --max-model-len {need}) or lower "
+                f"--session-budget to {max_model_len - n_prefix} or less")
 
     async def _drop_loop(self) -> None:
         """Stop the metrics poll and close an owned client (bound to this loop)."""

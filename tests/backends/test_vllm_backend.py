@@ -14,7 +14,7 @@ import pytest
 
 from mesh.backends import BackendConfig, OpenAIEngine
 from mesh.backends.remote_wire import backend_counters, grammar_fields, parse_prometheus
-from mesh.engine.types import SamplingParams
+from mesh.engine.types import ModelError, SamplingParams
 
 pytestmark = pytest.mark.anyio
 
@@ -116,3 +116,27 @@ def test_no_counters_where_the_backend_has_none() -> None:
     zero = "vllm:prefix_cache_queries_total 0\nvllm:prefix_cache_hits_total 0\n"
     assert backend_counters(parse_prometheus(zero)) == {
         "prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0}
+
+
+@pytest.mark.parametrize("max_model_len, ok", [(4096, True), (2050, True), (2049, False)])
+async def test_a_context_shorter_than_prefix_plus_session_is_refused_at_start(
+        max_model_len: int, ok: bool) -> None:
+    """vLLM lists its ``max_model_len``; a session that outgrows it fails mid-turn with
+    HTTP 400, so a backend that cannot hold prefix + --session-budget is refused at start,
+    with the fix in the message. (No tokenizer: "PREFIX" counts as 2 tokens.)"""
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [
+                {"id": "smollm2", "owned_by": "vllm", "max_model_len": max_model_len}]})
+        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(route))
+    eng = OpenAIEngine(BackendConfig(url="http://backend", poll_metrics=False,
+                                     session_budget=2048), "PREFIX", http=http)
+    if ok:
+        await eng.start()
+    else:
+        with pytest.raises(ModelError, match=r"--max-model-len 2050\) .*--session-budget to 2047"):
+            await eng.start()
+    await eng.aclose()
