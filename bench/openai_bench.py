@@ -258,6 +258,41 @@ def table(targets: list[Target]) -> str:
     return "\n".join(rows)
 
 
+def ratios(targets: list[Target]) -> list[dict[str, Any]]:
+    """Per (P, N) and other system: how many times mesh's wall time its wave 1 took (start-up
+    included on both sides, when measured) and its wave 2 took: issue 29's goals."""
+    out: list[dict[str, Any]] = []
+    meshes = {(t.prefix_tokens, t.agents): t for t in targets
+              if t.name == "mesh" and len(t.waves) == 2}
+    for t in targets:
+        m = meshes.get((t.prefix_tokens, t.agents))
+        if m is None or t is m or len(t.waves) < 2:
+            continue
+
+        def cold(x: Target) -> float:
+            return x.waves[0].wall_s + (x.startup_s or 0.0)
+
+        out.append({"system": t.name, "prefix_tokens": t.prefix_tokens, "agents": t.agents,
+                    "wave1_with_startup": cold(t) / cold(m) if cold(m) else None,
+                    "wave1": t.waves[0].wall_s / m.waves[0].wall_s if m.waves[0].wall_s
+                    else None,
+                    "wave2": t.waves[1].wall_s / m.waves[1].wall_s if m.waves[1].wall_s
+                    else None,
+                    "kv_bytes": t.kv_bytes / m.kv_bytes if t.kv_bytes and m.kv_bytes
+                    else None})
+    return out
+
+
+def ratio_lines(rows: list[dict[str, Any]]) -> str:
+    def x(v: float | None) -> str:
+        return f"{v:.2f}x" if v is not None else "?"
+
+    return "\n".join(
+        f"P={r['prefix_tokens'] or '-'} N={r['agents']}: {r['system']} / mesh wall: wave 1 "
+        f"+ start-up {x(r['wave1_with_startup'])}, wave 1 {x(r['wave1'])}, wave 2 "
+        f"{x(r['wave2'])}; KV bytes {x(r['kv_bytes'])}" for r in rows)
+
+
 @dataclass
 class Run:
     """One (P, N): the system text, its size in tokens, and where logs go."""
@@ -352,6 +387,9 @@ async def amain(a: argparse.Namespace) -> int:
         await measure(run, a)
     targets = [t for r in runs for t in r.targets]
     print(table(targets))
+    speed = ratios(targets)
+    if speed:
+        print(ratio_lines(speed))
     doc = {
         "workload": {"agents": a.agents, "turns": a.turns, "tokens": a.tokens,
                      "prefix_tokens": a.prefix_tokens, "session_tokens": a.session_tokens,
@@ -360,6 +398,7 @@ async def amain(a: argparse.Namespace) -> int:
                   "system_tokens": r.system_tokens} for r in runs],
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "logs": str(logs),
+        "ratios": speed,
         "targets": [{**asdict(t), "waves": [
             {k: v for k, v in asdict(w).items() if k != "latencies"} for w in t.waves]}
             for t in targets],
@@ -405,7 +444,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--session-tokens", type=int, default=None, metavar="S",
                    help="KV cells one agent needs past the prefix (default: from T and G)")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds one request may wait (a cold llama-server at N=32, P=4K "
+                        "queues minutes of prefill)")
     p.add_argument("--out", default="bench/results/openai.json")
     return p
 

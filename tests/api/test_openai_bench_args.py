@@ -110,3 +110,17 @@ def test_argparse_type_error_names_the_value() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="'8;32'"):
         ob.int_list("8;32")
     assert sys.modules["bench.openai_bench"] is ob
+
+
+def test_ratios_compare_each_system_with_mesh_at_the_same_p_and_n() -> None:
+    def target(name: str, p: int, start: float, w1: float, w2: float) -> ob.Target:
+        return ob.Target(name, "http://x", startup_s=start, prefix_tokens=p, agents=8,
+                         kv_bytes=100, waves=[ob.Wave(wall_s=w1), ob.Wave(wall_s=w2)])
+
+    rows = ob.ratios([target("mesh", 4096, 5.0, 5.0, 4.0),
+                      target("llama-server", 4096, 2.0, 78.0, 5.2),
+                      target("llama-server", 1024, 2.0, 9.0, 9.0)])  # no mesh at P=1024
+    assert rows == [{"system": "llama-server", "prefix_tokens": 4096, "agents": 8,
+                     "wave1_with_startup": 8.0, "wave1": 15.6, "wave2": 1.3,
+                     "kv_bytes": 1.0}]
+    assert "wave 1 + start-up 8.00x" in ob.ratio_lines(rows)
