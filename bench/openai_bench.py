@@ -243,10 +243,14 @@ async def amain(a: argparse.Namespace) -> int:
     return 0 if all(w.errors == 0 for t in targets for w in t.waves) else 1
 
 
-def default_model() -> str:
-    from mesh.engine.models import smollm2_path
+def default_model(mesh_args: str | None = None) -> str:
+    """The GGUF mesh serves: ``--model`` in ``--spawn-mesh ARGS`` resolved as ``mesh serve``
+    resolves it (a path, smollm2, gemma, tiny, $MESH_MODEL), else mesh's default."""
+    from mesh.engine.models import resolve_model
 
-    return str(smollm2_path())
+    words = shlex.split(mesh_args or "")
+    spec = words[words.index("--model") + 1] if "--model" in words[:-1] else None
+    return str(resolve_model(spec).path)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -267,8 +271,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llama-cpp-server-cells", type=int, default=None, help="its --n_ctx")
     p.add_argument("--model", default=None,
                    help="GGUF the spawned llama-server and vLLM serve, and KV bytes are "
-                        "computed for (default: SmolLM2, mesh's default; keep it equal to "
-                        "mesh's --model)")
+                        "computed for (default: --spawn-mesh's --model, else mesh's default)")
     p.add_argument("--system-file", default=None, help="system text (default: mesh's prefix)")
     p.add_argument("--prefix-tokens", type=int_list, default=None, metavar="P[,P...]",
                    help="mesh's prefix sizes (mesh serve --prefix-tokens), e.g. 1024,4096")
@@ -289,8 +292,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a = parser().parse_args(argv)
     if a.session_tokens is None:
         a.session_tokens = session_tokens(a.turns, a.tokens)
-    if a.model is None and (a.spawn_llama_server or a.spawn_vllm is not None):
-        a.model = default_model()
+    if a.model is None and (a.spawn_llama_server or a.spawn_vllm is not None
+                            or a.spawn_mesh is not None):
+        a.model = default_model(a.spawn_mesh)
     if a.spawn_mesh is not None and a.mesh:
         raise SystemExit("give --spawn-mesh or --mesh, not both")
     return a

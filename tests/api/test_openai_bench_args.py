@@ -33,6 +33,14 @@ def test_spawn_vllm_takes_an_optional_gguf_and_defaults_the_model() -> None:
     assert ob.parse(["--mesh", "http://x"]).model is None  # nothing spawned: no model read
 
 
+def test_the_model_defaults_to_the_one_mesh_is_started_with() -> None:
+    from mesh.engine.models import resolve_model
+
+    a = ob.parse(["--spawn-mesh", "--model tiny --policy none", "--spawn-vllm"])
+    assert a.model == str(resolve_model("tiny").path)
+    assert ob.parse(["--spawn-mesh", "--policy none"]).model == str(resolve_model(None).path)
+
+
 def test_spawn_mesh_and_mesh_together_are_refused() -> None:
     with pytest.raises(SystemExit, match="not both"):
         ob.parse(["--spawn-mesh", "", "--mesh", "http://x"])
