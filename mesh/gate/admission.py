@@ -3,15 +3,15 @@
 
 Invariants:
 
-* The queue is FIFO and bounded in places (one per waiter) by ``config.max_queue``, and
-  per caller by ``config.queue_share`` (:mod:`mesh.gate.shares`): a request of N places
-  (a task's N subtasks) is checked for all N at once. Only the head is ever admitted;
-  an entry leaves the queue only by admission or by its own waiter's cancellation, and
-  ``_shares`` counts exactly the entries of ``_queue`` (``_enqueue``/``_dequeue``).
+* The queue is the one FIFO of :mod:`mesh.gate.waiters`, its head let go while
+  :func:`decide` admits with nobody ahead (``_choose``). It is bounded in places (one per
+  waiter) by ``config.max_queue``, and per caller by ``config.queue_share``
+  (:mod:`mesh.gate.shares`): a request of N places (a task's N subtasks) is checked for
+  all N at once, at the door (``check_queue``/``_door``).
 * The head re-checks every ``config.recheck_s`` while it waits (load changes as workers go
   idle on tool calls); every waiter is woken when a ticket is released or the queue moves.
 * A ticket granted but never handed over (the waiter was cancelled at that moment) is
-  released, so cancellation never leaks a slot.
+  released (the queue's ``abandon``), so cancellation never leaks a slot.
 * Every decision learns first: the engine's new step samples go into the model.
 
 Everything runs on one event loop (asyncio or trio through anyio); the methods that do not
@@ -21,18 +21,16 @@ await are atomic with respect to other tasks.
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 
-from mesh.engine.types import Engine, PoolLoad, PrefillBudget, SessionState
+from mesh.engine.types import Engine, PoolLoad, PrefillBudget
 from mesh.gate.budget import BudgetState, FloorBudget
+from mesh.gate.capacity_doc import capacity_doc
 from mesh.gate.config import GateConfig, Policy, PolicyKind
 from mesh.gate.decide import Decision, GateInput, Verdict, decide
 from mesh.gate.decode_gate import DecodeGate
@@ -40,6 +38,7 @@ from mesh.gate.model import StepCost, ThroughputModel
 from mesh.gate.projection import live_scale
 from mesh.gate.shares import ANONYMOUS, QueueShares, places_needed
 from mesh.gate.types import OnPosition, QueueCheck, QueueFull, Ticket
+from mesh.gate.waiters import Waiter, WaiterQueue, report_admitted
 
 __all__ = ["FloorGate", "GateTicket"]
 
@@ -61,16 +60,6 @@ class GateTicket:
     def release_nowait(self) -> None:
         """Synchronous release (for cleanup paths that cannot await)."""
         self._gate._release(self)
-
-
-class _Waiter:
-    __slots__ = ("caller", "key", "ticket", "wake")
-
-    def __init__(self, key: str, caller: str = ANONYMOUS) -> None:
-        self.key = key
-        self.caller = caller
-        self.ticket: GateTicket | None = None
-        self.wake = anyio.Event()
 
 
 class FloorGate:
@@ -95,8 +84,9 @@ class FloorGate:
         self.config = config
         self.model = model if model is not None else ThroughputModel()
         self._clock = clock
-        self._queue: deque[_Waiter] = deque()
-        self._shares = QueueShares(config.max_queue, config.queue_share)
+        self._waiters: WaiterQueue[GateTicket] = WaiterQueue(
+            self._choose, self._release, QueueShares(config.max_queue, config.queue_share),
+            head_recheck_s=config.recheck_s)
         self._tickets: set[GateTicket] = set()
         self._mean_hold_s: float | None = None
         self.num_admitted = 0
@@ -143,7 +133,7 @@ class FloorGate:
 
     @property
     def queue_len(self) -> int:
-        return len(self._queue)
+        return len(self._waiters)
 
     @property
     def num_tickets(self) -> int:
@@ -171,7 +161,7 @@ class FloorGate:
 
     def decide_now(self, queue_ahead: int | None = None) -> Decision:
         """The decision for a new arrival (``queue_ahead`` defaults to the queue length)."""
-        ahead = len(self._queue) if queue_ahead is None else queue_ahead
+        ahead = len(self._waiters) if queue_ahead is None else queue_ahead
         inp, _ = self.gate_input(ahead)
         return decide(inp, self.config, self.model, self._clock())
 
@@ -179,35 +169,28 @@ class FloorGate:
         """Would ``caller``'s request of ``places`` places (a task's subtasks) be taken?
         Refused when they do not all fit the queue's free places, or ``caller``'s share."""
         why, retry_after_s = self._door(places, caller)
-        return QueueCheck(ok=not why, queue_len=len(self._queue), retry_after_s=retry_after_s,
+        return QueueCheck(ok=not why, queue_len=len(self._waiters), retry_after_s=retry_after_s,
                           reason=why)
 
     def _door(self, places: int, caller: str) -> tuple[str, float]:
         """Why a request of ``places`` from ``caller`` is refused ("": it is taken) and
         when to retry. A pure read of the queue (the decision learns from the engine)."""
         need = places_needed(places, self.config.max_queue)
-        d = self.decide_now(queue_ahead=len(self._queue) + need - 1)
+        d = self.decide_now(queue_ahead=len(self._waiters) + need - 1)
         if d.verdict is Verdict.REFUSE:
             return "; ".join(d.reasons), d.retry_after_s
-        over = self._shares.over_share(caller, places)
+        shares = self._waiters.shares
+        over = shares.over_share(caller, places)
         if not over:
             return "", d.retry_after_s
         # Retry once the caller's over-th place from the head has been admitted.
-        pos = [i for i, w in enumerate(self._queue) if w.caller == caller][over - 1] + 1
+        pos = self._waiters.positions_of(caller)[over - 1]
         ahead = min(pos, max(1, self.config.max_queue)) - 1
-        return self._shares.refusal(caller, places), self.decide_now(ahead).retry_after_s
-
-    def _enqueue(self, waiter: _Waiter) -> None:
-        self._queue.append(waiter)
-        self._shares.add(waiter.caller)
-
-    def _dequeue(self, waiter: _Waiter) -> None:
-        self._queue.remove(waiter)
-        self._shares.remove(waiter.caller)
+        return shares.refusal(caller, places), self.decide_now(ahead).retry_after_s
 
     def queued_by(self, caller: str) -> int:
         """Places ``caller`` holds in the queue now."""
-        return self._shares.waiting(caller)
+        return self._waiters.shares.waiting(caller)
 
     # ------------------------------------------------------------------ admitting
 
@@ -224,66 +207,16 @@ class FloorGate:
             if why:
                 self.num_refused += 1
                 raise QueueFull(why, retry_after_s)
-        waiter = _Waiter(key, caller)
         if d.verdict is Verdict.ADMIT:
-            waiter.ticket = self._grant(key)
+            ticket = self._grant(key)
         else:
-            self._enqueue(waiter)
-            await self._wait(waiter, on_position)
-        ticket = waiter.ticket
-        assert ticket is not None
-        if on_position is not None:
-            try:
-                await on_position(0)
-            except BaseException:
-                self._release(ticket)
-                raise
+            ticket = await self._waiters.wait(Waiter(key, caller), on_position)
+        await report_admitted(on_position, lambda: self._release(ticket))
         return ticket
 
-    async def _wait(self, waiter: _Waiter, on_position: OnPosition | None) -> None:
-        last = -1
-        try:
-            while True:
-                self._pump()
-                if waiter.ticket is not None:
-                    return
-                pos = self._queue.index(waiter) + 1
-                if on_position is not None and pos != last:
-                    last = pos
-                    await on_position(pos)
-                    continue  # time passed: re-check before sleeping
-                # No await between the state check above and this wait: no lost wake-up.
-                waiter.wake = wake = anyio.Event()
-                timeout = self.config.recheck_s if pos == 1 else math.inf
-                with anyio.move_on_after(timeout):
-                    await wake.wait()
-        except BaseException:
-            if waiter.ticket is not None:
-                self._release(waiter.ticket)
-            elif waiter in self._queue:
-                self._dequeue(waiter)
-                self._pump()
-                self._wake_all()
-            raise
-
-    def _pump(self) -> None:
-        """Admit from the head while the gate says yes."""
-        moved = False
-        while self._queue:
-            d = self.decide_now(queue_ahead=0)
-            if not d.admitted:
-                break
-            head = self._queue[0]
-            self._dequeue(head)
-            head.ticket = self._grant(head.key)
-            head.wake.set()
-            moved = True
-        if moved:
-            self._wake_all()
-
-    def _wake_all(self) -> None:
-        for w in self._queue:
-            w.wake.set()
+    def _choose(self, head: Waiter[GateTicket]) -> GateTicket | None:
+        """The queue's head may go when :func:`decide` admits with nobody ahead."""
+        return self._grant(head.key) if self.decide_now(queue_ahead=0).admitted else None
 
     def _grant(self, key: str) -> GateTicket:
         ticket = GateTicket(self, key, self._clock())
@@ -299,117 +232,13 @@ class FloorGate:
         hold = max(0.0, self._clock() - ticket.admitted_at)
         old = self._mean_hold_s
         self._mean_hold_s = hold if old is None else old + _HOLD_EWMA * (hold - old)
-        self._pump()
-        self._wake_all()
+        self._waiters.poke()
 
     # ------------------------------------------------------------------ reporting
 
     def capacity(self) -> dict[str, Any]:
         """The ``/capacity`` document (JSON-able; every number finite or null)."""
-        inp, load = self.gate_input(len(self._queue))
+        inp, load = self.gate_input(len(self._waiters))
         d = decide(inp, self.config, self.model, self._clock())
-        proj = d.projection
-        # Workers decoding now: an idle or waiting session's rate is from its last turn
-        # (stale: a worker on a tool call is not slowed by anything).
-        running = (SessionState.DECODING, SessionState.PREFILLING)
-        measured = sorted(s.decode_tps for s in load.sessions
-                          if s.decode_tps is not None and s.state in running)
-        return {
-            "engine": _engine_doc(self.engine),
-            "floor_tps": self.config.floor_tps,
-            "policy": str(self.requested_policy),
-            "admits_by": str(self.config.policy),
-            "verdict": d.verdict.value,
-            "reasons": list(d.reasons),
-            "sessions": {
-                "total": len(load.sessions),
-                **{state.value: load.count(state) for state in SessionState},
-            },
-            # attached = resident (holding a sequence id and their cells) + parked (cells
-            # off the cache, re-prefilled before their next turn; 0 where none park)
-            "parking": {"max_attached": load.max_attached, "resident": load.num_resident,
-                        "parked": load.num_parked, "parked_tokens": load.parked_tokens,
-                        "parks": load.parks, "resumes": load.resumes,
-                        "resume_tokens": load.resume_tokens, "swaps": load.swaps,
-                        "parked_bytes": load.parked_bytes},
-            "in_flight": inp.num_pending,
-            "tickets": len(self._tickets),
-            "measured_tps": {
-                "count": len(measured),
-                "min": measured[0] if measured else None,
-                "p50": statistics.median(measured) if measured else None,
-            },
-            "projected_tps_next": proj.tps_next,
-            "projected_tps_now": proj.tps_now,
-            "projected_tps_next_by_worker": {w.id: w.tps for w in proj.per_worker_next},
-            "headroom": d.headroom,
-            "queue_len": len(self._queue),
-            "max_queue": self.config.max_queue,
-            # each authenticated caller's share of the queue, and how many callers wait
-            "max_queue_per_caller": self.config.queue_share,
-            "queue_callers": self._shares.num_callers,
-            "kv_cells": {
-                "used": load.cells_used,
-                "total": load.cells_total,
-                "prefix": load.prefix_cells,
-                "naive_equivalent": load.naive_cells,
-                "reduction": load.reduction,
-            },
-            "retry_after_s": d.retry_after_s,
-            "projected_idle_estimate": proj.idle_estimate,
-            "model": {**self.model.describe(), "live_scale": proj.scale},
-            "admitted_total": self.num_admitted,
-            "refused_total": self.num_refused,
-            # the pool's totals since start (0 where the engine does not count them)
-            "pool_totals": {"sessions_attached": load.sessions_attached,
-                            "prefill_tokens": load.prefill_tokens},
-            "workers": _worker_rows(load),
-            "turns": self._turns_doc(load),
-        }
-
-    def _turns_doc(self, load: PoolLoad) -> dict[str, Any]:
-        """The decode gate's side of ``/capacity``: turns running and waiting, and the
-        measured step its last answer was anchored to (null where no decode gate runs)."""
-        last = self._decode_gate.last if self._decode_gate is not None else None
-        recent = [s for s in load.recent_steps if s.num_decode > 0]
-        return {
-            "gated": self._decode_gate is not None,
-            "waiting": load.count(SessionState.WAITING),
-            "running": load.count(SessionState.DECODING) + load.count(SessionState.PREFILLING),
-            "measured_step_s": statistics.median(s.step_s for s in recent[-8:]) if recent
-            else None,
-            "floor_step_s": 1.0 / self.config.floor_tps,
-            "ratio": last.ratio if last is not None else None,
-            "projected_step_now_s": last.projected_now_s if last is not None else None,
-            "projected_step_next_s": last.projected_next_s if last is not None else None,
-            "room": last.room if last is not None else None,
-            # measured / projected - 1 for one more turn, scored over the last minute
-            "projection_error": self._decode_gate.projection_error()
-            if self._decode_gate is not None else None,
-        }
-
-
-def _engine_doc(engine: Engine) -> dict[str, Any]:
-    """Which engine runs (``PoolInfo.engine``) and, for a remote backend, the metrics it
-    last exposed (``engine.backend_metrics()``, when the engine has one)."""
-    try:
-        name = engine.info.engine
-    except (AttributeError, RuntimeError):  # a stub, or a pool not started yet
-        name = None
-    metrics = getattr(engine, "backend_metrics", None)
-    return {"name": name, "backend": metrics() if callable(metrics) else None}
-
-
-def _worker_rows(load: PoolLoad) -> list[dict[str, Any]]:
-    """One row per pool session for ``capacity()["workers"]`` (the dashboard's chart)."""
-    return [
-        {
-            "id": s.id,
-            "state": s.state.value,
-            "decodeTps": s.decode_tps,
-            "dutyCycle": s.duty_cycle,
-            "privateCells": s.private_cells,
-            "ageS": round(s.age_s, 3),
-        }
-        for s in load.sessions
-    ]
+        return capacity_doc(self, inp, load, d, self._decode_gate,
+                            self._waiters.shares.num_callers)
