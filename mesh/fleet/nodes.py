@@ -3,17 +3,19 @@
 ``mesh serve --node URL`` (repeatable) builds a :class:`NodePool` instead of a local pool.
 It is the coordinator's :class:`~mesh.gate.types.Admission`:
 
-* At start, :func:`read_node_cards` reads each node's card (``urn:mesh:pool:v1``: model,
-  prefix hash, engine) and refuses a node whose prefix hash differs from the coordinator's
-  own (the error names both hashes): a subtask must see the same prefix wherever it runs.
+* At start, :func:`~mesh.fleet.node_cards.read_node_cards` reads each node's card
+  (``urn:mesh:pool:v1``: model, prefix hash, engine) and refuses a node whose prefix hash
+  differs from the coordinator's own (the error names both hashes): a subtask must see the
+  same prefix wherever it runs.
 * Each admitted subtask is given the node with the most headroom by the nodes' own
   ``/capacity`` (polled every ``poll_s`` from the first request on, and re-read from a node
   each time one of its subtasks answers). A node whose gate says ``wait`` or
   ``refuse`` is never chosen while another says ``admit``; subtasks given to a node since
   its last poll count against its headroom, so a burst is spread, not piled on one node.
-* When no node admits, subtasks wait at the coordinator: one FIFO queue of ``max_queue``;
-  past it ``check_queue`` says no (the HTTP 429 at the door). Work is never pushed onto a
-  full node.
+* When no node admits, subtasks wait at the coordinator in the one FIFO of
+  :mod:`mesh.gate.waiters` (its head given the node :meth:`NodePool.pick` chooses), of
+  ``max_queue`` places; past it ``check_queue`` says no (the HTTP 429 at the door). Work
+  is never pushed onto a full node.
 * A node that fails (transport error, vanished) is marked down (``node_failed``) and gets no
   work until its ``/capacity`` answers again; :meth:`reassign` gives a failing subtask
   another node (ahead of the queue), so the worker can retry it once.
@@ -27,7 +29,6 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,80 +36,14 @@ from typing import Any
 import anyio
 import httpx
 
-from mesh.a2a_names import CARD_PATH, POOL_EXTENSION_URI
+from mesh.fleet.node_cards import Node, read_node_cards
+from mesh.gate.shares import QueueShares
 from mesh.gate.types import OnPosition, QueueCheck, QueueFull
+from mesh.gate.waiters import Waiter, WaiterQueue, report_admitted
 
 __all__ = ["Node", "NodePool", "NodeTicket", "read_node_cards"]
 
 _RETRY_AFTER_S = 1.0
-
-
-@dataclass
-class Node:
-    """One node as the coordinator sees it."""
-
-    url: str
-    name: str = ""
-    model: str = ""
-    prefix_hash: str = ""
-    engine: str = ""
-    max_sessions: int = 0
-    session_budget: int = 0
-    capacity: dict[str, Any] | None = None
-    error: str | None = None
-    up: bool = True
-    in_flight: int = 0
-    given_since_poll: int = 0
-    routed: int = 0
-    failed: int = 0
-    polled_at: float = -math.inf
-
-    def admits(self) -> bool:
-        return self.up and self.capacity is not None and self.room() > 0 and (
-            self.capacity.get("verdict") == "admit")
-
-    def room(self) -> int:
-        """The node's headroom less what it was given since it last said so."""
-        cap = self.capacity or {}
-        head = cap.get("headroom")
-        head = int(head) if isinstance(head, int | float) and math.isfinite(head) else 0
-        return head - self.given_since_poll
-
-
-async def read_node_cards(urls: Iterable[str], http: httpx.AsyncClient,
-                          expected_hash: str) -> list[Node]:
-    """Each node's card facts; ``ValueError`` for a node that cannot be read, has no pool
-    extension, or whose prefix hash differs from ``expected_hash`` (both named)."""
-    nodes: list[Node] = []
-    for url in urls:
-        url = url.rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--node needs an absolute http(s) URL, got {url!r}")
-        try:
-            r = await http.get(url + CARD_PATH)
-            r.raise_for_status()
-            card = r.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise ValueError(f"cannot read the agent card of node {url} ({exc}); is "
-                             "`mesh serve` running there?") from exc
-        exts = [e for e in card.get("capabilities", {}).get("extensions", [])
-                if e.get("uri") == POOL_EXTENSION_URI]
-        if not exts:
-            raise ValueError(f"node {url} has no {POOL_EXTENSION_URI} extension on its "
-                             "card: it is not a mesh pool node")
-        params = exts[0].get("params", {})
-        got = str(params.get("prefix_hash", ""))
-        if got != expected_hash:
-            raise ValueError(
-                f"node {url} serves prefix {got[:16] or '(none)'}, this coordinator "
-                f"{expected_hash[:16]} (sha256 of the prefix tokens): start every node with "
-                "the same --model, --template, --project and --prefix-tokens")
-        nodes.append(Node(url=url, name=str(card.get("name", "")),
-                          model=str(params.get("model_name", "")), prefix_hash=got,
-                          engine=str(params.get("engine", "")),
-                          max_sessions=int(params.get("max_sessions", 0)),
-                          session_budget=int(params.get("session_budget", 0))))
-    return nodes
 
 
 @dataclass
@@ -122,19 +57,13 @@ class NodeTicket:
     tried: list[str] = field(default_factory=list)
 
     async def release(self) -> None:
+        self.release_nowait()
+
+    def release_nowait(self) -> None:
+        """Synchronous release (for cleanup paths that cannot await). Idempotent."""
         if not self.released:
             self.released = True
             self.pool.release(self)
-
-
-class _Waiter:
-    __slots__ = ("exclude", "key", "node", "wake")
-
-    def __init__(self, key: str, exclude: frozenset[str] = frozenset()) -> None:
-        self.key = key
-        self.exclude = exclude
-        self.node: Node | None = None
-        self.wake = anyio.Event()
 
 
 class NodePool:
@@ -149,7 +78,10 @@ class NodePool:
         self.poll_s = poll_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
-        self._queue: deque[_Waiter] = deque()
+        # Subtasks waiting for a node (no per-caller share yet: each caller may use all).
+        self._waiters: WaiterQueue[Node] = WaiterQueue(
+            self._choose, self._unreserve, QueueShares(max_queue, max(1, max_queue)),
+            head_recheck_s=poll_s, rest_recheck_s=poll_s)
         self._tickets: dict[str, NodeTicket] = {}
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -189,7 +121,7 @@ class NodePool:
         async with anyio.create_task_group() as tg:
             for node in self.nodes:
                 tg.start_soon(self.poll, node)
-        self._pump()
+        self._waiters.pump()
 
     def _ensure_poller(self) -> None:
         _ = self.http
@@ -218,12 +150,11 @@ class NodePool:
     # ------------------------------------------------------------------ admission
 
     def check_queue(self, *, places: int = 1, caller: str = "") -> QueueCheck:
-        # Places count per subtask; ``caller`` is not given a share here yet (the node
-        # pool keeps its own FIFO until it shares the gate's, issue 26).
-        ok = len(self._queue) + max(1, min(places, self.max_queue)) <= self.max_queue
+        # Places count per subtask; ``caller`` is not given a share here yet.
+        ok = len(self._waiters) + max(1, min(places, self.max_queue)) <= self.max_queue
         reason = "" if ok else (f"all {len(self.nodes)} nodes are at capacity and "
-                                f"{len(self._queue)} subtasks are queued (max {self.max_queue})")
-        return QueueCheck(ok=ok, queue_len=len(self._queue), retry_after_s=_RETRY_AFTER_S,
+                                f"{len(self._waiters)} subtasks are queued (max {self.max_queue})")
+        return QueueCheck(ok=ok, queue_len=len(self._waiters), retry_after_s=_RETRY_AFTER_S,
                           reason=reason)
 
     def pick(self, exclude: Iterable[str] = ()) -> Node | None:
@@ -237,23 +168,18 @@ class NodePool:
         self._ensure_poller()
         if any(n.capacity is None and n.up for n in self.nodes):
             await self.poll_all()  # first use: learn every node's capacity
-        node = self.pick() if not self._queue else None
+        node = self.pick() if not self._waiters else None
         reserved = node is None
         if node is None:
-            if len(self._queue) >= self.max_queue and not accepted:
+            if len(self._waiters) >= self.max_queue and not accepted:
                 self.num_refused += 1
                 raise QueueFull(self.check_queue().reason, _RETRY_AFTER_S)
-            node = await self._wait(_Waiter(key), on_position, front=False)
+            node = await self._waiters.wait(Waiter(key, caller), on_position)
         ticket = NodeTicket(self, key, node)
         self._give(ticket, node, reserved=reserved)
         self.num_admitted += 1
         self._tickets[key] = ticket
-        if on_position is not None:
-            try:
-                await on_position(0)
-            except BaseException:
-                await ticket.release()
-                raise
+        await report_admitted(on_position, ticket.release_nowait)
         return ticket
 
     async def reassign(self, ticket: NodeTicket, *, on_position: OnPosition | None = None
@@ -266,8 +192,8 @@ class NodePool:
         node = self.pick(exclude=ticket.tried)
         reserved = node is None
         if node is None:
-            node = await self._wait(_Waiter(ticket.key, frozenset(ticket.tried)), on_position,
-                                    front=True)
+            waiter: Waiter[Node] = Waiter(ticket.key, exclude=frozenset(ticket.tried))
+            node = await self._waiters.wait(waiter, on_position, front=True)
         self._give(ticket, node, reserved=reserved)
         return node
 
@@ -284,7 +210,7 @@ class NodePool:
     def release(self, ticket: NodeTicket) -> None:
         ticket.node.in_flight -= 1
         self._tickets.pop(ticket.key, None)
-        self._pump()
+        self._waiters.pump()
 
     def answered(self, node: Node) -> None:
         """A subtask on ``node`` answered: re-read its capacity now, then admit from the
@@ -296,54 +222,28 @@ class NodePool:
 
     async def _refresh(self, node: Node) -> None:
         await self.poll(node)
-        self._pump()
+        self._waiters.pump()
 
     def _give(self, ticket: NodeTicket, node: Node, *, reserved: bool) -> None:
         ticket.node = node
         node.in_flight += 1
-        if not reserved:  # a queued subtask's room was reserved when _pump chose it
+        if not reserved:  # a queued subtask's room was reserved when _choose chose it
             node.given_since_poll += 1
         node.routed += 1
 
-    async def _wait(self, waiter: _Waiter, on_position: OnPosition | None, *,
-                    front: bool) -> Node:
-        if front:
-            self._queue.appendleft(waiter)
-        else:
-            self._queue.append(waiter)
-        last = -1
-        try:
-            while waiter.node is None:
-                pos = self._queue.index(waiter) + 1
-                if on_position is not None and pos != last:
-                    last = pos
-                    await on_position(pos)
-                    continue
-                waiter.wake = wake = anyio.Event()
-                with anyio.move_on_after(self.poll_s):
-                    await wake.wait()
-                self._pump()
-        except BaseException:
-            if waiter in self._queue:
-                self._queue.remove(waiter)
-            elif waiter.node is not None:  # given a node, then cancelled: hand it back
-                waiter.node.given_since_poll = max(0, waiter.node.given_since_poll - 1)
-                self._pump()
-            raise
-        return waiter.node
+    def _choose(self, head: Waiter[Node]) -> Node | None:
+        """The queue's head goes to the admitting node with most room (not one it was
+        excluded from), whose room it reserves at once so the next head sees less."""
+        node = self.pick(exclude=head.exclude)
+        if node is not None:
+            node.given_since_poll += 1
+        return node
 
-    def _pump(self) -> None:
-        """Give queued subtasks a node, head first, while some node admits."""
-        while self._queue:
-            head = self._queue[0]
-            node = self.pick(exclude=head.exclude)
-            if node is None:
-                return
-            self._queue.popleft()
-            head.node = node
-            node.given_since_poll += 1  # reserved now, so the next head sees less room
-            head.wake.set()
-            self._wake_all()
+    def _unreserve(self, node: Node) -> None:
+        """A node chosen for a waiter that was cancelled before it took it: hand back the
+        reserved room and let the next head have it."""
+        node.given_since_poll = max(0, node.given_since_poll - 1)
+        self._waiters.pump()
 
     # ------------------------------------------------------------------ reporting
 
@@ -371,13 +271,13 @@ class NodePool:
         up = [n for n in self.nodes if n.up and n.capacity is not None]
         headroom = sum(max(0, n.room()) for n in up)
         admitting = self.pick() is not None
-        verdict = "admit" if admitting and not self._queue else (
-            "wait" if len(self._queue) < self.max_queue else "refuse")
+        verdict = "admit" if admitting and not self._waiters else (
+            "wait" if len(self._waiters) < self.max_queue else "refuse")
         return {
             "engine": {"name": f"nodes:{len(self.nodes)}", "backend": None},
             "verdict": verdict,
             "headroom": headroom,
-            "queue_len": len(self._queue),
+            "queue_len": len(self._waiters),
             "max_queue": self.max_queue,
             "in_flight": sum(n.in_flight for n in self.nodes),
             "admitted_total": self.num_admitted,
@@ -392,7 +292,3 @@ class NodePool:
                 "routed": sum(n.routed for n in self.nodes)},
             "workers": [],
         }
-
-    def _wake_all(self) -> None:
-        for w in self._queue:
-            w.wake.set()
