@@ -73,7 +73,7 @@ def prefill_budget(
     ctx = cells_used if context_per_row is None else min(max(context_per_row, 0.0), cells_used)
     target = 1.0 / (floor_tps * scale)
     fixed = cost.a + cost.b * num_decode + cost.c * ctx * num_decode
-    fixed += cost.e * num_decode * cells_used
+    fixed += cost.e * num_decode * cells_used + cost.f * cells_used
     per_token = cost.d + cost.e * cells_used
     room = target - fixed
     if per_token <= 0:

@@ -1,22 +1,34 @@
 """The online throughput model: how long one engine step takes for a given load.
 
     step_s ≈ a + b·num_decode + c·sum_context + d·num_prefill_tokens
-             + e·(num_decode + num_prefill_tokens)·cells_used
+             + e·(num_decode + num_prefill_tokens)·cells_used + f·cells_used
 
 ``a`` is fixed per-step work, ``b`` the cost of one more decoding row (on a CPU mostly the
 output layer), ``c`` the attention cost per context token read, ``d`` the cost of one
 prefilled token riding in the same step, ``e`` the cost per batch row per cell in use: with
 one unified KV cache every row of the batch attends over every used cell (masked), idle
 sessions' cells included, so step time grows with rows × cells used, not only with each
-session's own context. A decoding session emits one token per step, so
-its tokens/s is ``1 / step_s``.
+session's own context; ``f`` the cost per cell in use per step, whatever the rows: K and V
+read once for all rows (llama.cpp's non-flash CPU path multiplies every row's query against
+the cells in one product; a shared-prefix kernel reads the prefix once per step).
+
+The prefix term: with ``P`` prefix cells and ``R`` decoding rows, ``sum_context`` and the
+rows × cells feature each hold ``R·P``, ``cells_used`` holds ``P`` once. Today's engine pays
+the prefix per row (``c``, ``e``); an engine that attends the prefix once per step moves
+that cost to ``f`` (what is left per row is the rows × prefix FLOPs), and the fit follows it
+from live steps: nothing here assumes which. ``f`` starts at zero and its ridge is firm, so
+it moves only on steps whose cells vary apart from their rows, and a pool that runs at one
+number of cells leaves it near zero instead of splitting the intercept into it
+(``bench/prefix_attention_bench.py`` measures the per-step and per-row slopes).
+
+A decoding session emits one token per step, so its tokens/s is ``1 / step_s``.
 
 Fit: weighted least squares with exponential forgetting (recursive least squares in its
 sufficient-statistics form: ``XᵀX`` and ``Xᵀy`` decay by ``forget`` per observed sample),
 regularised towards a prior. The prior is the default parameters plus whatever
 :meth:`ThroughputModel.seed` added (a start-up micro-benchmark); seeded samples never decay,
 so they keep the slope identifiable when the pool runs at a constant number of sessions for
-a long time. Coefficients are kept physical (``b > 0``, ``a, c, d ≥ 0``) by an active set:
+a long time. Coefficients are kept physical (``b > 0``, ``a, c, d, e, f ≥ 0``) by an active set:
 a negative coefficient is pinned at zero and the rest re-fitted.
 
 Everything here is pure and synchronous: no clock, no I/O. The model is mutable (it
@@ -33,28 +45,31 @@ from mesh.engine.types import PoolLoad, StepSample
 
 __all__ = ["DEFAULT_PRIOR", "StepCost", "ThroughputModel"]
 
-# Feature scales keep the 5×5 normal equations well conditioned: context in thousands of
-# tokens, prefill in hundreds, rows × cells in millions.
-_SCALE = (1.0, 1.0, 1e-3, 1e-2, 1e-6)
+# Feature scales keep the 6×6 normal equations well conditioned: context in thousands of
+# tokens, prefill in hundreds, rows × cells in millions, cells in thousands.
+_SCALE = (1.0, 1.0, 1e-3, 1e-2, 1e-6, 1e-3)
 _N = len(_SCALE)
 # A typical magnitude of each scaled feature, to size the ridge towards the prior. The
 # prefill term is kept loose on purpose: it is well identified whenever prefill happens, and
 # irrelevant to the projection (decode-only steps) when it does not; a firm prior on it
-# leaks into the intercept.
-_TYPICAL = (1.0, 4.0, 4.0, 0.1, 0.5)
+# leaks into the intercept. The per-step cells term is firm on purpose (ten times a typical
+# 1K cells): at a constant number of cells it is collinear with the intercept, and a loose
+# prior would hand it half of any gap between the prior and the data (here ~14 %).
+_TYPICAL = (1.0, 4.0, 4.0, 0.1, 0.5, 10.0)
 _MIN_STEP_S = 1e-6
 
 
 @dataclass(frozen=True)
 class StepCost:
     """Parameters of the step-time model, in seconds (``c`` per context token, ``d`` per
-    prefill token, ``e`` per batch row per cell in use)."""
+    prefill token, ``e`` per batch row per cell in use, ``f`` per cell in use per step)."""
 
     a: float
     b: float
     c: float
     d: float = 0.0
     e: float = 0.0
+    f: float = 0.0
 
     def step_s(
         self,
@@ -65,11 +80,12 @@ class StepCost:
     ) -> float:
         """Projected wall time of one step (never below a microsecond)."""
         t = (self.a + self.b * num_decode + self.c * sum_context + self.d * num_prefill
-             + self.e * (num_decode + num_prefill) * cells_used)
+             + self.e * (num_decode + num_prefill) * cells_used + self.f * cells_used)
         return max(t, _MIN_STEP_S)
 
     def as_dict(self) -> dict[str, float]:
-        return {"a_s": self.a, "b_s": self.b, "c_s": self.c, "d_s": self.d, "e_s": self.e}
+        return {"a_s": self.a, "b_s": self.b, "c_s": self.c, "d_s": self.d, "e_s": self.e,
+                "f_s": self.f}
 
 
 # Shaped like the probe on a 2-core CPU (Gemma 3 270M, 900-token prefix): ~10 ms per step
@@ -77,13 +93,15 @@ class StepCost:
 # within a few dozen steps, and a seed replaces it at start-up.
 # ``e``: 32 sessions each gaining 1,024 private cells cost +108 ms a step on this machine's
 # default model (175 → 283 ms), about 1e-7 s per row per cell.
-DEFAULT_PRIOR = StepCost(a=0.010, b=0.020, c=1e-6, d=0.005, e=1e-7)
+# ``f``: zero until steps show a per-step cells cost (see the module docstring).
+DEFAULT_PRIOR = StepCost(a=0.010, b=0.020, c=1e-6, d=0.005, e=1e-7, f=0.0)
 
 
 def _features(
     num_decode: float, sum_context: float, num_prefill: float, cells_used: float = 0.0
 ) -> tuple[float, ...]:
-    raw = (1.0, num_decode, sum_context, num_prefill, (num_decode + num_prefill) * cells_used)
+    raw = (1.0, num_decode, sum_context, num_prefill, (num_decode + num_prefill) * cells_used,
+           cells_used)
     return tuple(x * s for x, s in zip(raw, _SCALE, strict=True))
 
 
@@ -263,7 +281,8 @@ class ThroughputModel:
 
     def _fit(self, live: bool = True) -> StepCost:
         p = self._prior
-        theta0 = [v / scale for v, scale in zip((p.a, p.b, p.c, p.d, p.e), _SCALE, strict=True)]
+        theta0 = [v / scale
+                  for v, scale in zip((p.a, p.b, p.c, p.d, p.e, p.f), _SCALE, strict=True)]
         n = _N
         w = 1.0 if live else 0.0
         data_xx = [[w * self._live_xx[i][j] + self._seed_xx[i][j] for j in range(n)]
@@ -286,7 +305,7 @@ class ThroughputModel:
 def _constrained_solve(
     xx: Sequence[Sequence[float]], xy: Sequence[float], fallback: Sequence[float]
 ) -> list[float]:
-    """Solve the normal equations with a ≥ 0, b > 0, c, d, e ≥ 0 by pinning negatives at
+    """Solve the normal equations with a ≥ 0, b > 0, c, d, e, f ≥ 0 by pinning negatives at
     zero (``b`` at its prior) and re-solving the free coefficients."""
     n = len(xy)
     pinned: dict[int, float] = {}

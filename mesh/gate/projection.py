@@ -1,7 +1,7 @@
 """The throughput projection behind the gate: what each worker would get with more workers.
 
-* A step takes ``a + b·n + c·Σctx + e·n·cells`` for ``n`` sessions decoding together over
-  ``cells`` used cells (:mod:`mesh.gate.model`; idle workers' cells count too); every
+* A step takes ``a + b·n + c·Σctx + e·n·cells + f·cells`` for ``n`` sessions decoding
+  together over ``cells`` used cells (:mod:`mesh.gate.model`; idle workers' cells count too); every
   session in the step makes one token, so a decoding worker
   makes ``1 / step`` tokens/s.
 * Idle-gap estimate: worker ``w`` decodes in a given step with probability ``d_w``, its
@@ -222,7 +222,7 @@ def project(inp: GateInput, config: GateConfig, model: ThroughputModel) -> Proje
         # Each decoding worker also brings its share of prefill (``ratio`` per token).
         rows = n * (1.0 + ratio)
         t = (cost.a + (cost.b + cost.d * ratio) * n + cost.c * sum_ctx
-             + cost.e * rows * cells(k))
+             + cost.e * rows * cells(k) + cost.f * cells(k))
         return max(t * (scale if n <= seen else max(scale, 1.0)), 1e-9)
 
     def slowest_step(k: int) -> float:
