@@ -19,7 +19,8 @@ Reported (JSON and a table):
   attends over the whole used range);
 * per (model, KV, FA, R): the prefix term, a least-squares line of step ms over P: its slope
   in ms per 1K prefix tokens, the same per row (µs per row per 1K), and its share of each
-  point's step;
+  point's step; per (model, KV, FA) that slope as a line over R: the part paid once per
+  step (K/V read once) and the part each row pays — the gate model's ``f`` and ``c + e``;
 * the masked-cell cost: at the smallest P each R is also run with a longer suffix; the step
   grows by the rows' own new cells (priced at the prefix slope) plus masked ones, so the
   cost of a masked cell relative to a prefix cell is measured (1.0: no skipping);
@@ -150,7 +151,25 @@ def analyse(points: Sequence[dict[str, Any]], suffix: int) -> dict[str, Any]:
                        "prefix": p["prefix"], "suffix": suffix, "long_suffix": p["suffix"],
                        "masked_cell_ratio": ratio})
     r2s = {(f["model"], f["kv"], f["fa"], f["rows"]): f["r2"] for f in fits}
-    return {"fits": fits, "masked_probes": probes, "best": _best_paths(groups, r2s)}
+    return {"fits": fits, "split": _split(fits), "masked_probes": probes,
+            "best": _best_paths(groups, r2s)}
+
+
+def _split(fits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The prefix slope over rows, ``ms_per_1k(R) = per_step + per_row·R``: the part paid
+    once per step (K/V read once: the gate model's ``f``) and the part every row pays
+    (``c + e``), in ms per 1K prefix cells."""
+    by: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for f in fits:
+        by.setdefault((f["model"], f["kv"], f["fa"]), []).append(f)
+    out = []
+    for (model, kv, fa), fs in sorted(by.items()):
+        per_step, per_row, r2 = fit_line([f["rows"] for f in fs],
+                                         [f["ms_per_1k_prefix"] for f in fs])
+        out.append({"model": model, "kv": kv, "fa": fa, "per_step_ms_per_1k": per_step,
+                    "per_row_ms_per_1k": per_row, "r2": r2,
+                    "gate_f_s": per_step / 1e6, "gate_e_s": per_row / 1e6})
+    return out
 
 
 def _best_paths(groups: dict[tuple[str, str, str, int], list[dict[str, Any]]],
@@ -359,6 +378,11 @@ def table(points: Sequence[dict[str, Any]], result: dict[str, Any], suffix: int)
         lines.append(f"  {f['model']:<22} {f['kv']:<5} fa={f['fa']:<3} R={f['rows']:>2}: "
                      f"{f['ms_per_1k_prefix']:8.3f} ms/1K  {f['us_per_row_per_1k']:8.1f} "
                      f"µs/row/1K  (+{f['intercept_ms']:.1f} ms, r² {f['r2']:.3f})")
+    lines += ["", "prefix slope over rows: once per step + per row (ms per 1K prefix cells)"]
+    for sp in result["split"]:
+        lines.append(f"  {sp['model']:<22} {sp['kv']:<5} fa={sp['fa']:<3}: "
+                     f"{sp['per_step_ms_per_1k']:8.3f} + {sp['per_row_ms_per_1k']:8.3f}·R "
+                     f"(r² {sp['r2']:.3f})")
     lines += ["", "masked-cell cost relative to a prefix cell (longer suffix, smallest P)"]
     for m in result["masked_probes"]:
         ratio = "n/a" if m["masked_cell_ratio"] is None else f"{m['masked_cell_ratio']:.2f}"

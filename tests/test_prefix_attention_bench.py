@@ -67,6 +67,10 @@ def test_analyse_fits_the_prefix_term_and_picks_the_best_path() -> None:
     assert fits[("on", 8)]["us_per_row_per_1k"] == pytest.approx(6000.0)
     assert fits[("off", 4)]["us_per_row_per_1k"] == pytest.approx(2000.0)
     assert all(f["kv"] == "f16" for f in out["fits"])  # n/a points are not fitted
+    split = {sp["fa"]: sp for sp in out["split"]}
+    assert split["on"]["per_row_ms_per_1k"] == pytest.approx(6.0)
+    assert split["on"]["per_step_ms_per_1k"] == pytest.approx(0.0, abs=1e-9)
+    assert split["off"]["gate_e_s"] == pytest.approx(2e-6)  # s per row per cell
     ratios = [m["masked_cell_ratio"] for m in out["masked_probes"]]
     assert len(ratios) == 4 and ratios == pytest.approx([1.0] * 4)
     best = {(b["prefix"], b["rows"]): b for b in out["best"]}
