@@ -1,10 +1,10 @@
 """What the OpenAI API and the session API share about their workers' tickets.
 
-Both turn the gate's refusals into a 429 with ``Retry-After`` (each in its own error
-shape, so a refusal here is a :class:`Refusal` the API renders), both release a ticket
-shielded from cancellation, and both run one background task in the serving loop that
-retires idle holders (:class:`Periodic`: the OpenAI API's idle-conversation sweeper, the
-session API's reaper).
+Both hold their workers with :class:`~mesh.gate.hold.Hold` (admit, attach, release: the
+one helper every caller of the gate uses) and turn the gate's refusals into a 429 with
+``Retry-After`` (each in its own error shape, so a refusal here is a :class:`Refusal` the
+API renders). Both run one background task in the serving loop that retires idle holders
+(:class:`Periodic`: the OpenAI API's idle-conversation sweeper, the session API's reaper).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from mesh.gate.hold import Hold, NotAdmitted
 from mesh.gate.types import Admission, QueueFull, Ticket
 
 __all__ = ["Periodic", "Refusal", "admit", "admit_within", "queue_refusal", "release"]
@@ -39,30 +40,31 @@ def queue_refusal(admission: Admission, caller: str = "") -> Refusal | None:
 
 
 async def admit_within(admission: Admission, key: str, timeout_s: float | None,
-                       caller: str = "") -> Ticket | None:
-    """A ticket, or None when ``timeout_s`` passed first (None: wait in the queue);
+                       caller: str = "") -> Hold | None:
+    """A hold, or None when ``timeout_s`` passed first (None: wait in the queue);
     raises Refusal("queue_full") when the queue (or ``caller``'s share) refuses the wait."""
     try:
-        with anyio.fail_after(timeout_s):
-            return await admission.admit(key, caller=caller)
-    except QueueFull as exc:
-        raise Refusal("queue_full", str(exc), exc.retry_after_s) from None
-    except TimeoutError:
-        return None
+        return await admit(admission, key, timeout_s, caller, check=False)
+    except Refusal as exc:
+        if exc.code == "not_admitted":
+            return None
+        raise
 
 
 async def admit(admission: Admission, key: str, timeout_s: float | None,
-                caller: str = "") -> Ticket:
-    """The queue check, then a ticket within ``timeout_s`` (one place in ``caller``'s
-    share); raises Refusal (queue_full, not_admitted) otherwise."""
-    refusal = queue_refusal(admission, caller)
+                caller: str = "", *, check: bool = True) -> Hold:
+    """The queue check (unless not ``check``), then a hold within ``timeout_s`` (one place
+    in ``caller``'s share); raises Refusal (queue_full, not_admitted) otherwise. The
+    caller closes the hold (``async with hold`` or ``hold.aclose()``)."""
+    refusal = queue_refusal(admission, caller) if check else None
     if refusal is not None:
         raise refusal
-    ticket = await admit_within(admission, key, timeout_s, caller)
-    if ticket is None:
-        raise Refusal("not_admitted", f"not admitted within {timeout_s} s",
-                      admission.check_queue().retry_after_s)
-    return ticket
+    try:
+        return await Hold.acquire(admission, key, caller=caller, within_s=timeout_s)
+    except QueueFull as exc:
+        raise Refusal("queue_full", str(exc), exc.retry_after_s) from None
+    except NotAdmitted as exc:
+        raise Refusal("not_admitted", str(exc), exc.retry_after_s) from None
 
 
 async def release(ticket: Ticket | None) -> None:

@@ -27,7 +27,6 @@ import contextlib
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -35,7 +34,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from mesh.api.admit import Periodic, Refusal, admit, release
+from mesh.api.admit import Periodic, Refusal, admit
+from mesh.api.session_entries import Entry, caller_of, describe, engine_error, start_error
 from mesh.api.session_wire import (
     AttachRequest,
     BadRequest,
@@ -47,36 +47,8 @@ from mesh.api.session_wire import (
     too_busy,
     turn_json,
 )
-from mesh.engine.types import (
-    ContextOverflow,
-    Engine,
-    EngineError,
-    Generation,
-    PoolFull,
-    Session,
-    SessionFailed,
-    SessionLoad,
-)
-from mesh.gate.types import Admission, Ticket
-
-
-@dataclass
-class _Entry:
-    session: Session
-    ticket: Ticket
-    created_at: float
-    owner: str = ""  # the authenticated caller that created it ("" without auth)
-    generation: Generation | None = None
-    iterator: AsyncIterator[Any] | None = None
-    last_used: float = 0.0
-
-
-def _caller(request: Request) -> str:
-    """The caller's name set by the auth middleware (``scope["user"]``), else ""."""
-    user = request.scope.get("user")
-    name = getattr(user, "username", None) or getattr(user, "display_name", None)
-    return str(name) if name else ""
-
+from mesh.engine.types import ContextOverflow, Engine, EngineError, PoolFull, SessionFailed
+from mesh.gate.types import Admission
 
 DEFAULT_IDLE_S = 300.0
 _EXPIRED_KEPT = 1024  # reasons remembered for expired sessions (oldest forgotten first)
@@ -111,7 +83,7 @@ class SessionAPI:
         if self.max_per_caller < 1:
             raise ValueError(f"max_per_caller must be >= 1, got {self.max_per_caller}")
         self._clock = clock
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, Entry] = {}
         # Sessions each caller holds or is creating: taken before the first await of a
         # create, given back when the create fails or the session is dropped.
         self._held: Counter[str] = Counter()
@@ -158,7 +130,7 @@ class SessionAPI:
             req = await parse_body(request, AttachRequest, allow_empty=True)
         except BadRequest as exc:
             return error_response(exc.status, exc.code, exc.message)
-        caller = _caller(request)
+        caller = caller_of(request)
         held = self._held[caller]
         if held >= self.cap_of(caller):
             return too_busy(
@@ -194,20 +166,22 @@ class SessionAPI:
         """Admit and attach one session for ``caller`` (whose place in ``_held`` is
         taken): (True, 201) or (False, the 429)."""
         try:
-            ticket = await admit(self.admission, key, max_wait_s, caller)
+            hold = await admit(self.admission, key, max_wait_s, caller)
         except Refusal as exc:
             return False, too_busy(exc.code, exc.message, exc.retry_after_s)
-        try:
-            session = await self.engine.attach()
-        except PoolFull as exc:
-            await ticket.release()
-            return False, too_busy("pool_full", str(exc),
+        full: PoolFull | None = None
+        async with hold:  # closed (ticket released) on every exit but the kept one
+            try:
+                session = await hold.attach(self.engine)
+            except PoolFull as exc:
+                full = exc
+            else:
+                now = self._clock()
+                self._entries[session.id] = Entry(session, hold.keep(), now, owner=caller,
+                                                  last_used=now)
+        if full is not None:
+            return False, too_busy("pool_full", str(full),
                                    self.admission.check_queue().retry_after_s)
-        except BaseException:
-            await release(ticket)
-            raise
-        now = self._clock()
-        self._entries[session.id] = _Entry(session, ticket, now, owner=caller, last_used=now)
         self._reaper.ensure_started()
         body = {
             "id": session.id,
@@ -217,16 +191,17 @@ class SessionAPI:
         return True, JSONResponse(body, 201, {"Location": f"/v1/sessions/{session.id}"})
 
     async def _list(self, request: Request) -> Response:
-        loads = self._loads()
-        caller = _caller(request)
-        mine = [sid for sid, e in self._entries.items() if e.owner == caller]
-        return JSONResponse({"sessions": [self._describe(sid, loads) for sid in mine]})
+        loads = {s.id: s for s in self.engine.load().sessions}
+        caller, now = caller_of(request), self._clock()
+        mine = [(sid, e) for sid, e in self._entries.items() if e.owner == caller]
+        return JSONResponse({"sessions": [describe(sid, e, loads.get(sid), now)
+                                          for sid, e in mine]})
 
-    def _entry(self, request: Request) -> _Entry | None:
+    def _entry(self, request: Request) -> Entry | None:
         """The session named in the path, if it exists and belongs to this caller (another
         caller's session answers 404 too: its existence is not revealed)."""
         entry = self._entries.get(request.path_params["id"])
-        if entry is None or entry.owner != _caller(request):
+        if entry is None or entry.owner != caller_of(request):
             return None
         entry.last_used = self._clock()
         return entry
@@ -234,15 +209,17 @@ class SessionAPI:
     def _not_found(self, request: Request) -> JSONResponse:
         sid = request.path_params["id"]
         expired = self._expired.get(sid)
-        if expired is not None and expired[0] == _caller(request):
+        if expired is not None and expired[0] == caller_of(request):
             return error_response(404, "expired", expired[1])
         return error_response(404, "not_found", f"no session {sid!r}")
 
     async def _get(self, request: Request) -> Response:
         sid = request.path_params["id"]
-        if self._entry(request) is None:
+        entry = self._entry(request)
+        if entry is None:
             return self._not_found(request)
-        return JSONResponse(self._describe(sid, self._loads()))
+        load = next((s for s in self.engine.load().sessions if s.id == sid), None)
+        return JSONResponse(describe(sid, entry, load, self._clock()))
 
     async def _delete(self, request: Request) -> Response:
         sid = request.path_params["id"]
@@ -304,22 +281,15 @@ class SessionAPI:
         """The answer to a turn the engine refused to start (or failed)."""
         if isinstance(exc, EngineError):
             return await self._engine_error(sid, exc)
-        if isinstance(exc, ValueError):
-            return error_response(400, "empty_input", f"{exc} (send non-empty \"text\")")
-        return error_response(
-            409, "session_busy", f"{exc}; the previous turn is still stopping, retry shortly"
-        )
+        return start_error(exc)
 
     async def _engine_error(self, sid: str, exc: EngineError) -> Response:
         """The answer to an engine error in a turn; a failed session is dropped."""
-        if isinstance(exc, ContextOverflow):
-            return error_response(422, "context_overflow", str(exc))
         if isinstance(exc, SessionFailed):
             await self._drop(sid)
-            return error_response(410, "session_failed", str(exc))
-        return error_response(503, "engine_error", str(exc))
+        return engine_error(exc)
 
-    async def _events(self, sid: str, entry: _Entry) -> AsyncIterator[str]:
+    async def _events(self, sid: str, entry: Entry) -> AsyncIterator[str]:
         assert entry.iterator is not None and entry.generation is not None
         try:
             async for piece in entry.iterator:
@@ -340,7 +310,7 @@ class SessionAPI:
         else:
             yield sse_event("done", turn_json(sid, result, entry.session.context_len))
 
-    async def _end_turn(self, entry: _Entry) -> None:
+    async def _end_turn(self, entry: Entry) -> None:
         """Stop an unfinished generation and free the session for the next turn."""
         generation, iterator = entry.generation, entry.iterator
         entry.generation = entry.iterator = None
@@ -370,25 +340,5 @@ class SessionAPI:
                 if generation is not None and generation.result is None:
                     with contextlib.suppress(EngineError):
                         await generation.aclose()
-                with contextlib.suppress(EngineError):
-                    await entry.session.detach()
             finally:
-                await entry.ticket.release()
-
-    def _loads(self) -> dict[str, SessionLoad]:
-        return {s.id: s for s in self.engine.load().sessions}
-
-    def _describe(self, sid: str, loads: dict[str, SessionLoad]) -> dict[str, Any]:
-        entry = self._entries[sid]
-        load = loads.get(sid)
-        return {
-            "id": sid,
-            "context_len": entry.session.context_len,
-            "state": load.state.value if load else "detached",
-            "private_cells": load.private_cells if load else 0,
-            "decode_tps": load.decode_tps if load else None,
-            "num_generated": load.num_generated if load else 0,
-            "age_s": self._clock() - entry.created_at,
-            "idle_s": self._clock() - entry.last_used,
-            "in_turn": entry.generation is not None,
-        }
+                await entry.hold.aclose()  # detach, then release the ticket
