@@ -2,8 +2,9 @@
 and back into the conversation cache.
 
 A new conversation is a new worker: :meth:`OpenAITurns.admit` waits for the gate's ticket
-while idle conversations give way (least recently used first, one per
-``_EVICT_AFTER_S``; 429 past ``max_wait_s``), and :meth:`OpenAITurns.start` attaches a
+(a :class:`~mesh.gate.hold.Hold`, the helper every caller of the gate uses) while idle
+conversations give way (least recently used first, one per ``_EVICT_AFTER_S``; 429 past
+``max_wait_s``), and :meth:`OpenAITurns.start` attaches a
 session (evicting idle ones while the pool is full), appends the new text and starts the
 generation. :meth:`OpenAITurns.end` stops an unfinished generation, caches the
 conversation if its text is exact (else detaches it) and releases the ticket. Refusals are
@@ -30,9 +31,10 @@ from mesh.engine.types import (
     Session,
     SessionFailed,
 )
+from mesh.gate.hold import Hold
 from mesh.gate.types import Admission, Ticket
 
-__all__ = ["Bad", "OpenAITurns", "Turn", "engine_error", "error_code"]
+__all__ = ["Bad", "ChatTurn", "OpenAITurns", "engine_error", "error_code"]
 
 _EVICT_AFTER_S = 0.5  # how long a new conversation waits before an idle one gives way
 # Longer appends are tokenized in a worker thread (``Session.append`` tokenizes on the
@@ -80,9 +82,11 @@ class OpenAITurns:
         self.engine, self.admission, self.cache = engine, admission, cache
         self.max_wait_s = max_wait_s
 
-    async def admit(self, caller: str = "") -> Ticket:
-        """A ticket for a new conversation (one of ``caller``'s queue places). While it
-        waits, idle conversations give way (least recently used first, one per
+    async def admit(self, caller: str = "") -> Hold:
+        """A hold on the gate for a new conversation (one of ``caller``'s queue places);
+        :meth:`end` releases it. Its session is attached by :meth:`start`, not by the hold:
+        a conversation's session outlives the turn's ticket (cached idle between turns).
+        While it waits, idle conversations give way (least recently used first, one per
         ``_EVICT_AFTER_S``); 429 past ``max_wait_s``."""
         deadline = anyio.current_time() + self.max_wait_s
         while True:
@@ -91,12 +95,11 @@ class OpenAITurns:
             left = deadline - anyio.current_time()
             slice_s = min(left, _EVICT_AFTER_S) if len(self.cache) else left
             try:
-                ticket = await admit_within(self.admission, "openai", max(0.0, slice_s),
-                                            caller)
+                hold = await admit_within(self.admission, "openai", max(0.0, slice_s), caller)
             except Refusal as exc:
                 raise Bad.refused(exc) from None
-            if ticket is not None:
-                return ticket
+            if hold is not None:
+                return hold
             if await self.cache.evict_lru() or anyio.current_time() < deadline:
                 continue
             raise Bad(429, f"not admitted within {self.max_wait_s:g} s", "not_admitted",
