@@ -14,8 +14,9 @@ of them at once: it fits only if every one of them does. A request larger than a
 is clamped to the bound (it goes in when the queue, or its caller's share, is empty), so a
 task with more subtasks than the share is delayed, never refused forever.
 
-Who owns what: the admission queue (``FloorGate``) calls :meth:`QueueShares.add` and
-:meth:`QueueShares.remove` exactly when a waiter enters and leaves its FIFO, so
+Who owns what: the one FIFO of waiters (:class:`~mesh.gate.waiters.WaiterQueue`, behind
+the floor gate and the node pool) calls :meth:`QueueShares.add` and
+:meth:`QueueShares.remove` exactly when a waiter enters and leaves it, so
 ``waiting(caller)`` is always the caller's places in that FIFO.
 """
 
