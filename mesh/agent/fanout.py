@@ -19,6 +19,7 @@ from a2a.types import a2a_pb2 as pb
 
 from mesh.agent.events import TaskEvents
 from mesh.agent.subtasks import local_id
+from mesh.gate.hold import admitted
 from mesh.gate.types import Admission, QueueFull
 from mesh.worker.types import Subtask, Worker, WorkerEvent, WorkerResult
 
@@ -47,9 +48,10 @@ async def run_subtask(events: TaskEvents, admission: Admission, workers: WorkerF
                                   {**meta, "event": "queued", "queue_position": position})
 
     # The request passed check_queue at the door for all its places (or its plan waited
-    # for room): it queues, it is never rejected here.
-    ticket = await admission.admit(subtask.id, on_position, accepted=True, caller=caller)
-    try:
+    # for room): it queues, it is never rejected here. The worker attaches its own session;
+    # the ticket is released (shielded) whatever the exit.
+    async with admitted(admission, subtask.id, on_position=on_position, accepted=True,
+                        caller=caller):
         await events.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] admitted; worker started",
                             {**meta, "event": "admitted"})
         sink = events.stream(f"stream-{sid}", f"{sid} output")
@@ -66,8 +68,6 @@ async def run_subtask(events: TaskEvents, admission: Admission, workers: WorkerF
             raise SubtaskFailed(f"subtask {sid} failed: {str(e) or type(e).__name__}") from e
         await sink.flush(last=True)
         return result
-    finally:
-        await ticket.release()
 
 
 RunOne = Callable[[Subtask], Awaitable[WorkerResult]]

@@ -57,9 +57,10 @@ from mesh.agent.synthesis import (
     synthesis_answer,
     synthesis_prompt,
 )
-from mesh.engine.types import Engine, EngineError, SamplingParams, TurnResult
+from mesh.engine.types import Engine, EngineError, SamplingParams, Session, TurnResult
+from mesh.gate.hold import admitted
 from mesh.gate.types import Admission
-from mesh.worker.loop import WorkerFailed, release, stream_turn
+from mesh.worker.stream import WorkerFailed, release, stream_turn
 from mesh.worker.text import prose_params
 from mesh.worker.types import NO_HOPS, EventKind, Hops, Subtask, WorkerEvent, WorkerResult
 
@@ -118,8 +119,18 @@ class Agent:
                                            temperature=self.config.temperature))
 
     async def turn(self, prompt: str, params: SamplingParams, sink: TextSink) -> TurnResult:
-        """One turn on a fresh session: attach, write ``prompt``, generate, detach."""
+        """One turn on a fresh session of its own (attached, then detached), outside the
+        gate; a task's turns run on their admitted hold's session (:meth:`turn_on`)."""
         session = await self.engine.attach()
+        try:
+            return await self.turn_on(session, prompt, params, sink)
+        finally:
+            await release(session)
+
+    async def turn_on(self, session: Session, prompt: str, params: SamplingParams,
+                      sink: TextSink) -> TurnResult:
+        """Write ``prompt`` into the fresh ``session`` and generate one turn; an engine
+        failure is :class:`EngineError`. The caller detaches the session."""
         try:
             session.append(self.render(prompt))
             # free text (the synthesis) stops at a loop; a plan's JSON is never cut
@@ -129,8 +140,6 @@ class Agent:
             return result
         except WorkerFailed as e:
             raise EngineError(str(e)) from e
-        finally:
-            await release(session)
 
 
 def _sink_emit(sink: TextSink) -> Callable[[WorkerEvent], Awaitable[None]]:
@@ -201,15 +210,14 @@ class AgentTask:
                                            {"subtask": key, "event": "queued",
                                             "queue_position": position})
 
-        ticket = await self.admission.admit(f"{self.task_id}/{key}", on_position, accepted=True,
-                                            caller=self.caller)
-        try:
+        # the hold detaches the turn's session, then releases the ticket, whatever the exit
+        async with admitted(self.admission, f"{self.task_id}/{key}", on_position=on_position,
+                            accepted=True, caller=self.caller) as hold:
             await self.events.status(S.TASK_STATE_WORKING, f"[{key}] admitted; {key} turn",
                                      {"subtask": key, "event": "admitted"})
             sink = self.events.stream(f"stream-{key}", f"{key} output")
-            return await agent.turn(prompt, params, sink)
-        finally:
-            await ticket.release()
+            session = await hold.attach(agent.engine)
+            return await agent.turn_on(session, prompt, params, sink)
 
     async def _plan(self, agent: Agent, history: str) -> Plan | None:
         cfg = agent.config
