@@ -1,6 +1,6 @@
 """Where the step goes: one decode step's time against the shared prefix (issue 32, item 1).
 
-    .venv/bin/python bench/prefix_attention_bench.py            # full run (tens of minutes)
+    .venv/bin/python bench/prefix_attention_bench.py            # full run (an hour or more)
     .venv/bin/python bench/prefix_attention_bench.py --quick    # a smoke in seconds
 
 Set up as mesh's pool does (one unified KV cache, through the adapter
