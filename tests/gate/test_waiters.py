@@ -113,18 +113,25 @@ async def test_head_cancel_moves_the_next_up() -> None:
 
 async def test_a_grant_nobody_took_is_abandoned() -> None:
     slots = Slots()
+    reporting = anyio.Event()
+
+    async def on_position(pos: int) -> None:
+        reporting.set()
+        await anyio.sleep_forever()  # the client is slow to hear its position
+
     async with anyio.create_task_group() as tg:
         scope = anyio.CancelScope()
 
         async def waiter() -> None:
             with scope:
-                await slots.queue.wait(Waiter("a"))
+                await slots.queue.wait(Waiter("a"), on_position)
 
         tg.start_soon(waiter)
-        await anyio.sleep(0.01)
+        await reporting.wait()
         slots.free = 1
         slots.queue.pump()  # granted ...
-        scope.cancel()  # ... and cancelled before the waiter ran again
+        assert len(slots.queue) == 0
+        scope.cancel()  # ... and cancelled before the waiter took it
     assert slots.abandoned == [1] and slots.free == 1 and len(slots.queue) == 0
 
 
