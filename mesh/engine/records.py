@@ -150,6 +150,7 @@ class PoolLoad:
     resume_tokens: int = 0
     parked_bytes: int = 0  # host RAM held by swapped suffixes (at most park_memory)
     swaps: int = 0  # parks that swapped (the rest recompute on resume)
+    park_memory: int = 0  # the host RAM swapped suffixes may hold (--park-memory, bytes)
 
     @property
     def num_parked(self) -> int:

@@ -46,7 +46,7 @@ class Snapshots:
             session_budget=config.session_budget, sessions_attached=registry.attached,
             parking=Parking(ledger.max_attached, registry.parked_tokens(), registry.parks,
                             registry.resumes, registry.resume_tokens,
-                            registry.parked_bytes, registry.swaps))
+                            registry.parked_bytes, registry.swaps, config.park_memory))
 
     def due(self, changes: int, now: float) -> bool:
         """Whether a step that ends at ``now`` publishes (see the module docstring)."""

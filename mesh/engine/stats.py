@@ -25,6 +25,7 @@ class Parking(NamedTuple):
     resume_tokens: int = 0
     parked_bytes: int = 0
     swaps: int = 0
+    park_memory: int = 0
 
 
 NO_PARKING = Parking()
@@ -117,4 +118,5 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
         max_attached=parking.max_attached, parked_tokens=parking.parked_tokens,
         parks=parking.parks, resumes=parking.resumes, resume_tokens=parking.resume_tokens,
         parked_bytes=parking.parked_bytes, swaps=parking.swaps,
+        park_memory=parking.park_memory,
     )

@@ -62,7 +62,7 @@ def capacity_doc(gate: GateView, inp: GateInput, load: PoolLoad, d: Decision,
                     "parked": load.num_parked, "parked_tokens": load.parked_tokens,
                     "parks": load.parks, "resumes": load.resumes,
                     "resume_tokens": load.resume_tokens, "swaps": load.swaps,
-                    "parked_bytes": load.parked_bytes},
+                    "parked_bytes": load.parked_bytes, "park_memory": load.park_memory},
         "in_flight": inp.num_pending,
         "tickets": gate.num_tickets,
         "measured_tps": {

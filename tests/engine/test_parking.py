@@ -265,7 +265,7 @@ def test_swap_parks_the_suffix_alone_and_restores_it_shared_without_re_prefill(
             private = a.state.private
             assert await pool.park(a)
             load = pool.load()
-            assert load.swaps == 1 and 0 < load.parked_bytes <= 1 << 22
+            assert load.swaps == 1 and 0 < load.parked_bytes <= load.park_memory == 1 << 22
             parked = await pool.call(pool.parts.cell_census)
             got, want = await tokens_of(a, "and the second"), await tokens_of(
                 twin, "and the second")
