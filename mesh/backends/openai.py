@@ -47,6 +47,7 @@ from mesh.backends.remote_session import RemoteSession
 from mesh.backends.remote_wire import (
     backend_counters,
     backend_gauges,
+    check_context,
     grammar_fields,
     parse_prometheus,
 )
@@ -184,7 +185,8 @@ class OpenAIEngine:
         self.owner = str(mine[0]["owned_by"]) if mine and mine[0].get("owned_by") else None
         n_prefix = len(self._prefix_ids) if self._prefix_ids is not None else (
             self.count_tokens(self.prefix_text))
-        self._check_context(n_prefix, mine[0].get("max_model_len") if mine else None)
+        check_context(self.config.url, self.model_id, n_prefix, self.config.session_budget,
+                      mine[0].get("max_model_len") if mine else None)
         if self._prefix_ids is not None:
             digest = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in self._prefix_ids))
         else:
@@ -204,21 +206,6 @@ class OpenAIEngine:
         self._info = PoolInfo(**{**self._info.__dict__, "build_s": time.monotonic() - t0})
         await self._drop_loop()  # the serving loop (maybe another) makes its own client
         return self._info
-
-    def _check_context(self, n_prefix: int, max_model_len: object) -> None:
-        """A backend that says its context (vLLM: ``max_model_len`` in ``/v1/models``)
-        must hold the prefix plus one full session; otherwise a session would fail
-        mid-turn (HTTP 400) once it grows past it, so refuse at start, naming the fix."""
-        if not isinstance(max_model_len, int) or max_model_len <= 0:
-            return
-        need = n_prefix + self.config.session_budget
-        if need > max_model_len:
-            raise ModelError(
-                f"{self.config.url} serves {self.model_id!r} with a context of "
-                f"{max_model_len} tokens; mesh needs the {n_prefix}-token prefix plus a "
-                f"{self.config.session_budget}-token session = {need}: start the backend "
-                f"with a longer context (vLLM: --max-model-len {need}) or lower "
-                f"--session-budget to {max_model_len - n_prefix} or less")
 
     async def _drop_loop(self) -> None:
         """Stop the metrics poll and close an owned client (bound to this loop)."""

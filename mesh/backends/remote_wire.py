@@ -11,8 +11,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["backend_counters", "backend_gauges", "grammar_fields", "parse_engine_spec",
-           "parse_prometheus", "sse_data"]
+from mesh.engine.errors import ModelError
+
+__all__ = ["backend_counters", "backend_gauges", "check_context", "grammar_fields",
+           "parse_engine_spec", "parse_prometheus", "sse_data"]
 
 ENGINE_LOCAL = "llama.cpp"
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -125,3 +127,19 @@ def grammar_fields(owner: str | None, grammar: str) -> dict[str, Any]:
     if owner == "sglang":
         return {"ebnf": grammar}
     return {"grammar": grammar}
+
+
+def check_context(url: str, model_id: str | None, n_prefix: int, session_budget: int,
+                  max_model_len: object) -> None:
+    """A backend that says its context (vLLM: ``max_model_len`` in ``/v1/models``) must
+    hold the prefix plus one full session; otherwise a session would fail mid-turn (HTTP
+    400) once it grows past it, so refuse at start, naming the fix (``ModelError``)."""
+    if not isinstance(max_model_len, int) or max_model_len <= 0:
+        return
+    need = n_prefix + session_budget
+    if need > max_model_len:
+        raise ModelError(
+            f"{url} serves {model_id!r} with a context of {max_model_len} tokens; mesh "
+            f"needs the {n_prefix}-token prefix plus a {session_budget}-token session = "
+            f"{need}: start the backend with a longer context (vLLM: --max-model-len "
+            f"{need}) or lower --session-budget to {max_model_len - n_prefix} or less")
