@@ -84,7 +84,7 @@ def _handlers(loop: asyncio.AbstractEventLoop, stop: _Stop) -> Iterator[None]:
             try:
                 loop.add_signal_handler(sig, stop, sig)
             except (ValueError, RuntimeError, NotImplementedError):
-                continue  # not the main thread (or no signals here)
+                continue  # not the main thread, or a loop without signal support (Windows)
             before[sig] = previous
         yield
     finally:
