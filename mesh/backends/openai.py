@@ -118,9 +118,11 @@ class OpenAIEngine:
         self.prefix_text = prefix_text
         self._tokenize = tokenize
         self._prefix_ids = prefix_ids
+        # One client for the engine's life (mesh serve starts and serves it on one loop):
+        # the given one, or one made on first use and closed by aclose.
         self._owns_http = http is None
         self._http = http
-        self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
         self.sessions: dict[str, RemoteSession] = {}
         self.resumed_streams = 0  # streams the backend cut without a finish reason
         self.recent: deque[StepSample] = deque(maxlen=64)
@@ -143,19 +145,15 @@ class OpenAIEngine:
 
     @property
     def http(self) -> httpx.AsyncClient:
-        """The HTTP client of the running event loop. ``mesh serve`` builds the engine in
-        one loop and serves in another; a client (its pooled connections) is bound to the
-        loop it was used in, so an owned client is made anew for a new loop."""
-        loop = asyncio.get_running_loop()
-        if self._http is None or (self._owns_http and self._http_loop is not loop):
+        """The engine's one HTTP client (RuntimeError once closed)."""
+        if self._closed:
+            raise RuntimeError("the engine is closed (aclose was called); build a new "
+                               "OpenAIEngine to reach the backend")
+        if self._http is None:
             cfg = self.config
             headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
             self._http = httpx.AsyncClient(
                 headers=headers, timeout=httpx.Timeout(cfg.timeout_s, connect=10.0))
-            self._http_loop = loop
-            self._metrics_task = None
-        if self.config.poll_metrics and self._metrics_task is None and self._info is not None:
-            self._metrics_task = loop.create_task(self._poll_metrics())
         return self._http
 
     @property
@@ -204,20 +202,10 @@ class OpenAIEngine:
         if progress is not None:
             progress(n_prefix, n_prefix)
         self._info = PoolInfo(**{**self._info.__dict__, "build_s": time.monotonic() - t0})
-        await self._drop_loop()  # the serving loop (maybe another) makes its own client
+        if cfg.poll_metrics and self._metrics_task is None:
+            # Held for the engine's life (the loop keeps weak refs only); aclose cancels it.
+            self._metrics_task = asyncio.get_running_loop().create_task(self._poll_metrics())
         return self._info
-
-    async def _drop_loop(self) -> None:
-        """Stop the metrics poll and close an owned client (bound to this loop)."""
-        task, self._metrics_task = self._metrics_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                await task
-        if self._owns_http and self._http is not None:
-            with contextlib.suppress(RuntimeError):  # a client of a closed loop
-                await self._http.aclose()
-            self._http = None
 
     async def _warm(self) -> None:
         """One 1-token completion of the prefix (and a newline: some servers, mesh's own
@@ -248,15 +236,23 @@ class OpenAIEngine:
 
     def backend_metrics(self) -> dict[str, float | None] | None:
         """The backend's own gauges from its last ``/metrics`` scrape (None: none yet).
-        Polling starts with the first request in the serving loop, or here."""
-        with contextlib.suppress(RuntimeError):  # no running loop: nothing to start
-            _ = self.http
+        Polling runs from :meth:`start` to :meth:`aclose`."""
         return self._metrics
 
     async def aclose(self) -> None:
+        """Detach the sessions, stop the metrics poll, close an owned client (a given one
+        is its owner's to close). Idempotent."""
         for s in list(self.sessions.values()):
             await s.detach()
-        await self._drop_loop()
+        self._closed = True
+        task, self._metrics_task = self._metrics_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        http, self._http = self._http, None
+        if http is not None and self._owns_http:
+            await http.aclose()
         if self._on_close is not None:
             self._on_close()
             self._on_close = None

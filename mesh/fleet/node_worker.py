@@ -53,7 +53,8 @@ def _text(message: pb.Message) -> str:
 
 
 class NodeClient:
-    """A2A to the nodes: cards cached, one httpx client per event loop."""
+    """A2A to the nodes: cards cached, one httpx client for the client's life (made on
+    first use, on the loop that serves; closed by :meth:`aclose`)."""
 
     def __init__(self, *, token: str | None = None, origin: str = "mesh",
                  timeout_s: float = 600.0) -> None:
@@ -61,23 +62,26 @@ class NodeClient:
         self._timeout_s = timeout_s
         self.origin = origin
         self._http: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
         self._cards: dict[str, pb.AgentCard] = {}
 
     @property
     def http(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._loop is not loop:
+        """The one client (RuntimeError once closed: no subtask runs after shutdown)."""
+        if self._closed:
+            raise RuntimeError("the node client is closed (aclose was called); build a new "
+                               "NodeClient to reach the nodes")
+        if self._http is None:
             self._http = httpx.AsyncClient(
                 headers=self._headers, timeout=httpx.Timeout(self._timeout_s, connect=5.0))
-            self._loop = loop
         return self._http
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            with contextlib.suppress(RuntimeError):  # a client of a loop that is gone
-                await self._http.aclose()
-            self._http = None
+        """Close the client. Idempotent."""
+        self._closed = True
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
 
     async def _card(self, url: str) -> pb.AgentCard:
         if url not in self._cards:

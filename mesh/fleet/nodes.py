@@ -83,8 +83,10 @@ class NodePool:
             self._choose, self._unreserve, QueueShares(max_queue, max(1, max_queue)),
             head_recheck_s=poll_s, rest_recheck_s=poll_s)
         self._tickets: dict[str, NodeTicket] = {}
+        # One client and one poller for the pool's life, on the loop that serves it (mesh
+        # serve builds and serves on one loop): made on first use, closed by aclose.
         self._http: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
         self._poller: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.num_admitted = 0
@@ -95,13 +97,18 @@ class NodePool:
 
     @property
     def http(self) -> httpx.AsyncClient:
-        """This event loop's client (the CLI builds in one loop and serves in another)."""
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._loop is not loop:
+        """The pool's one client to the nodes, made on first use (RuntimeError once
+        closed)."""
+        self._check_open()
+        if self._http is None:
             self._http = httpx.AsyncClient(headers=self._headers,
                                            timeout=httpx.Timeout(self._timeout_s))
-            self._loop, self._poller = loop, None
         return self._http
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the node pool is closed (aclose was called); build a new "
+                               "NodePool to route again")
 
     async def poll(self, node: Node) -> None:
         """Read one node's ``/capacity``; a node that answers is up, one that does not is
@@ -124,7 +131,9 @@ class NodePool:
         self._waiters.pump()
 
     def _ensure_poller(self) -> None:
-        _ = self.http
+        """Start the poll (first request or ``/capacity``); RuntimeError outside a running
+        loop or once closed."""
+        self._check_open()
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
 
@@ -134,18 +143,18 @@ class NodePool:
             await asyncio.sleep(self.poll_s)
 
     async def aclose(self) -> None:
-        for task in list(self._background):
+        """Stop the poller and the capacity re-reads, close the client. Idempotent; the
+        pool admits no more work after it."""
+        self._closed = True
+        tasks = [t for t in (self._poller, *self._background) if t is not None and not t.done()]
+        self._poller = None
+        for task in tasks:
             task.cancel()
-        poller, self._poller = self._poller, None
-        if poller is not None and not poller.done():
-            poller.cancel()
-            with anyio.CancelScope(shield=True), contextlib.suppress(
-                    asyncio.CancelledError, RuntimeError):
-                await poller
-        if self._http is not None:
-            with contextlib.suppress(RuntimeError):  # a client of a loop that is gone
-                await self._http.aclose()
-            self._http = None
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+            http, self._http = self._http, None
+            if http is not None:
+                await http.aclose()
 
     # ------------------------------------------------------------------ admission
 
@@ -214,9 +223,9 @@ class NodePool:
 
     def answered(self, node: Node) -> None:
         """A subtask on ``node`` answered: re-read its capacity now, then admit from the
-        queue."""
-        if self._loop is not None:
-            task = self._loop.create_task(self._refresh(node))
+        queue (nothing once closed)."""
+        if not self._closed:
+            task = asyncio.get_running_loop().create_task(self._refresh(node))
             self._background.add(task)  # held until done (the loop keeps weak refs only)
             task.add_done_callback(self._background.discard)
 
@@ -250,7 +259,8 @@ class NodePool:
     def capacity(self) -> dict[str, Any]:
         """The coordinator's ``/capacity``: each node (its last capacity, in short) and
         the total."""
-        with contextlib.suppress(RuntimeError):  # outside a loop: report what is known
+        # Outside a loop, or once closed: report what is known, poll nothing.
+        with contextlib.suppress(RuntimeError):
             self._ensure_poller()
         rows: list[dict[str, Any]] = []
         for n in self.nodes:

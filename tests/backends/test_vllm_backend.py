@@ -98,7 +98,6 @@ async def test_vllm_prefix_cache_counters_reach_backend_metrics() -> None:
     """/capacity's engine.backend shows how much of mesh's prompts vLLM's prefix cache
     served (the counters are in prompt tokens)."""
     eng, _ = await start("vllm", poll=True)
-    eng.http  # noqa: B018 - the serving loop's first use starts the poll
     for _ in range(100):
         if eng.backend_metrics():
             break
