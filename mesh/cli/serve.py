@@ -14,21 +14,12 @@ import sys
 from mesh.a2a.config import CoordinatorConfig
 from mesh.cli.engine_flags import add_engine_flags
 from mesh.cli.engines import add_engine_args
-from mesh.cli.local import (
-    GUIDED_BELOW_PARAMS,
-    default_plan_actions,
-    local_app,
-    peer_tokens,
-    plan_style,
-)
+from mesh.cli.local import local_app
 from mesh.cli.nodes import nodes_app
 from mesh.cli.preflight import preflight, print_cache_warnings
 from mesh.engine.types import EngineError
 
-__all__ = ["GUIDED_BELOW_PARAMS", "default_plan_actions", "plan_actions", "plan_style",
-           "register", "run"]
-
-_peer_tokens = peer_tokens  # its old name here (tests)
+__all__ = ["plan_actions", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

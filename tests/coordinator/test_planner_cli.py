@@ -51,18 +51,19 @@ def test_serve_plan_actions_flag() -> None:
     from mesh.agent.plans import plan_schema, schema_to_gbnf
     from mesh.agent.task import AgentConfig
     from mesh.cli import serve as serve_cli
+    from mesh.cli.local import default_plan_actions, plan_style
 
     parser = argparse.ArgumentParser(prog="mesh")
     serve_cli.register(parser.add_subparsers(dest="command"))
     assert parser.parse_args(["serve"]).plan_actions is None  # chosen by the plan style
     assert parser.parse_args(["serve"]).plan_style == "auto"
-    assert serve_cli.default_plan_actions("free") == ("delegate", "answer", "ask")
-    assert serve_cli.default_plan_actions("guided") == ("delegate",)
+    assert default_plan_actions("free") == ("delegate", "answer", "ask")
+    assert default_plan_actions("guided") == ("delegate",)
     # auto: guided for a model known to be under 1B parameters (the embedded ones)
-    assert serve_cli.plan_style("auto", 134_515_008) == "guided"
-    assert serve_cli.plan_style("auto", 7_000_000_000) == "free"
-    assert serve_cli.plan_style("auto", 0) == "free"  # unknown (a remote engine)
-    assert serve_cli.plan_style("free", 1000) == "free"
+    assert plan_style("auto", 134_515_008) == "guided"
+    assert plan_style("auto", 7_000_000_000) == "free"
+    assert plan_style("auto", 0) == "free"  # unknown (a remote engine)
+    assert plan_style("free", 1000) == "free"
     # --first-turn: any by default (forcing a call did not help SmolLM2), call on request
     assert parser.parse_args(["serve"]).first_turn == "any"
     assert parser.parse_args(["serve", "--first-turn", "call"]).first_turn == "call"

@@ -17,6 +17,7 @@ from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.push import make_push_url_validator
 from mesh.cli import serve as serve_cli
+from mesh.cli.local import peer_tokens
 from mesh.fleet.peers import PeerClient, PeerError
 from mesh.worker.tools import ToolError, delegate_tool
 from mesh.worker.types import Hops, Subtask, WorkerResult
@@ -69,7 +70,7 @@ def test_peer_tokens_come_from_env_or_file(
     monkeypatch.setenv("MESH_PEER_TOKEN_REVIEWER", "env-token-456")
     monkeypatch.setenv("MESH_PEER_TOKEN_BUILD_BOT_FILE", str(secret))
     specs = ["reviewer=http://10.0.0.5:8700", "build-bot=http://10.0.0.6:8700"]
-    tokens = serve_cli._peer_tokens(specs)
+    tokens = peer_tokens(specs)
     assert tokens == {"reviewer": "env-token-456", "build-bot": "file-token-123"}
     peers = PeerClient(specs, tokens=tokens)
     assert peers._http_for("http://10.0.0.6:8700").headers["authorization"] == (
