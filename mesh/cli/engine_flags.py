@@ -1,5 +1,6 @@
-"""``mesh serve``'s engine flags: the native step, GPU offload, flash attention, the KV cache
-type, and the KV tier picked from a memory size (``--kv-memory GiB|auto``)."""
+"""``mesh serve``'s engine flags: the native step, GPU offload, flash attention, shared-prefix
+attention, the KV cache type, and the KV tier picked from a memory size
+(``--kv-memory GiB|auto``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mesh.engine.config import PREFIX_ATTENTION
 from mesh.engine.llama import LlamaModel
 from mesh.engine.tiers import GIB, KVShape, Tier, choose_tier
 from mesh.engine.types import FLASH_ATTN, KV_TYPES, EngineConfig
@@ -29,7 +31,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="model layers to offload to the GPU (-1: all; 0: none; needs "
                         "llama-cpp-python built with a GPU backend)")
     p.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto",
-                   help="llama.cpp flash attention (default auto)")
+                   help="llama.cpp flash attention (default auto: the path measured "
+                        "fastest for the device, KV type, prefix length and --max-sessions)")
+    p.add_argument("--prefix-attention", choices=PREFIX_ATTENTION, default="auto",
+                   help="decode rows attend the shared prefix together (mesh's llama.cpp "
+                        "patch, CPU): shared requires it and turns flash attention on; off "
+                        "keeps llama.cpp's path; auto (default): shared where the patch is "
+                        "built and the pool runs on the CPU")
     p.add_argument("--kv-type", choices=KV_TYPES, default=None,
                    help="KV cache element type (default f16, or what --kv-memory picks)")
     p.add_argument("--max-attached", type=int, default=None,
@@ -54,7 +62,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.park_memory < 0:
         raise ValueError(f"--park-memory must be >= 0 GiB, got {args.park_memory:g}")
     return {"native": native, "n_gpu_layers": args.gpu_layers, "flash_attn": args.flash_attn,
-            "kv_type": args.kv_type or "f16", "max_attached": args.max_attached,
+            "prefix_attention": args.prefix_attention, "kv_type": args.kv_type or "f16",
+            "max_attached": args.max_attached,
             "park_idle_s": args.park_idle, "park_memory": int(args.park_memory * GIB)}
 
 

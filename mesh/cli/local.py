@@ -179,6 +179,10 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     print(f"prefix: {info.prefix_tokens} tokens, sha256 {info.prefix_hash[:16]}, {how}; "
           f"engine: {info.engine}; pool: {args.pool}, {info.max_sessions} sessions x "
           f"{info.session_budget} tokens, {info.n_ctx} KV cells", file=sys.stderr)
+    if info.flash_attn:  # what --flash-attn / --prefix-attention auto chose (llama.cpp)
+        print(f"attention: flash {info.flash_attn} (--flash-attn {cfg.flash_attn}), "
+              f"shared prefix {info.prefix_attention} (--prefix-attention "
+              f"{cfg.prefix_attention})", file=sys.stderr)
     gate = FloorGate(pool, gate_cfg)
     source = await _seed_gate(gate, gate_cfg, pool, Path(cfg.cache_dir or data_dir) / "gate")
     pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor

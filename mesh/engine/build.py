@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mesh.engine import warm
-from mesh.engine.llama import Batch, LlamaContext, LlamaModel, gpu_offload_supported
-from mesh.engine.llama_rules import resolve_flash_attn
+from mesh.engine.llama import Batch, LlamaContext, LlamaModel, gpu_offload_supported, prefix_attn
+from mesh.engine.llama_rules import resolve_flash_attn, resolve_prefix_attention
 from mesh.engine.tiers import KVShape, elements_per_block
 from mesh.engine.types import EngineConfig, PoolInfo
 
 __all__ = ["PREFIX_SEQ", "Built", "Progress", "Tokenizer", "build", "check_context",
-           "open_tokenizer"]
+           "open_tokenizer", "resolve_attention"]
 
 Progress = Callable[[int, int], None]
 PREFIX_SEQ = 0
@@ -94,7 +94,8 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
     # be >= n_seq_max at construction; the default (n_batch rows of a 262K vocabulary)
     # would allocate a 514 MiB logits buffer.
     on_gpu = cfg.n_gpu_layers != 0 and gpu_offload_supported()
-    flash_attn = resolve_flash_attn(cfg.flash_attn, cfg.kv_type, on_gpu=on_gpu)
+    prefix_attention, flash_attn = resolve_attention(cfg, on_gpu=on_gpu,
+                                                     prefix_tokens=len(tokens))
     ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=cfg.n_batch,
                        n_outputs_max=n_seq_max, n_threads=threads, swa_full=cfg.swa_full,
                        flash_attn=flash_attn, kv_type=cfg.kv_type)
@@ -104,7 +105,8 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
     snap = None
     if cfg.cache_dir and cfg.share_prefix:
         snap = warm.snapshot_path(Path(cfg.cache_dir), cfg.model_path, prefix_hash,
-                                  ctx_key=f"{n_ctx}:{n_seq_max}:{cfg.swa_full}:unified:fa-{flash_attn}")
+                                  ctx_key=_ctx_key(n_ctx, n_seq_max, cfg.swa_full, flash_attn,
+                                                   prefix_attention))
         warm_started = warm.restore(ctx, snap, PREFIX_SEQ, tokens)
     if cfg.share_prefix and not warm_started:
         _prefill_prefix(ctx, batch, tokens, cfg.prefill_chunk, progress)
@@ -118,10 +120,38 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
         session_budget=cfg.session_budget, n_vocab=model.n_vocab,
         prefix_tokens=len(tokens), prefix_hash=prefix_hash, warm_started=warm_started,
         build_s=time.monotonic() - t0, n_params=model.n_params,
+        flash_attn=flash_attn, prefix_attention=prefix_attention,
     )
     shared = len(tokens) if cfg.share_prefix else 0  # naive: no shared prefix sequence
     return Built(model=model, ctx=ctx, batch=batch, prefix=tokens, info=info,
                  shared_cells=shared)
+
+
+def resolve_attention(cfg: EngineConfig, *, on_gpu: bool, prefix_tokens: int) -> tuple[str, str]:
+    """(prefix attention, flash attention) for this pool: ``shared``/``off`` and the mode
+    handed to llama.cpp. Sets the shared-prefix kernel's switch for the process (it reads an
+    environment variable, before the context's first decode); ValueError naming the fix
+    when ``--prefix-attention shared`` cannot run."""
+    sharing = resolve_prefix_attention(
+        cfg.prefix_attention, available=prefix_attn.shared_prefix_attn_available(),
+        on_gpu=on_gpu, flash_attn=cfg.flash_attn, prefix_tokens=prefix_tokens,
+        min_prefix=prefix_attn.min_prefix(), disabled_by_env=prefix_attn.disabled_by_env())
+    prefix_attn.set_shared_prefix_attn(sharing == "shared")
+    # Rows that may decode at once: every session slot (a naive pool's rows hold private
+    # prefix copies, which the table's shared-prefix measurements do not cover).
+    flash_attn = resolve_flash_attn(cfg.flash_attn, cfg.kv_type, on_gpu=on_gpu,
+                                    prefix_tokens=prefix_tokens, rows=cfg.max_sessions,
+                                    shared_prefix=sharing == "shared")
+    return sharing, flash_attn
+
+
+def _ctx_key(n_ctx: int, n_seq_max: int, swa_full: bool, flash_attn: str,
+             prefix_attention: str) -> str:
+    """The warm-start snapshot's context key: what changes the prefix's cached K/V bytes.
+    A snapshot does not restore across flash-attention modes (V is stored transposed
+    without it); shared-prefix attention is keyed apart too (a different kernel)."""
+    key = f"{n_ctx}:{n_seq_max}:{swa_full}:unified:fa-{flash_attn}"
+    return key + (":pa-shared" if prefix_attention == "shared" else "")
 
 
 def check_context(n_ctx_train: int, prefix: int, session_budget: int, name: str) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FLASH_ATTN", "KV_TYPES", "EngineConfig", "SamplingParams"]
+from mesh.engine.llama_rules import FLASH_ATTN_CONFLICT
+
+__all__ = ["FLASH_ATTN", "KV_TYPES", "PREFIX_ATTENTION", "EngineConfig", "SamplingParams"]
 
 
 FLASH_ATTN = ("auto", "on", "off")
+PREFIX_ATTENTION = ("auto", "shared", "off")
 KV_TYPES = ("f16", "q8_0", "q4_0")  # highest precision first
 
 
@@ -44,6 +47,11 @@ class EngineConfig:
     native: bool | None = None
     flash_attn: str = "auto"  # auto | on | off (llama.cpp's flash attention)
     kv_type: str = "f16"  # f16 | q8_0 | q4_0: element type of the KV cache (K and V)
+    # auto | shared | off: decode rows attend the shared prefix together (mesh's patch to
+    # llama.cpp's CPU flash-attention kernel). shared requires the patch and turns flash
+    # attention on; off keeps llama.cpp's own path; auto: shared where the patch is built,
+    # the pool runs on the CPU and the prefix is long enough, else off.
+    prefix_attention: str = "auto"
     # Sessions attached at once, resident in the cache or parked off it (an idle session
     # is parked when the pool needs its sequence id or cells, and re-prefilled before its
     # next turn). None: 4 x max_sessions; max_sessions: attach never parks.
@@ -88,6 +96,11 @@ class EngineConfig:
         if self.flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, "
                              f"got {self.flash_attn!r}")
+        if self.prefix_attention not in PREFIX_ATTENTION:
+            raise ValueError(f"prefix_attention must be one of {', '.join(PREFIX_ATTENTION)}, "
+                             f"got {self.prefix_attention!r}")
+        if self.prefix_attention == "shared" and self.flash_attn == "off":
+            raise ValueError(FLASH_ATTN_CONFLICT)
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, "
                              f"got {self.kv_type!r}")

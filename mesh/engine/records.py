@@ -76,6 +76,11 @@ class PoolInfo:
     # serving cluster behind an OpenAI-compatible API, mesh.backends.openai).
     engine: str = "llama.cpp"
     n_params: int = 0  # the model's parameter count; 0 where the engine cannot tell
+    # The attention path the pool resolved (llama.cpp pools; "" where it does not apply):
+    # the flash-attention mode handed to llama.cpp (on | off | auto: llama.cpp's choice) and
+    # shared-prefix attention (shared | off).
+    flash_attn: str = ""
+    prefix_attention: str = ""
 
 
 # --------------------------------------------------------------------------- load

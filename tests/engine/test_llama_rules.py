@@ -66,8 +66,12 @@ def test_token_data_is_llama_token_data_laid_out() -> None:
 
 
 def test_flash_attn_auto_is_the_known_best_path() -> None:
-    assert resolve_flash_attn("auto", "f16", on_gpu=False) == "off"  # CPU: one matmul
-    assert resolve_flash_attn("auto", "q8_0", on_gpu=False) == "auto"  # needs flash
-    assert resolve_flash_attn("auto", "f16", on_gpu=True) == "auto"  # llama.cpp's choice
-    assert resolve_flash_attn("on", "f16", on_gpu=False) == "on"
-    assert resolve_flash_attn("off", "f16", on_gpu=True) == "off"
+    # 8K prefix x 8 rows; the choice by prefix and rows: tests/engine/test_prefix_attention_flag
+    def fa(requested: str, kv: str, on_gpu: bool) -> str:
+        return resolve_flash_attn(requested, kv, on_gpu=on_gpu, prefix_tokens=8192, rows=8)
+
+    assert fa("auto", "f16", False) == "off"  # CPU: one matmul
+    assert fa("auto", "q8_0", False) == "auto"  # needs flash
+    assert fa("auto", "f16", True) == "auto"  # llama.cpp decides
+    assert fa("on", "f16", False) == "on"
+    assert fa("off", "f16", True) == "off"

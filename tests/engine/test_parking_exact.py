@@ -125,12 +125,13 @@ def test_default_model_parked_equals_like_with_like(tmp_path: Path) -> None:
     print(f"default model: parked vs unparked twin, tokens agreeing per turn: {agree}")
 
 
-def suffix_logit_gap(model: Path, n_suffix: int, n_cont: int = 16) -> tuple[float, int]:
+def suffix_logit_gap(model: Path, n_suffix: int, n_cont: int = 16,
+                     flash_attn: str = "auto") -> tuple[float, int]:
     """Max |logit difference| between a suffix decoded one token at a time (as generated)
     and the same suffix prefilled in one batch (as a resume does), over the suffix's last
     row and ``n_cont`` greedy continuation steps; and how many of those argmaxes agree."""
     cfg = EngineConfig(model_path=str(model), max_sessions=2, session_budget=1024,
-                       n_threads=2)
+                       n_threads=2, flash_attn=flash_attn)
     b = build(cfg, PREFIX, None)
     ctx, batch, p0 = b.ctx, b.batch, len(b.prefix)
     try:
@@ -166,9 +167,13 @@ def suffix_logit_gap(model: Path, n_suffix: int, n_cont: int = 16) -> tuple[floa
             h.close()
 
 
-def test_batched_re_prefill_numerics_tiny(tiny_model_path: Path) -> None:
-    gap, agree = suffix_logit_gap(tiny_model_path, 100)
-    assert gap < 1e-2 and agree == 16
+@pytest.mark.parametrize(("flash_attn", "bound"), [("off", 1e-2), ("on", 3e-2)])
+def test_batched_re_prefill_numerics_tiny(tiny_model_path: Path, flash_attn: str,
+                                          bound: float) -> None:
+    # Flash attention (what --flash-attn auto picks on a CPU at short prefixes) differs
+    # more between one-token decode and a batched prefill: ~1.3e-2 here, ~6e-5 without.
+    gap, agree = suffix_logit_gap(tiny_model_path, 100, flash_attn=flash_attn)
+    assert gap < bound and agree == 16
 
 
 def test_batched_re_prefill_numerics_default_model() -> None:
