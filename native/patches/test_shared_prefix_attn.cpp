@@ -9,11 +9,12 @@
 // kernel) and on, in the same process, and compares both with a double-precision reference.
 //
 // Build + run (see build_patched_ggml.sh, which does this):
-//   g++ -O2 -std=c++17 -I<tree>/ggml/include test_shared_prefix_attn.cpp \
+//   g++ -O2 -std=c++17 -I<tree>/ggml/include test_shared_prefix_attn.cpp
 //       -L<build>/bin -lggml-base -lggml-cpu -Wl,-rpath,<build>/bin -o test_shared_prefix_attn
 //   ./test_shared_prefix_attn [--threads 2] [--reps 3]
 // Exit status 0 when, in every case, |shared - reference| <= 1e-3, |shared - old| <= |old - reference| + 1e-3,
-// and the shared path ran exactly where it should (P >= 256 and N >= 2).
+// the shared path ran exactly where it should (P >= 256 and N >= 2), and nothing was written past
+// the work buffer ggml_graph_plan sized (a canary after it). Times are the best of --reps.
 
 #include "ggml.h"
 #include "ggml-cpu.h"
@@ -38,6 +39,7 @@ struct Case {
 struct Result {
     double max_diff_old_new, max_err_old, max_err_new, ms_old, ms_new;
     bool   took_path;
+    bool   canary_ok; // nothing written past the planned work buffer
 };
 
 static Result run_case(const Case & c, int n_threads, int reps, uint32_t seed) {
@@ -86,12 +88,19 @@ static Result run_case(const Case & c, int n_threads, int reps, uint32_t seed) {
     const size_t n_out = (size_t) DV*c.n_head*c.N;
     std::vector<float> o_old(n_out), o_new(n_out);
 
+    // the work buffer as ggml_graph_plan sizes it, followed by a canary: the kernel must never
+    // write past what the plan asked for
+    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
+    const size_t canary = 4096;
+    std::vector<uint8_t> work(plan.work_size + canary, 0xA5);
+    plan.work_data = work.data();
+
     auto compute = [&](int enabled, std::vector<float> & dst_vec) {
         ggml_cpu_shared_prefix_attn_set(enabled, 256);
         double best = 1e30;
         for (int i = 0; i < reps; ++i) {
             auto t0 = std::chrono::steady_clock::now();
-            ggml_graph_compute_with_ctx(ctx, gf, n_threads);
+            ggml_graph_compute(gf, &plan);
             auto t1 = std::chrono::steady_clock::now();
             best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
         }
@@ -104,6 +113,10 @@ static Result run_case(const Case & c, int n_threads, int reps, uint32_t seed) {
     const int64_t hits0 = ggml_cpu_shared_prefix_attn_hits();
     res.ms_new = compute(1, o_new);
     res.took_path = ggml_cpu_shared_prefix_attn_hits() > hits0;
+    res.canary_ok = true;
+    for (size_t i = plan.work_size; i < work.size(); ++i) {
+        res.canary_ok = res.canary_ok && work[i] == 0xA5;
+    }
 
     // double-precision reference; out is [DV, n_head, N]
     std::vector<double> s(n_kv);
@@ -172,12 +185,12 @@ int main(int argc, char ** argv) {
                 const bool close = r.took_path
                     ? (r.max_err_new <= tol && r.max_diff_old_new <= r.max_err_old + tol)
                     : r.max_diff_old_new == 0.0;
-                const bool case_ok = close && r.took_path == should;
+                const bool case_ok = close && r.took_path == should && r.canary_ok;
                 ok = ok && case_ok;
-                printf("%2d/%-3d %-4d %-5d %-4d | %-11.3g %-11.3g %-11.3g | %-9.3f %-9.3f %-6.2f | %s%s\n",
+                printf("%2d/%-3d %-4d %-5d %-4d | %-11.3g %-11.3g %-11.3g | %-9.3f %-9.3f %-6.2f | %s%s%s\n",
                        gm[0], gm[1], N, P, c.T, r.max_diff_old_new, r.max_err_old, r.max_err_new,
                        r.ms_old, r.ms_new, r.ms_old/r.ms_new, r.took_path ? "shared" : "old",
-                       case_ok ? "" : "  <-- FAIL");
+                       r.canary_ok ? "" : "  (wrote past the work buffer)", case_ok ? "" : "  <-- FAIL");
             }
         }
     }
