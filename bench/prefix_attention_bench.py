@@ -423,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the tiny model and a 1/8 twin of "
                     "the long geometry, small P and R, 2 steps: seconds")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--label", default="", help="a name for this run, kept in the JSON's meta "
+                    "(e.g. which llama.cpp library LLAMA_CPP_LIB_PATH selected)")
     a = ap.parse_args(argv)
     long_geometry = SMOLLM2_LONG
     if a.quick:
@@ -449,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"meta": {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "machine": platform.machine(), "processor": platform.processor(),
                     "cpus": os.cpu_count(), "threads": a.threads, "argv": sys.argv[1:],
+                    "label": a.label, "llama_cpp_lib_path": os.environ.get("LLAMA_CPP_LIB_PATH"),
                     "suffix": a.suffix, "probe_suffix": a.probe_suffix, "steps": a.steps,
                     "wall_s": round(time.monotonic() - t0, 1)},
            "points": points, **result}
