@@ -198,14 +198,24 @@ def test_the_warm_cache_key_holds_both_modes() -> None:
 # ------------------------------------------------------------------ the symbol lookup
 
 
-def test_the_lookup_finds_the_symbol_in_a_linked_ggml_cpu(tmp_path: Path) -> None:
-    """A fake patched build: libllama linking a ggml-cpu that exports the symbol (names of
-    their own: the process has the real sonames loaded already)."""
+FAKE_CPU = f"""
+int {prefix_attn.SYMBOL}(void) {{ return 1; }}
+int enabled = -2; long long min_prefix = -2;
+void {prefix_attn.SET_SYMBOL}(int e, long long m) {{ enabled = e; min_prefix = m; }}
+int fake_enabled(void) {{ return enabled; }}
+long long fake_min(void) {{ return min_prefix; }}
+"""
+
+
+def test_the_lookup_finds_the_symbols_in_a_linked_ggml_cpu(
+        tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
+    """A fake patched build: libllama linking a ggml-cpu that exports the patch's functions
+    (names of their own: the process has the real sonames loaded already)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
     sym = prefix_attn.SYMBOL
-    (tmp_path / "cpu.c").write_text(f"int {sym}(void) {{ return 1; }}\n")
+    (tmp_path / "cpu.c").write_text(FAKE_CPU)
     (tmp_path / "llama.c").write_text(f"int {sym}(void);\nint x(void) {{ return {sym}(); }}\n")
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain.c").write_text("int y(void) { return 0; }\n")
@@ -221,6 +231,29 @@ def test_the_lookup_finds_the_symbol_in_a_linked_ggml_cpu(tmp_path: Path) -> Non
     assert [Path(str(lib._name)).name for lib in found] == ["libllama-fake.so", cpu]
     assert prefix_attn.version_in(llama) == 1
     assert prefix_attn.version_in(ctypes.CDLL(str(tmp_path / "plain" / "libllama.so"))) == 0
+    # The switch also reaches a kernel that already read the environment, through the
+    # patch's setter (min_prefix 0: re-read GGML_CPU_SHARED_PREFIX_MIN).
+    clean_env.setattr(prefix_attn, "llama_library", lambda: llama)
+    fake_patch(clean_env, True)
+    cpu_lib = found[1]
+    cpu_lib.fake_min.restype = ctypes.c_longlong
+    prefix_attn.set_shared_prefix_attn(False)
+    assert (cpu_lib.fake_enabled(), cpu_lib.fake_min()) == (0, 0)
+    assert os.environ[prefix_attn.ENV_DISABLE] == "0"
+    prefix_attn.set_shared_prefix_attn(True)
+    assert (cpu_lib.fake_enabled(), cpu_lib.fake_min()) == (1, 0)
+    assert os.environ[prefix_attn.ENV_DISABLE] == "1"
+
+
+def test_the_environment_is_read_as_the_kernel_reads_it(clean_env: pytest.MonkeyPatch) -> None:
+    assert prefix_attn.min_prefix() == 256
+    for value, expected in (("64", 64), (" 512x", 512), ("0", 1), ("-3", 1), ("abc", 1)):
+        clean_env.setenv(prefix_attn.ENV_MIN, value)
+        assert prefix_attn.min_prefix() == expected, value
+    assert not prefix_attn.disabled_by_env()
+    for value, off in (("0", True), ("1", False), (" 0", False), ("00", False)):
+        clean_env.setenv(prefix_attn.ENV_DISABLE, value)
+        assert prefix_attn.disabled_by_env() is off, value
 
 
 def test_the_loaded_wheel_is_asked_through_its_ggml_cpu() -> None:
