@@ -333,3 +333,21 @@ def test_a_real_pool_with_the_patch_faked_present(tiny_model_path: Path,
     plain = decode(tiny_model_path, "off", flash_attn="on")
     if prefix_attn.shared_prefix_attn_version() == 0:  # patched: its own exactness tests
         assert shared[0] == plain[0]
+
+
+def test_the_patched_kernel_runs_for_auto_and_not_for_off(
+        tiny_model_path: Path, clean_env: pytest.MonkeyPatch) -> None:
+    """With a patched llama.cpp loaded (e.g. LLAMA_CPP_LIB_PATH=native/build/patched-lib):
+    auto takes the shared path (the kernel's hit counter grows), off does not, in one
+    process in either order."""
+    if not prefix_attn.shared_prefix_attn_available():
+        pytest.skip("this llama.cpp has no shared-prefix attention patch")
+    hits = prefix_attn._function(prefix_attn.llama_library(), "ggml_cpu_shared_prefix_attn_hits")
+    assert hits is not None
+    hits.restype = ctypes.c_int64
+    clean_env.setenv(prefix_attn.ENV_MIN, "16")  # the tiny prefix is ~50 tokens
+    for mode, taken in (("off", False), ("auto", True), ("off", False)):
+        before = int(hits())
+        _, flash, sharing = decode(tiny_model_path, mode)
+        assert (sharing == "shared") is taken and flash == "on"
+        assert (int(hits()) > before) is taken, mode
