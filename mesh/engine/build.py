@@ -132,9 +132,11 @@ def resolve_attention(cfg: EngineConfig, *, on_gpu: bool, prefix_tokens: int) ->
     handed to llama.cpp. Sets the shared-prefix kernel's switch for the process (it reads an
     environment variable, before the context's first decode); ValueError naming the fix
     when ``--prefix-attention shared`` cannot run."""
+    # A naive pool (share_prefix False) has no prefix every row shares: 0 shared tokens.
     sharing = resolve_prefix_attention(
         cfg.prefix_attention, available=prefix_attn.shared_prefix_attn_available(),
-        on_gpu=on_gpu, flash_attn=cfg.flash_attn, prefix_tokens=prefix_tokens,
+        on_gpu=on_gpu, flash_attn=cfg.flash_attn,
+        prefix_tokens=prefix_tokens if cfg.share_prefix else 0,
         min_prefix=prefix_attn.min_prefix(), disabled_by_env=prefix_attn.disabled_by_env())
     prefix_attn.set_shared_prefix_attn(sharing == "shared")
     # Rows that may decode at once: every session slot (a naive pool's rows hold private

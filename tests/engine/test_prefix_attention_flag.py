@@ -150,9 +150,9 @@ def fake_patch(monkeypatch: pytest.MonkeyPatch, present: bool) -> None:
 
 
 def attention(mode: str, *, flash: str = "auto", sessions: int = 8, prefix: int = 6000,
-              on_gpu: bool = False) -> tuple[str, str]:
+              on_gpu: bool = False, share_prefix: bool = True) -> tuple[str, str]:
     cfg = EngineConfig(model_path="m.gguf", prefix_attention=mode, flash_attn=flash,
-                       max_sessions=sessions)
+                       max_sessions=sessions, share_prefix=share_prefix)
     return build_mod.resolve_attention(cfg, on_gpu=on_gpu, prefix_tokens=prefix)
 
 
@@ -165,6 +165,7 @@ def test_resolution_with_the_patch_faked_present(clean_env: pytest.MonkeyPatch) 
     assert attention("auto", prefix=100) == ("off", "on")  # below the kernel's minimum
     clean_env.setenv(prefix_attn.ENV_MIN, "64")
     assert attention("auto", prefix=100) == ("shared", "on")
+    assert attention("auto", share_prefix=False) == ("off", "off")  # no shared prefix
     assert attention("off") == ("off", "off")  # the measured table: off at 6K x 8
     assert os.environ[prefix_attn.ENV_DISABLE] == "0"  # set before the context is built
     # ... and that 0 was mesh's own, for the off pool: a later auto pool is shared again
