@@ -22,6 +22,11 @@ if [ ! -f "$stamp" ]; then
     find .venv -maxdepth 1 -name '.mesh-install-*' ! -name ".mesh-install-$hash-*" -delete
     touch "$stamp"
 fi
+# Shared-prefix attention (issue 32): mesh's patch to ggml-cpu's flash-attention kernel,
+# built once from the llama-cpp-python sdist's vendored llama.cpp (~1 min on 2 cores) and
+# cached in ~/.cache/mesh/patched-ggml; a second after that. A failure is reported and
+# leaves llama.cpp's own attention in place (MESH_PREFIX_ATTENTION_PATCH=0 skips it).
+bash native/patches/install_patch.sh .venv || true
 # The native step (native/mesh_native.c) against the llama.cpp the wheel ships; under a
 # second. If it cannot build, it says so in one line and mesh runs the Python step.
 .venv/bin/python -m native.build || true

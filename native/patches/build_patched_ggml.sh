@@ -106,7 +106,7 @@ for f in "$OUT"/libggml-cpu.so*; do
     rm -f "$f" && cp -L "$BUILT" "$f"
 done
 if command -v nm >/dev/null; then
-    nm -D "$OUT/libggml-cpu.so.0" | grep -q ' T ggml_cpu_shared_prefix_attn_version$' \
+    nm -D "$OUT/libggml-cpu.so.0" | grep ' T ggml_cpu_shared_prefix_attn_version$' >/dev/null \
         || die "$OUT/libggml-cpu.so.0 does not export ggml_cpu_shared_prefix_attn_version"
 fi
 echo "patched library directory: $OUT  (use LLAMA_CPP_LIB_PATH=$OUT)" >&2
