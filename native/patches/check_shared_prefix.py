@@ -290,7 +290,9 @@ def _controls(a: argparse.Namespace, model: str, wheel_lib: Path, tmp: Path, w_o
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--patched-lib", type=Path, default=Path("/work/llama-sp/mesh-lib"))
-    ap.add_argument("--wheel-lib", type=Path, default=None)
+    ap.add_argument("--wheel-lib", type=Path, default=None,
+                    help="the unpatched reference libraries (default: the venv's llama_cpp/lib, "
+                    "which must not carry the patch)")
     ap.add_argument("--models", default="tiny,smollm2")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--prefix", type=int, default=1200, help="shared prefix tokens")
@@ -327,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         for model in a.models.split(","):
             w_out, p_out = Path(tmp) / f"{model}-wheel.json", Path(tmp) / f"{model}-patched.json"
             wheel = _run_child(a, model, wheel_lib, False, w_out, None)
+            if wheel["hits_after_forced"] is not None:
+                raise SystemExit(
+                    f"{wheel_lib} already carries the patch (install_patch.sh puts it into the "
+                    "venv), so there is no unpatched reference; pass --wheel-lib DIR with the "
+                    "wheel's own libraries, e.g. unzip llama_cpp/lib from pip's cached "
+                    "llama_cpp_python-0.3.36 wheel (~/.cache/pip/wheels)")
             patched = _run_child(a, model, a.patched_lib, True, p_out, w_out)
             rep = compare(model, wheel, patched, np.load(w_out.with_suffix(".npy")),
                           np.load(p_out.with_suffix(".npy")))
