@@ -9,7 +9,7 @@
 #      (~/.cache/mesh/patched-ggml/<version>-<patch sha>/): copied into the venv (a second);
 #   3. otherwise: the llama-cpp-python sdist of the installed version is fetched from the
 #      package index (pip download), the patch applied to its vendored llama.cpp and
-#      libggml-cpu built (build_patched_ggml.sh; ~4 min on 2 cores), cached, copied in.
+#      libggml-cpu built (build_patched_ggml.sh; ~40 s on 2 cores), cached, copied in.
 # Only libggml-cpu changes (ggml-cpu's internals; no public header, no ABI change), so the
 # wheel's other libraries and mesh's native step stay as they are. A version the patch is
 # not made for, or a failed build, is reported in one line and leaves the venv unpatched:
@@ -47,7 +47,7 @@ fi
 sha="$(sha256sum "$PATCH" | cut -c1-16)"
 cache="${MESH_CACHE_DIR:-$HOME/.cache/mesh}/patched-ggml/$version-$sha"
 if [ ! -f "$cache/libggml-cpu.so.0" ]; then
-    say "building libggml-cpu with the patch (first time for this version: ~4 min)..."
+    say "building libggml-cpu with the patch (first time for this version: about a minute on 2 cores)..."
     work="$(mktemp -d "${TMPDIR:-/tmp}/mesh-patch.XXXXXX")"
     trap 'rm -rf "$work"' EXIT
     "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$work/sdist" \
