@@ -1,6 +1,6 @@
 """llama.cpp's process-wide state: the bindings, one-time backend start, its log, the
-build's facts (GPU offload, version). Every module of this package reaches ``llama_cpp``
-through :data:`ll` here or imports it itself; nothing outside the package may."""
+build's facts (GPU offload, version). This is the one module that imports ``llama_cpp``;
+the rest of the package reaches it through :data:`ll` here, nothing outside may."""
 
 from __future__ import annotations
 

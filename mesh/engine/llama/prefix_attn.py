@@ -26,9 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import llama_cpp.llama_cpp as ll
-
-from mesh.engine.llama.backend import backend_init
+from mesh.engine.llama.backend import backend_init, ll
 
 __all__ = ["ENV_DISABLE", "ENV_MIN", "SET_SYMBOL", "SYMBOL", "disabled_by_env", "llama_library",
            "min_prefix", "set_shared_prefix_attn", "shared_prefix_attn_available",
