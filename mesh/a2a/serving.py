@@ -24,6 +24,8 @@ import contextlib
 import logging
 import signal
 import socket
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,13 +80,12 @@ def _handlers(loop: asyncio.AbstractEventLoop, stop: _Stop) -> Iterator[None]:
     """Route SIGINT/SIGTERM to ``stop`` while serving (main thread only; elsewhere, e.g. a
     test's server thread, the caller stops the server through ``should_exit``)."""
     before: dict[signal.Signals, Any] = {}
+    # asyncio routes signals only on a Unix loop in the main thread.
+    routable = sys.platform != "win32" and threading.current_thread() is threading.main_thread()
     try:
-        for sig in HANDLED_SIGNALS:
+        for sig in HANDLED_SIGNALS if routable else ():
             previous = signal.getsignal(sig)
-            try:
-                loop.add_signal_handler(sig, stop, sig)
-            except (ValueError, RuntimeError, NotImplementedError):
-                continue  # not the main thread, or a loop without signal support (Windows)
+            loop.add_signal_handler(sig, stop, sig)
             before[sig] = previous
         yield
     finally:
