@@ -3,7 +3,6 @@ training-context check, the KV tier for a given memory size, and mesh serve's fl
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 from typing import Any
@@ -11,13 +10,14 @@ from typing import Any
 import pytest
 
 from mesh.cli import engine_flags
-from mesh.cli.engine_flags import add_engine_flags, apply_engine_flags, kv_memory_bytes
+from mesh.cli.engine_flags import apply_engine_flags, kv_memory_bytes
 from mesh.engine.build import check_context
 from mesh.engine.llama import LlamaModel
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.tiers import GIB, KVShape, choose_tier
 from mesh.engine.tiny import write_tiny_model
 from mesh.engine.types import EngineConfig, SamplingParams
+from tests.engine.flag_args import parse
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +147,6 @@ def test_quantized_cache_of_a_model_with_small_heads_names_the_fix(
 
 
 # ------------------------------------------------------------------ mesh serve's flags
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    p.add_argument("--max-sessions", type=int, default=16)
-    p.add_argument("--session-budget", type=int, default=2048)
-    add_engine_flags(p)
-    return p.parse_args(list(argv))
 
 
 def test_flags_map_to_the_engine_config(tiny_model_path: Path) -> None:

@@ -5,7 +5,6 @@ symbol, the CLI flag, and real pools on the tiny model."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import ctypes
 import json
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh.cli.engine_flags import add_engine_flags, apply_engine_flags
+from mesh.cli.engine_flags import apply_engine_flags
 from mesh.engine import build as build_mod
 from mesh.engine.llama import prefix_attn
 from mesh.engine.llama_rules import (
@@ -28,6 +27,7 @@ from mesh.engine.llama_rules import (
 )
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import EngineConfig, SamplingParams
+from tests.engine.flag_args import parse
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "prefix_attention.json"
 PREFIX = "The shared project prefix: tools, files and notes. " * 4
@@ -265,14 +265,6 @@ def test_the_loaded_wheel_is_asked_through_its_ggml_cpu() -> None:
 
 
 # ------------------------------------------------------------------ mesh serve's flag
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    p.add_argument("--max-sessions", type=int, default=16)
-    p.add_argument("--session-budget", type=int, default=2048)
-    add_engine_flags(p)
-    return p.parse_args(list(argv))
 
 
 def test_the_cli_flag_reaches_the_config() -> None:
