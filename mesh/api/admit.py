@@ -1,7 +1,11 @@
-"""What the OpenAI API and the session API share about their workers' tickets.
+"""What the OpenAI API and the session API share about their callers and workers' tickets.
 
-Both hold their workers with :class:`~mesh.gate.hold.Hold` (admit, attach, release: the
-one helper every caller of the gate uses) and turn the gate's refusals into a 429 with
+Who the caller is, :func:`caller_of` (the bearer token's caller; the anonymous caller when
+auth is off), is asked here by every API of this package (the dashboard's stream limit
+too): that name is whose share of the gate's queue a request takes
+(:mod:`mesh.gate.shares`) and whose sessions, conversations or streams it counts against.
+Both APIs hold their workers with :class:`~mesh.gate.hold.Hold` (admit, attach, release:
+the one helper every caller of the gate uses) and turn the gate's refusals into a 429 with
 ``Retry-After`` (each in its own error shape, so a refusal here is a :class:`Refusal` the
 API renders). Both run one background task in the serving loop that retires idle holders
 (:class:`Periodic`: the OpenAI API's idle-conversation sweeper, the session API's reaper).
@@ -15,11 +19,25 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+from starlette.requests import Request
 
 from mesh.gate.hold import Hold, NotAdmitted
+from mesh.gate.shares import ANONYMOUS
 from mesh.gate.types import Admission, QueueFull, Ticket
 
-__all__ = ["Periodic", "Refusal", "admit", "admit_within", "queue_refusal", "release"]
+__all__ = [
+    "Periodic", "Refusal", "admit", "admit_within", "caller_of", "queue_refusal", "release",
+]
+
+
+def caller_of(request: Request) -> str:
+    """The caller's name: the one :class:`~mesh.a2a.auth.BearerAuth` set from the bearer
+    token (``scope["user"]``), else the anonymous caller (auth off: every client is that
+    one caller). Each API scopes its sessions, conversations, queue places and streams by
+    it."""
+    user = request.scope.get("user")
+    name = getattr(user, "username", None) or getattr(user, "display_name", None)
+    return str(name) if name else ANONYMOUS
 
 
 class Refusal(Exception):

@@ -12,7 +12,7 @@ Routes:
   Non-finite numbers are sent as ``null``. It sits behind the app's bearer auth like
   ``/capacity`` (mount :data:`DASHBOARD_PUBLIC_PATHS` as the app's public paths, not the
   events). At most ``max_streams`` streams are open at once, and at most
-  ``max_streams_per_caller`` of them for one caller (the auth principal, ``scope["user"]``;
+  ``max_streams_per_caller`` of them for one caller (:func:`~mesh.api.admit.caller_of`;
   without auth every client is the one caller, who may use all ``max_streams``); the next
   request over either limit gets 429 with ``Retry-After``. Each stream ends with
   ``event: end`` after ``max_stream_s``, so no client holds a connection forever; the page
@@ -38,6 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
+from mesh.api.admit import caller_of
 from mesh.api.dashboard_history import DashboardHistory
 from mesh.gate.types import Admission
 
@@ -141,14 +142,6 @@ class _CountedStream(StreamingResponse):
             self._release()
 
 
-def _caller(request: Request) -> str:
-    """The auth principal's name (``scope["user"]``, set by the bearer middleware), or ""
-    without auth: then every client is the same caller."""
-    user = request.scope.get("user")
-    name = getattr(user, "username", None) or getattr(user, "display_name", None)
-    return str(name) if name else ""
-
-
 def _busy(message: str, retry_s: int) -> Response:
     return JSONResponse(
         {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": message}},
@@ -222,7 +215,7 @@ def dashboard_routes(
     async def events(request: Request) -> Response:
         nonlocal open_streams
         memory.ensure_started()
-        caller = _caller(request)
+        caller = caller_of(request)
         # Checked and taken with no await in between: concurrent requests cannot both pass.
         if open_streams >= max_streams:
             return _busy(f"{max_streams} dashboard streams are open; close one or retry "

@@ -1,6 +1,6 @@
 """The session API's records and answers that need no handler state: one session's
-:class:`Entry` (its hold on the gate and the pool, its owner, its running turn), who
-the caller is, how a session is described, and which HTTP error an engine error is."""
+:class:`Entry` (its hold on the gate and the pool, its owner, its running turn), how a
+session is described, and which HTTP error an engine error is."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
 from starlette.responses import Response
 
 from mesh.api.session_wire import error_response
@@ -22,7 +21,7 @@ from mesh.engine.types import (
 )
 from mesh.gate.hold import Hold
 
-__all__ = ["Entry", "caller_of", "describe", "engine_error", "start_error"]
+__all__ = ["Entry", "describe", "engine_error", "start_error"]
 
 
 @dataclass
@@ -37,13 +36,6 @@ class Entry:
     generation: Generation | None = None
     iterator: AsyncIterator[Any] | None = None
     last_used: float = 0.0
-
-
-def caller_of(request: Request) -> str:
-    """The caller's name set by the auth middleware (``scope["user"]``), else ""."""
-    user = request.scope.get("user")
-    name = getattr(user, "username", None) or getattr(user, "display_name", None)
-    return str(name) if name else ""
 
 
 def describe(sid: str, entry: Entry, load: SessionLoad | None, now: float) -> dict[str, Any]:

@@ -34,8 +34,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from mesh.api.admit import Periodic, Refusal, admit
-from mesh.api.session_entries import Entry, caller_of, describe, engine_error, start_error
+from mesh.api.admit import Periodic, Refusal, admit, caller_of
+from mesh.api.session_entries import Entry, describe, engine_error, start_error
 from mesh.api.session_wire import (
     AttachRequest,
     BadRequest,

@@ -22,9 +22,13 @@ request, so they run in a worker thread (:meth:`OpenAIAPI._prepare_chat`), after
 shape limits (:mod:`mesh.api.openai.limits`); the event loop only reads the body and runs
 the turn.
 
-Every request passes the gate's queue check (429 + Retry-After when it refuses). A request
-that starts a new conversation is a new worker: it waits for the gate's ``admit`` (429 past
-``max_wait_s``) and holds the ticket for its turn. A request that continues a cached
+Every request is its caller's (:func:`~mesh.api.admit.caller_of`: the bearer token's
+caller, the anonymous one with auth off) and passes the gate's queue check for one of that
+caller's places, at the door and again once prepared: 429 + Retry-After when the queue is
+full or the caller already holds its share of it (``max_queue_per_caller``), while other
+callers still queue. A request that starts a new conversation is a new worker: it waits for
+the gate's ``admit`` in its caller's place (429 past ``max_wait_s``) and holds the ticket for
+its turn. A request that continues a cached
 conversation resumes a worker the gate already counts (its session is in the pool's load,
 like a worker back from a tool call), so it is not admitted again. While a new conversation
 waits, and whenever the pool has no session slot or cells left, idle conversations are
@@ -57,7 +61,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from mesh.api.admit import Periodic, queue_refusal, release
+from mesh.api.admit import Periodic, caller_of, queue_refusal, release
 from mesh.api.conversations import ConversationCache
 from mesh.api.openai.grammar import cached_grammar
 from mesh.api.openai.models import model_names
@@ -71,7 +75,7 @@ from mesh.engine.types import Engine, EngineError, SamplingParams
 from mesh.gate.types import Admission, Ticket
 from mesh.template.chat import ChatFormat, ChatFormatError
 
-__all__ = ["OpenAIAPI", "caller_of"]
+__all__ = ["OpenAIAPI"]
 
 Tokenize = Callable[[str], list[int]]
 _PREP_THREADS = 2  # requests prepared at once (the rest wait, off the loop; few, so the
@@ -87,14 +91,6 @@ class _Prepared:
     params: SamplingParams
     tools: tuple[ToolSpec, ...] = ()
     repeat_calls: bool = False
-
-
-def caller_of(request: Request) -> str:
-    """The caller's name set by the auth middleware (``scope["user"]``), else "" (auth
-    off: one caller)."""
-    user = request.scope.get("user")
-    name = getattr(user, "username", None) or getattr(user, "display_name", None)
-    return str(name) if name else ""
 
 
 class OpenAIAPI:
@@ -174,6 +170,12 @@ class OpenAIAPI:
 
     async def _serve(self, request: Request, prepare: Callable[[bytes], _Prepared], *,
                      chat: bool) -> Response:
+        caller = caller_of(request)
+        # The door, as the A2A guard's: a caller over its share of the gate's queue (or a
+        # full queue) is refused before its body is read or prepared; _run asks again.
+        refusal = queue_refusal(self.admission, caller)
+        if refusal is not None:
+            return Bad.refused(refusal).response()
         body = await request.body()
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(_PREP_THREADS)
@@ -185,7 +187,7 @@ class OpenAIAPI:
             return oa_error(400, str(exc), "invalid_tools", param=exc.param)
         except ChatFormatError as exc:
             return oa_error(400, str(exc), "invalid_messages", param="messages")
-        return await self._run(prep, caller_of(request), chat=chat)
+        return await self._run(prep, caller, chat=chat)
 
     # ------------------------------------------------------------------ preparing (a thread)
 

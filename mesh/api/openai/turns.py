@@ -2,9 +2,9 @@
 and back into the conversation cache.
 
 A new conversation is a new worker: :meth:`OpenAITurns.admit` waits for the gate's ticket
-(a :class:`~mesh.gate.hold.Hold`, the helper every caller of the gate uses) while idle
-conversations give way (least recently used first, one per ``_EVICT_AFTER_S``; 429 past
-``max_wait_s``), and :meth:`OpenAITurns.start` attaches a
+(a :class:`~mesh.gate.hold.Hold`, the helper every caller of the gate uses) in its caller's
+place in the queue while idle conversations give way (least recently used first, one per
+``_EVICT_AFTER_S``; 429 past ``max_wait_s``), and :meth:`OpenAITurns.start` attaches a
 session (evicting idle ones while the pool is full), appends the new text and starts the
 generation. :meth:`OpenAITurns.end` stops an unfinished generation, caches the
 conversation if its text is exact (else detaches it) and releases the ticket. Refusals are
@@ -86,24 +86,38 @@ class OpenAITurns:
         """A hold on the gate for a new conversation (one of ``caller``'s queue places);
         :meth:`end` releases it. Its session is attached by :meth:`start`, not by the hold:
         a conversation's session outlives the turn's ticket (cached idle between turns).
-        While it waits, idle conversations give way (least recently used first, one per
-        ``_EVICT_AFTER_S``); 429 past ``max_wait_s``."""
-        deadline = anyio.current_time() + self.max_wait_s
-        while True:
-            while not self.engine.check_attach().ok and await self.cache.evict_lru():
-                pass
-            left = deadline - anyio.current_time()
-            slice_s = min(left, _EVICT_AFTER_S) if len(self.cache) else left
+
+        Idle conversations count as workers (their sessions are in the pool), so while this
+        one waits they give way, least recently used first, one per ``_EVICT_AFTER_S``
+        (at once while the pool refuses an attach). The wait keeps its place in the queue
+        all along: a conversation cached after it queued (another request's, just
+        finished) cannot hold it back, and it never rejoins the queue at the back. 429
+        past ``max_wait_s``, or at once when the queue (or ``caller``'s share) is full."""
+        while not self.engine.check_attach().ok and await self.cache.evict_lru():
+            pass
+        hold: Hold | None = None
+        refusal: Refusal | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._give_way)
             try:
-                hold = await admit_within(self.admission, "openai", max(0.0, slice_s), caller)
+                hold = await admit_within(self.admission, "openai", self.max_wait_s, caller)
             except Refusal as exc:
-                raise Bad.refused(exc) from None
-            if hold is not None:
-                return hold
-            if await self.cache.evict_lru() or anyio.current_time() < deadline:
-                continue
+                refusal = exc
+            finally:
+                tg.cancel_scope.cancel()
+        if refusal is not None:
+            raise Bad.refused(refusal)
+        if hold is None:
             raise Bad(429, f"not admitted within {self.max_wait_s:g} s", "not_admitted",
-                      retry_after_s=self.admission.check_queue().retry_after_s)
+                      retry_after_s=self.admission.check_queue(caller=caller).retry_after_s)
+        return hold
+
+    async def _give_way(self) -> None:
+        """While a new conversation waits: detach one idle conversation (the least
+        recently used) every ``_EVICT_AFTER_S``; cancelled once the wait ends."""
+        while True:
+            await anyio.sleep(_EVICT_AFTER_S)
+            await self.cache.evict_lru()
 
     async def start(self, conv: Conversation | None, rest: str, params: SamplingParams,
                     ticket: Ticket | None, *, owner: str = "") -> ChatTurn:
