@@ -1,12 +1,16 @@
-"""Client commands: ``mesh send``, ``mesh tasks``, ``mesh cancel``, ``mesh capacity``.
+"""Client commands: ``mesh send``, ``mesh result``, ``mesh tasks``, ``mesh cancel``,
+``mesh capacity``.
 
 They talk to any A2A agent through the a2a-sdk client (``capacity`` is a plain GET of the
 coordinator's ``/capacity``). Every command takes ``--token`` (default: ``$MESH_TOKEN``).
 
-Exit status of ``send`` follows the task's final state: 0 completed, 1 failed,
-2 canceled or rejected, 3 stopped in another state (input or auth required),
-4 the request itself failed (unreachable, 401, 429, bad request). ``cancel`` exits 0
-when the task ends canceled, 1 when it cannot be canceled (unknown or already finished).
+Exit status of ``send`` and ``result`` follows the task's state: 0 completed, 1 failed,
+2 canceled or rejected, 3 stopped in another state (input or auth required; for
+``result``, also not finished yet), 4 the request itself failed (unreachable, 401, 429,
+bad request, an unknown task id). Ctrl-C during ``send`` leaves the task running on the
+server and prints the commands that fetch its answer (``mesh result``) or cancel it; exit
+130. ``cancel`` exits 0 when the task ends canceled, 1 when it cannot be canceled (unknown
+or already finished).
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ import json
 import os
 import sys
 import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from a2a.client import Client, ClientConfig, ClientFactory
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import TransportProtocol
-from a2a.utils.errors import A2AError
+from a2a.utils.errors import A2AError, TaskNotFoundError
 
 from mesh.cli.errors import describe, server_message, status_line
 
@@ -84,8 +90,13 @@ async def _client(http: httpx.AsyncClient, url: str, *, streaming: bool) -> Clie
     return await ClientFactory(config).create_from_url(url.rstrip("/"))
 
 
-def _err(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+def _say(args: argparse.Namespace, message: str) -> None:
+    """One error line on stderr, in the one style: ``mesh COMMAND: message``."""
+    print(f"mesh {args.client_command}: {message}", file=sys.stderr)
+
+
+def _err(args: argparse.Namespace, message: str) -> int:
+    _say(args, message)
     return EXIT_ERROR
 
 
@@ -93,13 +104,27 @@ def _failed(exc: BaseException, args: argparse.Namespace) -> int:
     """A request that failed: one line naming the fix (the traceback with --debug)."""
     if getattr(args, "debug", False):
         raise exc
-    return _err(describe(exc, args.url))
+    return _err(args, describe(exc, args.url))
+
+
+def _again(args: argparse.Namespace, command: str, task_id: str) -> str:
+    """The ``mesh`` command line that runs ``command`` on ``task_id`` at the same server
+    (with ``--token TOKEN`` when this one was given a token by flag: it is not echoed)."""
+    token = " --token TOKEN" if getattr(args, "token", None) else ""
+    return f"mesh {command} {args.url} {task_id}{token}"
 
 
 # --------------------------------------------------------------------------- send
 
 
-async def _send(args: argparse.Namespace) -> int:
+@dataclass
+class _Seen:
+    """What ``send`` has learnt so far: the task id, for a Ctrl-C that comes mid-stream."""
+
+    task_id: str = ""
+
+
+async def _send(args: argparse.Namespace, seen: _Seen) -> int:
     async with _http(args) as http:
         client = await _client(http, args.url, streaming=args.stream)
         request = pb.SendMessageRequest(
@@ -122,11 +147,13 @@ async def _send(args: argparse.Namespace) -> int:
                     return EXIT_COMPLETED
                 if response.HasField("task"):
                     task_id, state = response.task.id, response.task.status.state
+                    seen.task_id = task_id
                     if args.stream:
                         print(f"[{_state_name(state)}] task {task_id}", file=sys.stderr)
                 elif response.HasField("status_update"):
                     update = response.status_update
                     task_id, state = update.task_id, update.status.state
+                    seen.task_id = task_id
                     note = _text(update.status.message.parts)
                     print(f"[{_state_name(state)}] {note}".rstrip(), file=sys.stderr)
                 elif response.HasField("artifact_update"):
@@ -145,7 +172,7 @@ async def _send(args: argparse.Namespace) -> int:
                         sys.stdout.flush()
                         streamed = True
             if not task_id:
-                return _err("the agent answered with neither a message nor a task")
+                return _err(args, "the agent answered with neither a message nor a task")
             task = await client.get_task(pb.GetTaskRequest(id=task_id))
         except A2AError as e:
             return _failed(e, args)
@@ -153,6 +180,12 @@ async def _send(args: argparse.Namespace) -> int:
             await client.close()
     if streamed:
         print()
+    return _report(task, args)
+
+
+def _report(task: pb.Task, args: argparse.Namespace) -> int:
+    """Print a task that stopped: its answer on stdout, its state and what to do next on
+    stderr; the exit status for its state."""
     answer = _answer(task)
     if answer:
         print(answer)
@@ -167,12 +200,55 @@ async def _send(args: argparse.Namespace) -> int:
     return exit_status(task.status.state)
 
 
+def _interrupted(args: argparse.Namespace, task_id: str) -> int:
+    """Ctrl-C during ``send``: the task is the server's, and goes on there."""
+    if not task_id:
+        _say(args, "interrupted before the server named the task; if it made one, "
+                   f"`mesh tasks {args.url}` lists it")
+        return 130
+    _say(args, f"interrupted; task {task_id} goes on on the server")
+    print(f"  its answer, once it is done: {_again(args, 'result', task_id)}\n"
+          f"  cancel it:                   {_again(args, 'cancel', task_id)}", file=sys.stderr)
+    return 130
+
+
 def _answer(task: pb.Task) -> str:
+    from mesh.agent.events import ANSWER_ARTIFACT
+
     for artifact in task.artifacts:
-        if artifact.artifact_id == "answer":
+        if artifact.artifact_id == ANSWER_ARTIFACT:
             return _text(artifact.parts)
     finals = [a for a in task.artifacts if not a.artifact_id.startswith("stream-")]
     return "\n".join(_text(a.parts) for a in finals)
+
+
+# --------------------------------------------------------------------------- result
+
+
+_RUNNING = frozenset({pb.TaskState.TASK_STATE_SUBMITTED, pb.TaskState.TASK_STATE_WORKING})
+
+
+async def _result(args: argparse.Namespace) -> int:
+    async with _http(args) as http:
+        client = await _client(http, args.url, streaming=False)
+        try:
+            task = await client.get_task(pb.GetTaskRequest(id=args.id))
+        except TaskNotFoundError:
+            return _err(args, f"{args.url.rstrip('/')} has no task {args.id} (a mistyped id, "
+                              "one another --token created, or one the server's --data-dir "
+                              f"no longer holds); `mesh tasks {args.url}` lists yours")
+        except A2AError as e:
+            return _failed(e, args)
+        finally:
+            await client.close()
+    if task.status.state in _RUNNING:
+        note = _text(task.status.message.parts).replace("\n", " ")
+        print(f"[{_state_name(task.status.state)}] task {task.id} is not finished"
+              + (f" ({note})" if note else "") + f"; ask again later: "
+              f"{_again(args, 'result', task.id)}, or cancel it: "
+              f"{_again(args, 'cancel', task.id)}", file=sys.stderr)
+        return EXIT_OTHER
+    return _report(task, args)
 
 
 # --------------------------------------------------------------------------- tasks / cancel
@@ -209,7 +285,7 @@ async def _cancel(args: argparse.Namespace) -> int:
         try:
             task = await client.cancel_task(pb.CancelTaskRequest(id=args.id))
         except A2AError as e:
-            print(f"error: cannot cancel {args.id}: {describe(e, args.url)}", file=sys.stderr)
+            _say(args, f"cannot cancel {args.id}: {describe(e, args.url)}")
             return EXIT_FAILED
         finally:
             await client.close()
@@ -224,8 +300,8 @@ async def _capacity(args: argparse.Namespace) -> int:
         except httpx.HTTPError as e:
             return _failed(e, args)
     if response.status_code != 200:
-        return _err(status_line(response.status_code, args.url.rstrip("/"),
-                                server_message(response)))
+        return _err(args, status_line(response.status_code, args.url.rstrip("/"),
+                                      server_message(response)))
     print(json.dumps(response.json(), indent=2, sort_keys=True))
     return 0
 
@@ -233,7 +309,10 @@ async def _capacity(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- wiring
 
 
-def _runner(coro_fn: Any) -> Any:
+Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def _runner(coro_fn: Command) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(asyncio.run(coro_fn(args)))
@@ -241,6 +320,17 @@ def _runner(coro_fn: Any) -> Any:
             return _failed(e, args)
 
     return run
+
+
+def _run_send(args: argparse.Namespace) -> int:
+    """``send``, whose Ctrl-C names the task it leaves running and how to reach it."""
+    seen = _Seen()
+    try:
+        return int(asyncio.run(_send(args, seen)))
+    except KeyboardInterrupt:
+        return _interrupted(args, seen.task_id)
+    except (httpx.HTTPError, A2AError, OSError) as e:
+        return _failed(e, args)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -252,7 +342,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``send``, ``tasks``, ``cancel`` and ``capacity`` to the ``mesh`` command."""
+    """Add ``send``, ``result``, ``tasks``, ``cancel`` and ``capacity`` to the ``mesh``
+    command."""
     send = subparsers.add_parser(
         "send",
         help="send a message to an A2A agent and print the answer",
@@ -268,7 +359,13 @@ def register(subparsers: Any) -> None:
                       help="continue this conversation (a contextId an earlier send printed)")
     send.add_argument("--task", default=None, metavar="ID",
                       help="answer this task's question (a task in input-required)")
-    send.set_defaults(func=_runner(_send))
+    send.set_defaults(func=_run_send, client_command="send")
+
+    result = subparsers.add_parser(
+        "result", help="print a task's answer (or its state, while it runs)")
+    _common(result)
+    result.add_argument("id", help="the task id (`mesh send` prints it; `mesh tasks` lists them)")
+    result.set_defaults(func=_runner(_result), client_command="result")
 
     tasks = subparsers.add_parser("tasks", help="list the tasks an agent holds for you")
     _common(tasks)
@@ -278,13 +375,13 @@ def register(subparsers: Any) -> None:
         choices=["submitted", "working", "completed", "failed", "canceled", "rejected"],
         help="only tasks in this state",
     )
-    tasks.set_defaults(func=_runner(_tasks))
+    tasks.set_defaults(func=_runner(_tasks), client_command="tasks")
 
     cancel = subparsers.add_parser("cancel", help="cancel a task")
     _common(cancel)
     cancel.add_argument("id", help="the task id")
-    cancel.set_defaults(func=_runner(_cancel))
+    cancel.set_defaults(func=_runner(_cancel), client_command="cancel")
 
     capacity = subparsers.add_parser("capacity", help="show the coordinator's /capacity")
     _common(capacity)
-    capacity.set_defaults(func=_runner(_capacity))
+    capacity.set_defaults(func=_runner(_capacity), client_command="capacity")
