@@ -27,6 +27,7 @@ size and nanosecond mtime are unchanged has unchanged content.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ from mesh.engine.tiny import TinyVariant, tiny_model_path
 from mesh.engine.types import ModelError
 
 __all__ = [
+    "BUILTIN_NAMES",
     "ENV_VAR",
     "ModelSource",
     "ResolvedModel",
@@ -59,6 +61,8 @@ _TINY_WORDS: dict[str, tuple[TinyVariant, int | None, str | None]] = {
     "tiny:262k": ("llama", 262144, "hd64"), "tiny:hd64": ("llama", None, "hd64"),
 }
 _FIX = "pass --model PATH or set MESH_MODEL"
+#: The words ``--model`` takes besides a path, as a typo's suggestion lists them.
+BUILTIN_NAMES = ("smollm2", "gemma", "tiny")
 
 ModelSource = Literal["flag", "env", "default", "tiny"]
 
@@ -117,7 +121,7 @@ def _from_spec(spec: str, source: ModelSource, cache: Path) -> ResolvedModel:
         return ResolvedModel(path=path, name=path.stem, source=source)
     where = "--model" if source == "flag" else ENV_VAR
     path = Path(spec).expanduser().absolute()
-    _check_gguf(path, where)
+    _check_gguf(path, where, word=_bare_word(spec))
     return ResolvedModel(path=path, name=path.stem, source=source)
 
 
@@ -142,10 +146,35 @@ def smollm2_path() -> Path:
     )
 
 
-def _check_gguf(path: Path, where: str = "--model") -> None:
-    """Raise ModelError unless ``path`` is a readable file starting with the GGUF magic."""
+def _bare_word(spec: str) -> str | None:
+    """``spec`` as a word that may be a misspelt built-in name: no folder, no suffix."""
+    word = spec.strip()
+    if not word or "/" in word or os.sep in word or "." in word or word.startswith("~"):
+        return None
+    return word.lower()
+
+
+def _suggestion(word: str | None, where: str) -> str:
+    """For a missing file named by a bare word: the built-in names it is close to, then
+    all of them (``--model smolm2`` is a typo of ``smollm2``, not a file)."""
+    if word is None:
+        return ""
+    words = (*BUILTIN_NAMES, *(w for w in _TINY_WORDS if w not in BUILTIN_NAMES))
+    close = difflib.get_close_matches(word, words, n=1, cutoff=0.6)
+    names = ", ".join(BUILTIN_NAMES)
+    if close:
+        meant = f"--model {close[0]}" if where == "--model" else f"{ENV_VAR}={close[0]}"
+        return f"; did you mean {meant}? (built-in names: {names})"
+    return f"; it is not a built-in name ({names})"
+
+
+def _check_gguf(path: Path, where: str = "--model", word: str | None = None) -> None:
+    """Raise ModelError unless ``path`` is a readable file starting with the GGUF magic.
+    ``word``: the spec, when it was a bare word (a missing file then names the built-in
+    names it is close to)."""
     if not path.exists():
-        raise ModelError(f"model file not found at {path} (from {where}); {_FIX}")
+        raise ModelError(f"model file not found at {path} (from {where})"
+                         f"{_suggestion(word, where)}; {_FIX}")
     if path.is_dir():
         raise ModelError(
             f"{path} is a directory, not a model file (from {where}); "
