@@ -27,6 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
+import logging
+import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
@@ -46,6 +51,7 @@ from mesh.engine.types import (
     PrefillBudget,
     SamplingParams,
     SessionFailed,
+    SessionState,
     TurnAdmission,
 )
 
@@ -54,6 +60,19 @@ __all__ = ["MAX_SEQUENCES", "SNAPSHOT_INTERVAL_S", "SharedKVPool", "Tokenizer",
 
 T = TypeVar("T")
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the prefix sequence counts toward it
+
+logger = logging.getLogger(__name__)
+
+# The orphan reaper (the safety net under every detach): every REAP_INTERVAL_S it releases
+# the sessions attached at least REAP_GRACE_S ago that no caller holds a handle on
+# (a PooledSession is made the moment an attach returns, so a live session always has one).
+# A handle kept alive only by a reference cycle (a cancelled task's traceback) is freed by
+# a full collection, run at most every GC_INTERVAL_S while sessions sit idle. An orphan is
+# therefore released within REAP_GRACE_S + GC_INTERVAL_S + REAP_INTERVAL_S of its owner's
+# end.
+REAP_INTERVAL_S = 5.0
+REAP_GRACE_S = 10.0
+GC_INTERVAL_S = 60.0
 
 
 class SharedKVPool:
@@ -80,6 +99,7 @@ class SharedKVPool:
         self._limits = StepLimits()
         self.stats = StepStats()
         self._snapshots = Snapshots(self.stats)  # kept after aclose(): load() still reads
+        self._reaper = OrphanReaper(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -96,6 +116,7 @@ class SharedKVPool:
 
     async def aclose(self) -> None:
         """Stop the engine thread, fail turns in flight, free native handles."""
+        await self._reaper.stop()
         await self._engine.stop()
         if self._parts is not None:
             self._parts.scheduler.registry.fail_all("the pool was closed")
@@ -168,8 +189,12 @@ class SharedKVPool:
         return self._parts.scheduler.check_attach()
 
     async def attach(self) -> PooledSession:
-        st = await self.call(lambda: self.parts.scheduler.attach())
-        return PooledSession(self, st)
+        """A new session. Cancelled while the engine thread attaches it, the session is
+        released there (nobody would ever detach it); a handle dropped without a detach is
+        released by the reaper (see REAP_INTERVAL_S)."""
+        scheduler = self.parts.scheduler
+        st = await self._engine.call(scheduler.attach, undo=scheduler.release)
+        return self._reaper.track(PooledSession(self, st))
 
     def append_tokens(self, st: SeqState, tokens: list[int]) -> None:
         """Queue tokens for prefill; the ledger checks the budgets first (check, then commit)."""
@@ -193,3 +218,61 @@ class SharedKVPool:
 
     def load(self) -> PoolLoad:
         return self._snapshots.load()
+
+
+class OrphanReaper:
+    """The safety net under every detach: releases the sessions of ``pool`` that no caller
+    holds a handle on any more (see REAP_INTERVAL_S). It runs on the loop that attaches,
+    from the first :meth:`track` to :meth:`stop`."""
+
+    def __init__(self, pool: SharedKVPool) -> None:
+        self._pool = pool
+        # Every live handle by session id (weak: a handle nobody holds leaves by itself).
+        self._handles: weakref.WeakValueDictionary[str, PooledSession] = (
+            weakref.WeakValueDictionary())
+        self._task: asyncio.Task[None] | None = None
+
+    def track(self, session: PooledSession) -> PooledSession:
+        self._handles[session.id] = session
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = loop.create_task(self._run(), name="mesh-reaper")
+        return session
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await self._task
+            self._task = None
+
+    def _reap_unheld(self, held: frozenset[str]) -> list[str]:
+        """Engine thread: release what ``held`` does not name (past the grace)."""
+        return self._pool.parts.scheduler.reap(held, time.monotonic(), REAP_GRACE_S)
+
+    async def _run(self) -> None:
+        """Release sessions whose handles are gone (the log names each; the load's
+        ``sessions_reaped`` counts them)."""
+        pool = self._pool
+        last_gc = time.monotonic()
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            sessions = pool.load().sessions
+            if not sessions:
+                continue
+            now = time.monotonic()
+            if now - last_gc >= GC_INTERVAL_S and any(
+                    s.state is SessionState.IDLE for s in sessions):
+                # An idle session's handle may be held only by a cycle (a dead task's
+                # traceback): a full collection frees it, and the reap below sees it gone.
+                gc.collect()
+                last_gc = now
+            reap = functools.partial(self._reap_unheld, frozenset(self._handles.keys()))
+            try:
+                reaped = await pool.call(reap)
+            except SessionFailed:
+                return  # the pool stopped
+            for sid in reaped:
+                logger.warning("session %s was reaped: attached, but no caller holds it any "
+                               "more (its owner ended without detaching); its cells are free",
+                               sid)

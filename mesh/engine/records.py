@@ -144,6 +144,9 @@ class PoolLoad:
     # prefix_cells, say what the shared prefix saved: prefix × sessions not prefilled.
     sessions_attached: int = 0
     prefill_tokens: int = 0
+    # Sessions the pool released because no handle held them any more (an owner that was
+    # cancelled or crashed without detaching): the safety net's count; 0 when nothing leaks.
+    sessions_reaped: int = 0
     # Parking (0 where an engine does not park): attached sessions allowed at once
     # (resident + parked), the suffix tokens parked sessions hold off the cache, and since
     # start: parks, resumes and the suffix tokens resumes re-prefilled (their recompute;

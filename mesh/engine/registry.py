@@ -55,6 +55,7 @@ class SessionRegistry:
         self.resumes = 0
         self.resume_tokens = 0
         self.swaps = 0
+        self.reaped = 0  # released by reap(): no handle held them
         self.parked_bytes = 0  # host RAM held by swapped suffixes (<= park_memory)
 
     @property
@@ -230,6 +231,17 @@ class SessionRegistry:
             self._sessions.pop(st.seq, None)
         self._turns.fail(st, reason or f"session {st.id} was detached")
         self._ledger.release(st, reason)
+
+    def reap(self, held: frozenset[str], now: float, grace_s: float) -> list[str]:
+        """Release every session attached at least ``grace_s`` ago whose id is not in
+        ``held`` (the ids some caller still has a handle on): nobody can detach, prefill
+        or read them any more. The ids released, for the log."""
+        orphans = [st for st in list(self.all_states())
+                   if st.id not in held and now - st.created >= grace_s]
+        for st in orphans:
+            self.release(st, reason=f"session {st.id} was reaped: no caller holds it")
+        self.reaped += len(orphans)
+        return [st.id for st in orphans]
 
     def release_turns(self, reason: str) -> None:
         """Release every session with a turn in flight (the engine thread's last resort)."""

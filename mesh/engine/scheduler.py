@@ -101,6 +101,13 @@ class Scheduler:
         self.registry.release(st, reason=None)
         self.publish()
 
+    def reap(self, held: frozenset[str], now: float, grace_s: float) -> list[str]:
+        """Release the sessions no caller holds (:meth:`SessionRegistry.reap`)."""
+        reaped = self.registry.reap(held, now, grace_s)
+        if reaped:
+            self.publish()
+        return reaped
+
     # -- the step ----------------------------------------------------------------------
 
     def has_work(self) -> bool:

@@ -44,6 +44,7 @@ class Snapshots:
             prefix_len=len(built.prefix), n_ctx=built.info.n_ctx,
             free_seq_ids=ledger.free_seq_ids, max_sessions=config.max_sessions,
             session_budget=config.session_budget, sessions_attached=registry.attached,
+            sessions_reaped=registry.reaped,
             parking=Parking(ledger.max_attached, registry.parked_tokens(), registry.parks,
                             registry.resumes, registry.resume_tokens,
                             registry.parked_bytes, registry.swaps, config.park_memory))

@@ -62,7 +62,7 @@ class StepStats:
     def snapshot(self, states: Iterable[SeqState], *, prefix_cells: int, prefix_len: int,
                  n_ctx: int, free_seq_ids: int, max_sessions: int,
                  session_budget: int, sessions_attached: int = 0,
-                 parking: Parking = NO_PARKING) -> Capture:
+                 sessions_reaped: int = 0, parking: Parking = NO_PARKING) -> Capture:
         """Capture the pool between steps (engine thread): plain tuples, cheap; the
         :class:`PoolLoad` is built from them when someone reads it."""
         now = time.monotonic()
@@ -71,7 +71,8 @@ class StepStats:
                       st.context_len) for st in states)
         return Capture(now, rows, self.step_ms, self.agg_tps(now), tuple(self.recent),
                        prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
-                       session_budget, (sessions_attached, self.prefill_tokens), parking)
+                       session_budget,
+                       (sessions_attached, self.prefill_tokens, sessions_reaped), parking)
 
 
 class Capture:
@@ -80,7 +81,7 @@ class Capture:
     def __init__(self, now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
                  agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int,
                  prefix_len: int, n_ctx: int, free_seq_ids: int, max_sessions: int,
-                 session_budget: int, totals: tuple[int, int] = (0, 0),
+                 session_budget: int, totals: tuple[int, int, int] = (0, 0, 0),
                  parking: Parking = NO_PARKING) -> None:
         self._args = (now, rows, step_ms, agg_tps, recent, prefix_cells, prefix_len, n_ctx,
                       free_seq_ids, max_sessions, session_budget, totals, parking)
@@ -96,7 +97,7 @@ class Capture:
 def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
            agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int, prefix_len: int,
            n_ctx: int, free_seq_ids: int, max_sessions: int, session_budget: int,
-           totals: tuple[int, int], parking: Parking) -> PoolLoad:
+           totals: tuple[int, int, int], parking: Parking) -> PoolLoad:
     sessions = tuple(
         SessionLoad(id=sid, state=state, private_cells=private,
                     context_len=ctx_len if parked else pos,
@@ -114,7 +115,7 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
                      else private_sum),
         free_seq_ids=free_seq_ids, max_sessions=max_sessions,
         session_budget=session_budget, recent_steps=recent,
-        sessions_attached=totals[0], prefill_tokens=totals[1],
+        sessions_attached=totals[0], prefill_tokens=totals[1], sessions_reaped=totals[2],
         max_attached=parking.max_attached, parked_tokens=parking.parked_tokens,
         parks=parking.parks, resumes=parking.resumes, resume_tokens=parking.resume_tokens,
         parked_bytes=parking.parked_bytes, swaps=parking.swaps,

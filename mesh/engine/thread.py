@@ -58,11 +58,12 @@ class EngineThread:
     def wake(self) -> None:
         self._commands.wake()
 
-    async def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the engine thread and await its result."""
+    async def call(self, fn: Callable[[], T], undo: Callable[[T], None] | None = None) -> T:
+        """Run ``fn`` on the engine thread and await its result; ``undo`` runs there on a
+        result whose caller was cancelled (:meth:`Commands.call`)."""
         if self._thread is None or self._stopping:
             raise SessionFailed("the pool is not running")
-        return await self._commands.call(fn)
+        return await self._commands.call(fn, undo)
 
     def _run(self, parts: Parts) -> None:
         sched = parts.scheduler

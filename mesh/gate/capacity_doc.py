@@ -93,7 +93,8 @@ def capacity_doc(gate: GateView, inp: GateInput, load: PoolLoad, d: Decision,
         "refused_total": gate.num_refused,
         # the pool's totals since start (0 where the engine does not count them)
         "pool_totals": {"sessions_attached": load.sessions_attached,
-                        "prefill_tokens": load.prefill_tokens},
+                        "prefill_tokens": load.prefill_tokens,
+                        "sessions_reaped": load.sessions_reaped},
         "workers": _worker_rows(load),
         "turns": _turns_doc(load, decode_gate, gate.config.floor_tps),
     }
