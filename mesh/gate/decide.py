@@ -81,6 +81,22 @@ def _policy_room(inp: GateInput, config: GateConfig, proj: Projection) -> tuple[
     return proj.hard_room, ""
 
 
+def _admit_reason(config: GateConfig, proj: Projection, room: int) -> str:
+    """Why an admission happened, in words that never pair *admit* with a projection
+    under the floor unexplained: the figure that decided, or what decided instead."""
+    floor, kind = config.floor_tps, config.policy.kind
+    if kind is PolicyKind.FLOOR:
+        return (f"admit: room for {room} more worker(s) in memory; each turn then waits for "
+                f"the decode gate, which starts it only while every decoding worker keeps "
+                f"{floor:g} tok/s")
+    if kind is PolicyKind.PROJECTION and proj.tps_next >= floor:
+        return (f"admit: projected {proj.tps_next:.2f} tok/s per worker with one more, at "
+                f"or above the floor of {floor:g}")
+    if kind is PolicyKind.PROJECTION:  # the lone-worker rule above said why
+        return "admit: the one worker that always runs when none is running"
+    return f"admit: room for {room} more worker(s) under policy {config.policy}"
+
+
 def _retry_after(inp: GateInput, config: GateConfig, slots_needed: int) -> float:
     if inp.mean_hold_s is not None and inp.mean_hold_s > 0:
         interval = inp.mean_hold_s / max(1, inp.num_workers)
@@ -115,10 +131,7 @@ def decide(inp: GateInput, config: GateConfig, model: ThroughputModel, now: floa
             reasons.append(f"slow start: {unmeasured} new workers are not measured yet")
             room = 0
     if room > 0 and inp.queue_ahead == 0:
-        reasons.append(
-            f"admit: projected {proj.tps_next:.2f} tok/s per worker with one more "
-            f"(floor {config.floor_tps:g}, policy {config.policy})"
-        )
+        reasons.append(_admit_reason(config, proj, room))
         return Decision(Verdict.ADMIT, 0.0, room, proj, tuple(reasons), now)
     if room > 0:
         reasons.append(f"{inp.queue_ahead} requests are queued ahead")

@@ -454,3 +454,24 @@ def test_slow_start_ages_sessions_past_the_snapshot() -> None:
     assert not early.admitted and any("slow start" in r for r in early.reasons)
     later = cfg.min_duty_age_s + 1.0
     assert decide(GateInput(load=load, num_tickets=1), cfg, model_of(), later).admitted
+
+
+# ---------------------------------------------------------------- the reason line
+
+
+@pytest.mark.parametrize("policy", ["floor", "projection", "legacy", "static:8", "none"])
+@pytest.mark.parametrize("n", [0, 3, 6])
+def test_an_admit_line_never_quotes_a_projection_under_the_floor(policy: str, n: int) -> None:
+    """An operator reading "admit: projected 0.83 tok/s ... (floor 5)" sees a contradiction:
+    an admit line either quotes a projection at or above the floor, or says what decided."""
+    d = run(gate_input(decoding(n)), policy, floor_tps=50.0)  # every projection is under it
+    admit = [r for r in d.reasons if r.startswith("admit:")]
+    if not d.admitted:
+        assert not admit
+        return
+    assert len(admit) == 1, d.reasons
+    line = admit[0]
+    if "projected" in line:
+        assert d.projection.tps_next >= 50.0, line
+    if policy == "floor":  # admitted by memory: the line says who holds the floor
+        assert "decode gate" in line, line
