@@ -125,3 +125,36 @@ def test_a_burst_of_cancels_leaves_the_pool_idle_and_serving(served: ServeProc) 
             assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
 
     asyncio.run(main())
+
+
+def test_a_full_pool_queues_a_task_and_serves_it_when_a_session_frees(tmp_path: Path) -> None:
+    """Every place held by session-API sessions (``--max-attached 2``: parking cannot make
+    room): a new A2A task waits with its queue position (never refused, never stuck), and
+    runs once a session is deleted."""
+    from tests.reliability.serve_proc import running
+
+    project = small_project(tmp_path / "project")
+    with running(tmp_path / "data", project, tmp_path / "cache", "--max-sessions", "2",
+                 "--max-attached", "2", "--plan", "never") as srv:
+        held = []
+        for _ in range(2):
+            r = httpx.post(srv.url + "/v1/sessions", json={}, timeout=30)
+            assert r.status_code in (200, 201), r.text
+            held.append(r.json()["id"])
+        task = srv.send("What does add return?", immediately=True)
+        deadline = time.monotonic() + 30
+        while True:  # queued, and it says where
+            got = srv.get(task["id"])
+            text = " ".join(p.get("text", "") for p in
+                            got["status"].get("message", {}).get("parts", []))
+            if "queued for the gate at position" in text:
+                break
+            assert got["status"]["state"] not in TERMINAL, got["status"]
+            assert time.monotonic() < deadline, got["status"]
+            time.sleep(0.1)
+        for sid in held:
+            assert httpx.delete(f"{srv.url}/v1/sessions/{sid}", timeout=30).status_code == 204
+        done = srv.wait_terminal(task["id"], timeout=120)
+        assert done["status"]["state"] == "TASK_STATE_COMPLETED", done["status"]
+        cap = httpx.get(srv.url + "/capacity", timeout=10).json()
+        assert cap["sessions"]["total"] == 0
