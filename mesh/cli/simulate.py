@@ -3,12 +3,20 @@
 ``mesh simulate`` starts a coordinator (``mesh serve`` as a subprocess) or targets one at
 ``--url``, submits K packages at once and writes ``report.json``, ``report.md`` and plots to
 ``--out``; ``--compare KEY=V1,V2`` runs the same scenario once per value. ``mesh sweep``
-runs it at each ``--floors`` value and names the sweet spot.
+runs it at each ``--floors`` value and names the sweet spot; it always starts its own
+coordinator, one per floor (the floor is a ``mesh serve`` flag: a running server's cannot
+be changed from here), so it takes no ``--url``.
+
+Every request carries the bearer token of ``--token`` (alias ``--auth-token``), else of
+``$MESH_TOKEN`` (what ``mesh send`` sends), else the first of ``$MESH_AUTH_TOKEN`` (what a
+``mesh serve`` started here with that environment accepts); the token is never written to
+a report.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +34,17 @@ from mesh.sim.types import POLICIES_HELP, SimConfig, SimRun
 __all__ = ["register"]
 
 
-def _scenario_args(p: argparse.ArgumentParser) -> None:
+def _token(args: argparse.Namespace) -> str | None:
+    """The bearer token to send (see the module docstring); None: send none. A comma list
+    (``mesh serve --auth-token`` takes one: several callers) gives its first token."""
+    for value in (args.token, os.environ.get("MESH_TOKEN"), os.environ.get("MESH_AUTH_TOKEN")):
+        first = next((t.strip() for t in (value or "").split(",") if t.strip()), None)
+        if first:
+            return first
+    return None
+
+
+def _scenario_args(p: argparse.ArgumentParser, *, url: bool) -> None:
     p.add_argument(
         "--template", default="light", help="light, heavy or a template folder (default: light)"
     )
@@ -67,9 +85,21 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
         help="shared prefix (default) or a private copy per worker (baseline)",
     )
     target = p.add_mutually_exclusive_group()
-    target.add_argument("--url", default=None, help="drive the coordinator at this URL")
+    # mesh sweep starts a coordinator per floor: --url stays out of its --help, and names
+    # the reason when given anyway.
+    target.add_argument("--url", default=None,
+                        help="drive the coordinator at this URL" if url else argparse.SUPPRESS)
     target.add_argument(
         "--model", default=None, help="model for the coordinator started here (GGUF path or 'tiny')"
+    )
+    p.add_argument(
+        "--token",
+        "--auth-token",
+        dest="token",
+        default=None,
+        metavar="T",
+        help="bearer token for a server with auth on (default: $MESH_TOKEN, else the first "
+        "of $MESH_AUTH_TOKEN)",
     )
     p.add_argument(
         "--serve-arg",
@@ -103,7 +133,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run the seeded scenario over A2A and report",
         description="Exit status: 0 when every package was delivered, 3 when some were not.",
     )
-    _scenario_args(p)
+    _scenario_args(p, url=True)
     p.add_argument(
         "--floor-tps",
         type=float,
@@ -122,8 +152,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.set_defaults(func=run_simulate)
 
-    s = sub.add_parser("sweep", help="run the scenario at several floors; find the sweet spot")
-    _scenario_args(s)
+    s = sub.add_parser(
+        "sweep",
+        help="run the scenario at several floors; find the sweet spot",
+        description="Starts its own coordinator for each floor (the floor is a `mesh serve` "
+        "flag), so it drives no --url.",
+    )
+    _scenario_args(s, url=False)
     s.add_argument("--floors", default="2,4,6,8,12", help="comma-separated floors (tok/s)")
     s.add_argument(
         "--max-under",
@@ -154,6 +189,7 @@ def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
         policy=args.policy,
         pool=args.pool,
         url=args.url,
+        token=_token(args),
         model=args.model,
         sample_interval_s=args.interval,
         startup_timeout_s=args.startup_timeout,
@@ -232,10 +268,15 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
         if not floors or any(f <= 0 for f in floors):
             raise ValueError(f"--floors needs positive numbers, got {args.floors!r}")
         if args.url is not None:
-            raise ValueError("mesh sweep starts its own coordinator per floor; drop --url")
+            raise ValueError(
+                "mesh sweep starts its own coordinator for each floor (a running server's "
+                "floor is fixed by its `mesh serve --floor-tps`), so it takes no --url; drop "
+                "--url, or run `mesh simulate --url URL` once per server started at a floor")
         config = _config(args, floors[0])
         result = run_sweep(config, floors, args.out, _runner(args), max_under=args.max_under)
     except (ValueError, ServerError) as exc:
         return _fail(str(exc))
+    except (A2AError, httpx.HTTPError, OSError) as exc:
+        return _failed(exc, args)
     print(result.table.read_text(encoding="utf-8"))
     return 0

@@ -209,6 +209,16 @@ async def _sample(
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
+async def _check_auth(http: httpx.AsyncClient, url: str) -> None:
+    """Raise ``httpx.HTTPStatusError`` if the server refuses this client's token (401/403 on
+    ``/capacity``, which sits behind the same auth as A2A): one clear error before any
+    package is sent, not a run of packages that each failed. Other answers pass (a missed
+    sample is only a gap)."""
+    response = await http.get(url.rstrip("/") + "/capacity")
+    if response.status_code in (401, 403):
+        response.raise_for_status()
+
+
 async def drive(
     url: str,
     config: SimConfig,
@@ -218,7 +228,9 @@ async def drive(
     neighbour: Neighbour | None = None,
 ) -> SimRun:
     """Submit every package of ``scenario`` to the coordinator at ``url`` at once and
-    collect the run (samples and timelines). Returns when every task has ended.
+    collect the run (samples and timelines). Returns when every task has ended. Every
+    request carries ``config.token`` as its bearer token (when set); a server that refuses
+    it raises ``httpx.HTTPStatusError`` (401/403) before any package is sent.
 
     ``neighbour`` (set up already) follows its schedule from the run clock's zero and is
     stopped when the run ends; its "on" spans land in ``run.neighbour_phases``."""
@@ -226,9 +238,11 @@ async def drive(
     run.tasks = [TaskTimeline(p.index) for p in scenario.packages]
     limits = httpx.Limits(max_connections=len(scenario.packages) + 8)
     timeout = httpx.Timeout(30.0, read=None)  # a queued task may be silent for long
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+    headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as http:
         factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
         card = await A2ACardResolver(http, url).get_agent_card()
+        await _check_auth(http, url)
         client = factory.create(card)
         run.server = {"url": url, "name": card.name, "version": card.version}
         clock = _Clock()

@@ -124,6 +124,9 @@ class SimConfig:
     policy: str = "floor"
     pool: str = "shared"  # "shared" | "naive"
     url: str | None = None
+    # The bearer token sent with every request (the server's --auth-token); never written
+    # to a report (to_json leaves it out, and masks an --auth-token in serve_args).
+    token: str | None = field(default=None, repr=False)
     model: str | None = None  # GGUF path or "tiny"; None: the server's default
     sample_interval_s: float = 0.25
     startup_timeout_s: float = 300.0
@@ -164,8 +167,22 @@ class SimConfig:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out["serve_args"] = list(self.serve_args)
+        del out["token"]
+        out["serve_args"] = _masked(self.serve_args)
         return out
+
+
+def _masked(argv: tuple[str, ...]) -> list[str]:
+    """``argv`` with the value of every ``--auth-token`` replaced (a report is no place for
+    a secret)."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--auth-token":
+            arg = "***"
+        elif arg.startswith("--auth-token="):
+            arg = "--auth-token=***"
+        out.append(arg)
+    return out
 
 
 @dataclass(frozen=True)
