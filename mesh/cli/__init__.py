@@ -4,8 +4,9 @@ Each subcommand lives in its own module exposing ``register(subparsers)``, which
 parser whose ``func`` default takes the parsed namespace and returns an exit status.
 
 Errors a user can cause (a bad flag, a server that is not there or refuses, a 4xx) are one
-line on stderr naming the fix and a non-zero exit (2 for a bad flag); ``--debug`` (before
-or after the subcommand) lets the traceback through instead.
+line on stderr naming the fix and a non-zero exit (2 for a bad flag), in one style:
+``mesh COMMAND: message`` (``mesh: message`` before a command is known); ``--debug``
+(before or after the subcommand) lets the traceback through instead.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ _DEBUG_HELP = "print the traceback of an error instead of one line"
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line naming the help to read (argparse's
-    own prints the whole usage first: dozens of lines for ``mesh serve``). Subcommand
-    parsers are of the same class (argparse makes them with ``type(parent)``)."""
+    own prints the whole usage first: dozens of lines for ``mesh serve``), in the style of
+    every ``mesh`` error: ``mesh COMMAND: message``. Subcommand parsers are of the same
+    class (argparse makes them with ``type(parent)``)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+        self.exit(2, f"{self.prog}: {message}; see `{self.prog} --help`\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"mesh {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # the one place an unexpected error becomes one line
         if args.debug:

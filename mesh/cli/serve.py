@@ -16,10 +16,10 @@ from mesh.cli.engine_flags import add_engine_flags
 from mesh.cli.engines import add_engine_args
 from mesh.cli.local import local_app
 from mesh.cli.nodes import nodes_app
-from mesh.cli.preflight import preflight, print_cache_warnings
+from mesh.cli.preflight import coordinator_config, preflight, print_cache_warnings
 from mesh.engine.types import EngineError
 
-__all__ = ["plan_actions", "register", "run"]
+__all__ = ["auth_line", "plan_actions", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,6 +104,18 @@ def plan_actions(text: str) -> tuple[str, ...]:
     return tuple(a for a in ACTIONS if a in asked)
 
 
+def auth_line(args: argparse.Namespace) -> str:
+    """The start-up log's line on authentication: on, with how many bearer tokens (never
+    the tokens), or off, with who may then call."""
+    tokens = coordinator_config(args).tokens
+    if tokens:
+        n = len(tokens)
+        return (f"auth: on ({n} bearer token{'s' if n != 1 else ''}; callers send "
+                "'Authorization: Bearer TOKEN', mesh commands --token or MESH_TOKEN)")
+    return (f"auth: off (anyone who can reach {args.host}:{args.port} may call; "
+            "--auth-token T or MESH_AUTH_TOKEN turns it on)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the flags and folders and bind the port (fast, one line and exit 2 on a
     mistake), resolve the prefix (a bad ``--model`` fails here, the same way), then serve
@@ -123,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         # whether found here or in the lifespan before anything was served.
         try:
             app = nodes_app(args) if args.node else local_app(args)
+            print(auth_line(args), file=sys.stderr)
             return run_server(app, args.host, args.port, sock=sock)
         except (EngineError, ValueError, OSError) as exc:
             print(f"mesh serve: {exc}", file=sys.stderr)

@@ -30,12 +30,13 @@ def _one_line(err: str) -> str:
     "argv",
     [
         ["send", "{url}", "hello"],
+        ["result", "{url}", "some-task"],
         ["tasks", "{url}"],
         ["cancel", "{url}", "some-task"],
         ["capacity", "{url}"],
         ["simulate", "--url", "{url}", "--no-progress", "--packages", "1", "--out", "{out}"],
     ],
-    ids=["send", "tasks", "cancel", "capacity", "simulate"],
+    ids=["send", "result", "tasks", "cancel", "capacity", "simulate"],
 )
 def test_a_server_that_is_not_there(tmp_path: Path, argv: list[str]) -> None:
     url = _closed_url()
@@ -45,6 +46,8 @@ def test_a_server_that_is_not_there(tmp_path: Path, argv: list[str]) -> None:
     assert proc.returncode != 0
     line = _one_line(proc.stderr)
     assert url in line and "cannot connect" in line and "mesh serve" in line, line
+    if argv[0] != "simulate":  # mesh/cli/simulate.py still writes "mesh: ..."
+        assert line.startswith(f"mesh {argv[0]}: cannot connect"), line
 
 
 @pytest.fixture
@@ -62,6 +65,7 @@ def test_a_server_that_refuses_the_token(server: Served, capsys: pytest.CaptureF
         assert main(argv) != 0
         line = _one_line(capsys.readouterr().err)
         assert "401" in line and "--token" in line and "MESH_TOKEN" in line, line
+        assert line.startswith(f"mesh {argv[0]}: "), line
 
 
 def test_simulate_against_a_server_without_simulation(
@@ -101,6 +105,7 @@ def test_a_bad_flag_is_one_line(argv: list[str], help_of: str,
     assert exit_.value.code == 2
     line = _one_line(capsys.readouterr().err)
     assert line.endswith(f"see `{help_of} --help`"), line
+    assert line.startswith(f"{help_of}: ") and "error:" not in line, line  # the one style
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -109,3 +114,16 @@ def test_debug_lets_the_traceback_through(where: str) -> None:
     argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
     with pytest.raises(Exception, match=r"(?i)connect"):
         main(argv)
+
+
+def test_ctrl_c_in_any_command_is_one_line_in_the_style(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mesh.cli import client
+
+    async def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client, "_capacity", interrupted)
+    assert main(["capacity", _closed_url()]) == 130
+    assert _one_line(capsys.readouterr().err) == "mesh capacity: interrupted"

@@ -153,3 +153,25 @@ def test_config_mistakes_name_the_flag_before_anything_starts(
     with pytest.raises(ValueError, match=f"^[^;]*{flag}"):
         preflight(args)
     assert not (tmp_path / "data").exists(), "nothing was created for a bad flag"
+
+
+@pytest.mark.parametrize(
+    ("tokens", "line"),
+    [(None, "auth: off (anyone who can reach 127.0.0.1:{port} may call; --auth-token T or "
+            "MESH_AUTH_TOKEN turns it on)"),
+     ("secret-one-1234", "auth: on (1 bearer token; "),
+     ("secret-one-1234,secret-two-5678", "auth: on (2 bearer tokens; ")],
+    ids=["off", "one", "two"],
+)
+def test_the_start_up_log_says_whether_auth_is_on(tmp_path: Path, tokens: str | None,
+                                                  line: str) -> None:
+    extra = ("--auth-token", tokens) if tokens else ()
+    served = start(tmp_path / "data", small_project(tmp_path / "project"), tmp_path / "cache",
+                   "--policy", "none", *extra)
+    served.stop()
+    port = served.url.rsplit(":", 1)[1]
+    err = served.stderr()
+    (auth,) = [x for x in err.splitlines() if x.startswith("auth: ")]
+    assert auth.startswith(line.format(port=port)), auth
+    for token in (tokens or "").split(","):
+        assert not token or token not in err, "a token was printed"
