@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv in the checkout and install mesh into it (editable), with test extras when
-# asked. Quick the second time: it reinstalls only when pyproject.toml changed.
+# Create .venv in the checkout and install mesh into it (editable), with extras when asked
+# (`install.sh test`, `install.sh test,langchain`). Quick the second time: it reinstalls
+# only when pyproject.toml changed, or when asked for extras no earlier install of this
+# pyproject.toml had (a test install covers a plain one: run.sh after test.sh is quick).
 # The first install compiles llama.cpp (llama-cpp-python ships as source): ~10 minutes on
 # 2 cores; pip caches the built wheel after that.
 set -euo pipefail
@@ -15,8 +17,43 @@ spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 hash="$(sha256sum pyproject.toml | cut -c1-16)"
 stamp=".venv/.mesh-install-$hash-${extras:-base}"
-if [ ! -f "$stamp" ]; then
-    echo "installing mesh into .venv (first time: llama.cpp compiles, ~10 min)..." >&2
+# Installed already: a stamp for this pyproject.toml whose extras include every one asked
+# for (any stamp covers a plain install; its name ends in the extras, comma-separated).
+covered() {
+    local f have e
+    for f in .venv/.mesh-install-"$hash"-*; do
+        [ -f "$f" ] || continue
+        have=",${f#.venv/.mesh-install-"$hash"-},"
+        for e in ${extras//,/ }; do
+            case "$have" in *",$e,"*) ;; *) continue 2 ;; esac
+        done
+        return 0
+    done
+    return 1
+}
+# llama.cpp is built already when llama_cpp imports and its version is the one
+# pyproject.toml pins: pip then only updates mesh (and whatever else changed).
+llama_built() {
+    .venv/bin/python - <<'PY' >/dev/null 2>&1
+import importlib.metadata as md
+import tomllib
+
+import llama_cpp  # noqa: F401  (imports: the shared library is built and loads)
+from pip._vendor.packaging.requirements import Requirement
+
+with open("pyproject.toml", "rb") as f:
+    deps = [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+pins = [r for r in deps if r.name.lower().replace("_", "-") == "llama-cpp-python"]
+version = md.version("llama_cpp_python")
+raise SystemExit(0 if all(r.specifier.contains(version, prereleases=True) for r in pins) else 1)
+PY
+}
+if ! covered; then
+    if llama_built; then
+        echo "updating mesh in .venv (pyproject.toml or the extras changed; llama.cpp is built already)..." >&2
+    else
+        echo "installing mesh into .venv (first time: llama.cpp compiles, ~10 min)..." >&2
+    fi
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
         .venv/bin/python -m pip install --quiet -e "$spec"
     find .venv -maxdepth 1 -name '.mesh-install-*' ! -name ".mesh-install-$hash-*" -delete
