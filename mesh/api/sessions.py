@@ -13,7 +13,10 @@ reason. Each authenticated caller holds at most ``max_per_caller`` sessions (429
 so abandoned sessions cannot starve A2A work; the cap is checked and taken in one step
 (a place is reserved before anything is awaited and given back if the attach fails), so
 concurrent creates cannot pass it together. With auth off every client is the one
-anonymous caller, which may use the whole pool. Errors are JSON
+anonymous caller, which may use the whole pool. The pool's size here is what it can hold
+attached (:func:`attachable`): with parking on (``--max-attached``, default 4 ×
+``--max-sessions``) an idle session is parked off the cache, so the caps count those
+sessions, not the resident slots. Errors are JSON
 ``{"error": {"code", "message"}}``, always 4xx for a client's mistake: empty input 400, a
 turn while one runs 409, a detached or failed session 404/410. A streamed turn whose
 client goes away is stopped with ``Generation.aclose()``; the tokens generated so far stay
@@ -50,8 +53,17 @@ from mesh.api.session_wire import (
 from mesh.engine.types import ContextOverflow, Engine, EngineError, PoolFull, SessionFailed
 from mesh.gate.types import Admission
 
+__all__ = ["DEFAULT_IDLE_S", "SessionAPI", "attachable"]
+
 DEFAULT_IDLE_S = 300.0
 _EXPIRED_KEPT = 1024  # reasons remembered for expired sessions (oldest forgotten first)
+
+
+def attachable(engine: Engine) -> int:
+    """Sessions ``engine`` can hold attached at once: its resident slots
+    (``max_sessions``), or with parking on the attached limit, resident and parked
+    (``max_attached`` in its load; 0 where an engine does not park)."""
+    return max(engine.info.max_sessions, engine.load().max_attached)
 
 
 class SessionAPI:
@@ -59,8 +71,9 @@ class SessionAPI:
     call :meth:`aclose` at shutdown (the app's lifespan does, see ``build_app``).
 
     ``idle_s``: a session with no request (and no turn running) for this long is expired.
-    ``max_per_caller``: sessions one authenticated caller may hold (default: half the
-    pool's slots); the anonymous caller (auth off) may hold the whole pool.
+    ``max_per_caller``: sessions one authenticated caller may hold (default: half of
+    :attr:`capacity`, the sessions the pool can hold attached, parked ones included); the
+    anonymous caller (auth off) may hold all of them.
     """
 
     def __init__(
@@ -77,8 +90,9 @@ class SessionAPI:
         self.engine = engine
         self.admission = admission
         self.idle_s = idle_s
+        self.capacity = attachable(engine)
         self.max_per_caller = (
-            max(1, engine.info.max_sessions // 2) if max_per_caller is None else max_per_caller
+            max(1, self.capacity // 2) if max_per_caller is None else max_per_caller
         )
         if self.max_per_caller < 1:
             raise ValueError(f"max_per_caller must be >= 1, got {self.max_per_caller}")
@@ -133,13 +147,8 @@ class SessionAPI:
         caller = caller_of(request)
         held = self._held[caller]
         if held >= self.cap_of(caller):
-            return too_busy(
-                "too_many_sessions",
-                f"this caller holds (or is creating) {held} sessions, the most one caller "
-                f"may hold ({'max_per_caller' if caller else 'the pool'}); delete one "
-                "(DELETE /v1/sessions/{id}) or let it expire",
-                min(self.idle_s, 60.0),
-            )
+            return too_busy("too_many_sessions", self._cap_message(caller, held),
+                            min(self.idle_s, 60.0))
         self._held[caller] += 1  # taken before any await: concurrent creates see it
         created = False
         try:
@@ -150,9 +159,21 @@ class SessionAPI:
         return answer
 
     def cap_of(self, caller: str) -> int:
-        """Sessions ``caller`` may hold: ``max_per_caller``, or the whole pool for the
-        anonymous caller (auth off: every client is that one caller)."""
-        return self.engine.info.max_sessions if not caller else self.max_per_caller
+        """Sessions ``caller`` may hold: ``max_per_caller``, or the whole pool
+        (:attr:`capacity`) for the anonymous caller (auth off: every client is that one
+        caller)."""
+        return self.capacity if not caller else self.max_per_caller
+
+    def _cap_message(self, caller: str, held: int) -> str:
+        parking = self.capacity > self.engine.info.max_sessions
+        pool = (f"the {self.capacity} sessions the pool can hold attached, parked ones "
+                "included (mesh serve --max-attached)" if parking else
+                f"the pool's {self.capacity} session slots (mesh serve --max-sessions; "
+                "--max-attached above it parks idle sessions to hold more)")
+        share = (f"{self.max_per_caller} (max_per_caller, of {pool})" if caller
+                 else f"all of {pool}")
+        return (f"this caller holds (or is creating) {held} sessions; one caller may hold "
+                f"{share}. Delete one (DELETE /v1/sessions/{{id}}) or let it expire")
 
     def _give_back(self, caller: str) -> None:
         left = self._held[caller] - 1

@@ -1,6 +1,12 @@
 """The session API's per-caller cap (issue 27, hole 5): checked and taken in one step, so
 concurrent creates cannot all pass it; and with auth off the one caller may use the whole
-pool. Over FakeEngine, whose attach yields to other tasks as the pool's does."""
+pool. Over FakeEngine, whose attach yields to other tasks as the pool's does, and the tiny
+model's pool.
+
+Issue 42 item 4c: with parking on, "the whole pool" is what parking can hold attached
+(``max_attached``, default 4 × ``max_sessions``), not the resident slots: on a real
+``mesh serve --model tiny --max-sessions 4`` one caller's fifth idle session is created
+(it parks another), and its turns run after a resume."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import Engine, EngineConfig
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from tests.reliability.serve_proc import running, small_project
 
 pytestmark = pytest.mark.anyio
 
@@ -110,9 +117,10 @@ async def test_without_auth_the_one_caller_may_use_the_whole_pool(concurrent: bo
 
 
 async def test_concurrent_creates_on_the_real_pool(tiny_model_path: Path) -> None:
-    """The same on the tiny model's pool, whose attach runs on its engine thread."""
+    """The same on the tiny model's pool, whose attach runs on its engine thread (parking
+    off: ``max_attached = max_sessions``, so the pool holds 8)."""
     pool = SharedKVPool(EngineConfig(model_path=str(tiny_model_path), max_sessions=8,
-                                     session_budget=64, n_threads=1), "prefix")
+                                     max_attached=8, session_budget=64, n_threads=1), "prefix")
     await pool.start()
     try:
         async with serve(auth=True, engine=pool) as (client, _api, gate):
@@ -124,3 +132,78 @@ async def test_concurrent_creates_on_the_real_pool(tiny_model_path: Path) -> Non
             assert [r.status_code for r in got] == [201] * 8, [r.text for r in got]
     finally:
         await pool.aclose()
+
+
+def _tiny_pool(model: Path, **config: Any) -> SharedKVPool:
+    return SharedKVPool(EngineConfig(model_path=str(model), max_sessions=4, session_budget=64,
+                                     n_threads=1, **config), "prefix")
+
+
+async def test_with_parking_the_caps_count_what_parking_holds(tiny_model_path: Path) -> None:
+    """4 resident slots, parking on (16 attached): each authenticated caller holds 8 at
+    once, the anonymous caller 16; past that, 429 ``too_many_sessions`` naming the cap
+    and ``--max-attached``."""
+    pool = _tiny_pool(tiny_model_path)
+    await pool.start()
+    try:
+        async with serve(auth=True, engine=pool) as (client, api, _):
+            assert (api.capacity, api.max_per_caller) == (16, 8)
+            got = await create_many(client, 10, as_caller(0))
+            assert Counter(r.status_code for r in got) == {201: 8, 429: 2}, [r.text for r in got]
+            refused = next(r for r in got if r.status_code == 429)
+            error = refused.json()["error"]
+            assert error["code"] == "too_many_sessions" and "Retry-After" in refused.headers
+            assert "8 (max_per_caller, of the 16 sessions" in error["message"], error
+            assert "--max-attached" in error["message"], error
+            other = await create_many(client, 8, as_caller(1))  # the other caller's half
+            assert [r.status_code for r in other] == [201] * 8, [r.text for r in other]
+            load = pool.load()
+            assert len(load.sessions) == 16 and load.num_parked >= 12
+        async with serve(auth=False, engine=pool) as (client, api, _):
+            got = [await client.post("/v1/sessions", json={}) for _ in range(17)]
+            assert [r.status_code for r in got] == [201] * 16 + [429], [r.text for r in got]
+            assert got[-1].json()["error"]["code"] == "too_many_sessions"
+    finally:
+        await pool.aclose()
+
+
+async def test_with_parking_off_the_caps_count_the_slots(tiny_model_path: Path) -> None:
+    """``max_attached = max_sessions`` (parking off): 4 for the anonymous caller, and the
+    refusal says so, naming ``--max-attached`` as the way to hold more."""
+    pool = _tiny_pool(tiny_model_path, max_attached=4)
+    await pool.start()
+    try:
+        async with serve(auth=False, engine=pool) as (client, api, _):
+            assert (api.capacity, api.max_per_caller) == (4, 2)
+            got = [await client.post("/v1/sessions", json={}) for _ in range(5)]
+            assert [r.status_code for r in got] == [201] * 4 + [429], [r.text for r in got]
+            message = got[-1].json()["error"]["message"]
+            assert "all of the pool's 4 session slots" in message, message
+            assert "--max-attached" in message, message
+    finally:
+        await pool.aclose()
+
+
+def test_mesh_serve_max_sessions_4_holds_a_fifth_idle_session(tmp_path: Path) -> None:
+    """The issue's case on a real ``mesh serve --model tiny --max-sessions 4`` (auth off,
+    default policy and parking): five idle sessions are created, the first (parked to make
+    room) answers a turn, and the seventeenth is refused naming the cap."""
+    project = small_project(tmp_path / "project")
+    with running(tmp_path / "data", project, tmp_path / "cache",
+                 "--max-sessions", "4") as served, httpx.Client(
+                     base_url=served.url, timeout=60) as client:
+        ids = []
+        for _ in range(5):
+            r = client.post("/v1/sessions", json={})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+        r = client.post(f"/v1/sessions/{ids[0]}/turns", json={"text": "hello", "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        assert 1 <= r.json()["num_generated"] <= 3, r.json()
+        parking = client.get("/capacity").json()["parking"]
+        assert parking["max_attached"] == 16 and parking["parks"] >= 1, parking
+        for _ in range(11):
+            assert client.post("/v1/sessions", json={}).status_code == 201
+        r = client.post("/v1/sessions", json={})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_sessions", r.text
+        assert "16 sessions the pool can hold attached" in r.json()["error"]["message"]
