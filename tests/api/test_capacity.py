@@ -74,7 +74,8 @@ async def test_capacity_follows_the_pool(
     assert after["projected_tps_next"] < before["projected_tps_next"]
     assert gate.num_tickets == 3
     totals = {k: after["pool_totals"][k] - before["pool_totals"][k] for k in before["pool_totals"]}
-    assert totals == {"sessions_attached": 3, "prefill_tokens": 3 * 3}  # "a b c" each
+    assert totals == {"sessions_attached": 3, "prefill_tokens": 3 * 3,  # "a b c" each
+                      "sessions_reaped": 0}
 
 
 async def test_metrics_in_prometheus_text(
