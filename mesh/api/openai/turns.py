@@ -97,14 +97,22 @@ class OpenAITurns:
             pass
         hold: Hold | None = None
         refusal: Refusal | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._give_way)
-            try:
-                hold = await admit_within(self.admission, "openai", self.max_wait_s, caller)
-            except Refusal as exc:
-                refusal = exc
-            finally:
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._give_way)
+                try:
+                    hold = await admit_within(self.admission, "openai", self.max_wait_s,
+                                              caller)
+                except Refusal as exc:
+                    refusal = exc
+                finally:
+                    tg.cancel_scope.cancel()
+        except BaseException:
+            # Cancelled while the group wound down, after the ticket was granted: give it
+            # back (shielded), so no ticket leaks.
+            if hold is not None:
+                await hold.aclose()
+            raise
         if refusal is not None:
             raise Bad.refused(refusal)
         if hold is None:
