@@ -25,8 +25,9 @@ Planned tasks (not explicit ones) remember their context's conversation.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import anyio
 from a2a.types import a2a_pb2 as pb
@@ -171,6 +172,10 @@ class AgentTask:
 
     # how often a plan waiting for room in the queue asks again (at most)
     room_poll_s: float = 1.0
+    # Completion order: every turn of this task (plan, workers, synthesis) asks the decode
+    # gate with this priority, its start time, so turns of tasks already running go
+    # before a new task's first turn (SamplingParams.priority).
+    priority: float = field(default_factory=time.monotonic)
 
     async def run(self) -> None:
         agent = self.agent
@@ -224,8 +229,9 @@ class AgentTask:
         parts = request_parts(self.message, cfg.max_subtasks) if cfg.style == "guided" else ()
         prompt = plan_prompt(self.message, history, cfg.tools, cfg.max_subtasks, parts)
         try:
-            turn = await self._admitted_turn(agent, "plan", prompt,
-                                             agent.plan_params(self.message))
+            turn = await self._admitted_turn(
+                agent, "plan", prompt,
+                replace(agent.plan_params(self.message), priority=self.priority))
             return parse_plan(turn.text, cfg.max_subtasks)
         except (PlanError, EngineError) as e:
             if cfg.plan == "always":
@@ -257,7 +263,7 @@ class AgentTask:
             Subtask(id=f"{self.task_id}/{sid}",
                     instructions=s.instructions if explicit
                     else s.worker_instructions(self.message, history),
-                    params=s.params, hops=self.hops)
+                    params=s.params, hops=self.hops, priority=self.priority)
             for sid, s in zip(plan.subtask_ids(), plan.subtasks, strict=True)
         ]
 
@@ -312,8 +318,8 @@ class AgentTask:
             return joined_answers(outcomes)
         prompt = synthesis_prompt(self.message, plan, outcomes, history)
         try:
-            turn = await self._admitted_turn(agent, "synthesis", prompt,
-                                             agent.synthesis_params())
+            params = replace(agent.synthesis_params(), priority=self.priority)
+            turn = await self._admitted_turn(agent, "synthesis", prompt, params)
         except EngineError as e:
             logger.info("synthesis of %s failed: %s", self.task_id, e)
             await self.events.status(S.TASK_STATE_WORKING,

@@ -31,7 +31,7 @@ def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candida
         turn = st.turn
         assert turn is not None
         out.append(Candidate(st.seq, st.created, st.carry is not None and not ready, ready,
-                             turn.admitted_at is not None, turn.started))
+                             turn.admitted_at is not None, turn.started, turn.priority))
     return out
 
 
@@ -40,15 +40,14 @@ def plan(sessions: Iterable[SeqState], ledger: CellLedger, *, n_batch: int, outp
          turn_admission: TurnAdmission | None = None,
          recent: Sequence[StepSample] = ()) -> StepPlan:
     """The next step's plan over the live sessions (the planner's budget from the pool's;
-    the decode gate is asked only while a turn waits, and always lets one run when none
-    does)."""
+    the decode gate is asked while a turn waits or more than one runs — it may start
+    waiting turns, or shed running ones — and one turn always runs)."""
     cands = candidates(sessions, ledger)
     room = None
-    if turn_admission is not None and not all(c.running for c in cands):
-        num_running = sum(c.running for c in cands)
-        room = max(0, int(turn_admission.turn_room(num_running, cells_used, recent)))
-        if num_running == 0:
-            room = max(room, 1)
+    num_running = sum(c.running for c in cands)
+    if turn_admission is not None and (num_running < len(cands) or num_running > 1):
+        room = int(turn_admission.turn_room(num_running, cells_used, recent))
+        room = max(room, 1 - num_running)  # never shed the last one; with none, start one
     num_decode = sum(c.decoding for c in admit_turns(cands, room))
     budget = step_budget(n_batch=n_batch, output_rows=output_rows, num_decode=num_decode,
                          cells_used=cells_used, prefill_budget=prefill_budget, turn_room=room)

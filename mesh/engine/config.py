@@ -145,6 +145,11 @@ class SamplingParams:
     prose_open: tuple[str, ...] = ()
     prose_close: str = ""
     prose_first: bool = False
+    # Completion order: when the decode gate has room for fewer turns than wait, turns
+    # with the lowest ``priority`` run first (and, shedding, are paused last); the agent
+    # passes its task's start time, so turns of tasks already running go before a new
+    # task's first turn. None: the session's attach time.
+    priority: float | None = None
 
     @property
     def repetition(self) -> bool:

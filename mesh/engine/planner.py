@@ -5,9 +5,14 @@ pool's engine thread builds the batch from the plan, decodes, samples and publis
 
 Rules:
 
-* a turn runs once the decode gate has let it in: turns that wait are let in first come
-  first served (oldest ``asked`` first), at most ``turn_room`` of them this step (None: all);
-  a waiting turn is neither decoded nor prefilled;
+* a turn runs once the decode gate has let it in: turns that wait are let in in
+  completion order (lowest ``priority`` first — the agent's task start time, so turns of
+  tasks already running go before a new task's first turn — then oldest ``asked``), at
+  most ``turn_room`` of them this step (None: all); a waiting turn is neither decoded nor
+  prefilled;
+* a negative ``turn_room`` sheds: that many running turns are paused between steps (the
+  last in completion order first; one always keeps running), keeping their cells and
+  carry token, and wait again at their place in the order;
 * every decoding session of a running turn gets its one row (``n_batch`` exceeds
   ``max_sessions``);
 * queued text of sessions in a turn is prefilled oldest session first, under the token
@@ -26,8 +31,8 @@ from typing import NamedTuple
 
 from mesh.engine.types import PrefillBudget
 
-__all__ = ["Candidate", "Chunk", "StepBudget", "StepPlan", "admit_turns", "plan_step",
-           "step_budget"]
+__all__ = ["Candidate", "Chunk", "StepBudget", "StepPlan", "admit_turns", "order",
+           "plan_step", "step_budget"]
 
 
 class Candidate(NamedTuple):
@@ -39,6 +44,7 @@ class Candidate(NamedTuple):
     ready: int  # queued tokens it may prefill now (0 unless in a turn)
     running: bool = True  # False: its turn waits for the decode gate
     asked: float = 0.0  # when its turn was asked for: waiting turns run oldest first
+    priority: float = 0.0  # completion order: lower runs first and is paused last
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class StepPlan:
     decode: tuple[int, ...]  # sequence ids with one decode row each
     prefill: tuple[Chunk, ...]
     started: tuple[int, ...] = ()  # sequence ids whose waiting turn runs from this step
+    paused: tuple[int, ...] = ()  # sequence ids whose running turn the gate paused (shed)
 
     @property
     def num_prefill(self) -> int:
@@ -87,14 +94,24 @@ def step_budget(
                       turn_room=turn_room)
 
 
+def order(c: Candidate) -> tuple[float, float]:
+    """Completion order: the candidate's priority, then when its turn was asked for."""
+    return c.priority, c.asked
+
+
 def admit_turns(sessions: Sequence[Candidate], room: int | None) -> list[Candidate]:
     """The candidates that run this step: the running ones, plus up to ``room`` waiting
-    turns, oldest ``asked`` first (the decode gate's FIFO), marked running."""
+    turns in completion order (:func:`order`), marked running; with a negative ``room``,
+    the running ones less ``-room`` of them, the last in that order (one always runs)."""
+    if room is not None and room < 0:
+        running = sorted((c for c in sessions if c.running), key=order)
+        keep = {c.seq for c in running[:max(1, len(running) + room)]}
+        return [c for c in sessions if c.seq in keep]
     waiting = [c for c in sessions if not c.running]
     if not waiting:
         return list(sessions)
     if room is not None and room < len(waiting):
-        waiting.sort(key=lambda c: c.asked)
+        waiting.sort(key=order)
         waiting = waiting[:max(0, room)]
     let_in = {c.seq for c in waiting}
     return [c._replace(running=True) if c.seq in let_in else c
@@ -104,10 +121,11 @@ def admit_turns(sessions: Sequence[Candidate], room: int | None) -> list[Candida
 def plan_step(sessions: Sequence[Candidate], budget: StepBudget) -> StepPlan:
     """Plan one step over ``sessions`` within ``budget``; see the module docstring."""
     started = tuple(c.seq for c in sessions if not c.running)
+    was_running = tuple(c.seq for c in sessions if c.running)
     sessions = admit_turns(sessions, budget.turn_room)
-    if started:
-        running = {c.seq for c in sessions}
-        started = tuple(seq for seq in started if seq in running)
+    running = {c.seq for c in sessions}
+    started = tuple(seq for seq in started if seq in running)
+    paused = tuple(seq for seq in was_running if seq not in running)
     decode = tuple(c.seq for c in sessions if c.decoding)
     tokens = budget.tokens - len(decode)
     rows = budget.output_rows - len(decode)
@@ -131,4 +149,4 @@ def plan_step(sessions: Sequence[Candidate], budget: StepBudget) -> StepPlan:
             rows -= 1
         chunks.append(Chunk(seq=c.seq, tokens=take, logits=ends))
         prefill_left -= take
-    return StepPlan(decode=decode, prefill=tuple(chunks), started=started)
+    return StepPlan(decode=decode, prefill=tuple(chunks), started=started, paused=paused)

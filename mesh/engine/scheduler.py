@@ -141,6 +141,8 @@ class Scheduler:
                              recent=self._stats.recent)
         if plan.started:
             turns.admit(sessions[seq] for seq in plan.started)
+        if plan.paused:
+            turns.pause(sessions[seq] for seq in plan.paused)
         if plan.empty:
             self.publish()
             if reg.has_waiting():  # a parked turn waits for room: do not spin

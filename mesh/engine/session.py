@@ -54,7 +54,11 @@ class Turn:
     queue: asyncio.Queue[Piece | TurnResult | BaseException]
     num_prompt: int
     started: float = field(default_factory=time.monotonic)
-    admitted_at: float | None = None  # first step that ran it (None: waits for the gate)
+    admitted_at: float | None = None  # when it last started running (None: it waits)
+    priority: float = 0.0  # completion order: lower runs first, is paused last
+    waited_s: float = 0.0  # time spent waiting before its last admission (pauses included)
+    num_pauses: int = 0  # times the decode gate paused it (shed) to keep the floor
+    paused_at: float | None = None  # when it was last paused
     first_token_at: float | None = None
     num_generated: int = 0
     cancelled: bool = False

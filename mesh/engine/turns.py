@@ -55,7 +55,8 @@ class Turns:
                                top_p=params.top_p, seed=seed, grammar=params.grammar,
                                model=self._model, rep=params)
         turn = Turn(params=params, sampler=sampler, loop=loop, queue=asyncio.Queue(),
-                    num_prompt=num_prompt, output=TurnOutput(params.stop))
+                    num_prompt=num_prompt, output=TurnOutput(params.stop),
+                    priority=st.created if params.priority is None else params.priority)
         st.turn = turn
         st.turns_started += 1
         self.changes += 1
@@ -129,8 +130,23 @@ class Turns:
         """The decode gate let these sessions' waiting turns run from this step."""
         now = time.monotonic()
         for st in states:
-            if st.turn is not None and st.turn.admitted_at is None:
-                st.turn.admitted_at = now
+            turn = st.turn
+            if turn is not None and turn.admitted_at is None:
+                turn.waited_s = _wait_s(turn, now)
+                turn.admitted_at = now
+                self.changes += 1
+
+    def pause(self, states: Iterable[SeqState]) -> None:
+        """The decode gate paused these running turns (shed, to keep the floor): they
+        wait again, keeping their cells, carry token and queued text, and their waiting
+        time counts from now."""
+        now = time.monotonic()
+        for st in states:
+            turn = st.turn
+            if turn is not None and turn.admitted_at is not None:
+                turn.admitted_at = None
+                turn.paused_at = now
+                turn.num_pauses += 1
                 self.changes += 1
 
     def finish_cancelled(self, states: Iterable[SeqState]) -> None:
@@ -161,6 +177,9 @@ class Turns:
 
 
 def _wait_s(turn: Turn, now: float) -> float:
-    """How long the turn waited for the decode gate (all of its life if it never ran)."""
-    ran = turn.admitted_at if turn.admitted_at is not None else now
-    return max(0.0, ran - turn.started)
+    """How long the turn waited for the decode gate: before it first ran and while it
+    was paused (all of its life if it never ran)."""
+    if turn.admitted_at is not None:
+        return turn.waited_s
+    since = turn.paused_at if turn.paused_at is not None else turn.started
+    return turn.waited_s + max(0.0, now - since)

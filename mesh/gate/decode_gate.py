@@ -1,33 +1,43 @@
-"""The decode gate: per turn, on measured steps, whether one more turn may run.
+"""The decode gate: per step, on measured steps, how many turns run.
 
 The floor policy's promise is per decoding worker: at or above ``floor_tps`` tokens/s, so
 every step that carries a decode row must take at most ``1/floor_tps``. A worker is not
 admitted for its life: each *turn* (a ``generate`` call: the tool result or message it
-brings, then its tokens) waits, first come first served, until the engine's step can take
-one more row within the floor. A worker between turns (on a tool, a peer, a client) holds
-its cells but no row, so tool-call idle is free capacity by construction, not by estimate.
+brings, then its tokens) waits until the engine's step can take one more row within the
+floor. A worker between turns (on a tool, a peer, a client) holds its cells but no row, so
+tool-call idle is free capacity by construction, not by estimate.
 
-The engine thread asks :meth:`DecodeGate.turn_room` once per step while a turn waits
-(:class:`~mesh.engine.types.TurnAdmission`). The answer reads the steps just measured:
+The engine thread asks :meth:`DecodeGate.turn_room` once per step while a turn waits or
+more than one runs (:class:`~mesh.engine.types.TurnAdmission`). The answer is a signed
+count read off the steps just measured — a controller on the step the user's tokens come
+from, not a projection of a fitted model:
 
-* the *measured ratio* ``r``: the median of (measured step time / modelled step time) over
-  the last few decoding steps. It carries everything the model cannot see (a neighbour on
-  the same CPU or GPU, contexts that grew, the machine's speed now);
-* the projected step with ``k`` running turns is ``r · cost(k rows, their context, a small
-  prefill reserve, cells in use)``; a turn may start only while the projection for one
-  more stays within ``headroom / floor_tps``. Past the floor (a neighbour took the
-  machine), the projection for the turns running now is already over it: no turn starts
-  until measured steps are back under the floor, and as running turns end the newest
-  askers wait behind the older ones;
-* a ratio measured at up to ``M`` rows is trusted as measured up to ``M`` rows; past ``M``
-  only a slower-than-modelled one counts (a lone worker's cheap steps say nothing of
-  three), and at most one turn starts per step beyond what is running, so the next step
-  measures the one just let in before another follows.
+* **measured by rows**: the median step time at each decoding row count over the last
+  :data:`FRESH_STEPS` decode steps (steps whose prefill is at most a reserve of a few
+  tokens); this carries everything a model cannot see (a neighbour on the same CPU or GPU,
+  contexts that grew, the machine's speed now) and forgets it within a second or two;
+* **shed** (negative room): when the last :data:`SHED_STEPS` steps at the running row
+  count all took longer than ``1/floor_tps`` (median), the rows that would bring the step
+  back under the floor are paused *between steps*, last in completion order first (they
+  keep their cells and wait again; one row always runs);
+* **grow** (positive room): a waiting turn starts while the step with one more row is
+  predicted within ``headroom / floor_tps``: the measured step at that many rows if there
+  is one, else the nearest measured row count plus the per-row slope (least squares over
+  the fresh decode steps; with one row count measured, a row costs what the average row
+  does now — linear, the cautious guess on a compute-bound CPU). One turn starts per
+  step, and only once the rows running now were measured, so every new row is measured
+  before the next;
+* with nothing measured yet, the fitted step model (× its measured ratio) stands in.
+
+The gap between the grow threshold (``headroom``) and the shed threshold (the floor
+itself) keeps the controller from flapping. The same object is the step's prefill budget,
+priced the same way: a prefill token costs the measured per-row slope (the fitted model's
+price until steps show one), and a step beside decoding rows carries only what keeps it
+within the floor.
 
 Everything here is pure: numbers in, a count out. :class:`DecodeGate` holds the step
 model's latest fit (replaced whole by the gate's event loop, read by the engine thread; a
-single reference swap needs no lock) and implements the engine's prefill budget too, so
-one object prices both what a step decodes and what it prefills.
+single reference swap needs no lock).
 """
 
 from __future__ import annotations
@@ -43,28 +53,31 @@ from mesh.engine.types import StepSample
 from mesh.gate.budget import BudgetState, prefill_budget
 from mesh.gate.model import StepCost
 
-__all__ = ["DecodeGate", "TurnRoom", "measured_ratio", "turn_room"]
+__all__ = ["DecodeGate", "TurnRoom", "by_rows", "measured_ratio", "row_slope", "turn_room"]
 
-RATIO_STEPS = 6  # decoding steps the measured ratio is the median of
-PREFILL_RESERVE = 4  # prefill tokens a new turn is assumed to bring to its first steps
+RATIO_STEPS = 6  # decoding steps the model's measured ratio is the median of
+FRESH_STEPS = 24  # the recent steps read for the step time at each row count
+SHED_STEPS = 3  # steps over the floor, at the running row count, that shed rows
+BUCKET_STEPS = 5  # the latest steps at one row count whose median is "measured"
+PREFILL_RESERVE = 4  # prefill tokens a decode step may carry and still count as one
 MIN_PREFILL_CHUNK = 4  # prefill tokens a step may carry when little room is left
-# ... and when the decode rows alone are past the floor (a neighbour took the machine):
-# starving prefill then restores nothing (the rows are over it anyway) and keeps the
-# prefilling turns from ever decoding, so they progress by this much a step. A client's
-# window of 8 tokens absorbs one such step; the decode gate starts no turn meanwhile.
+# ... and when the decode rows alone are past the floor (until the shed lands, or with one
+# row left): starving prefill then restores nothing and keeps the prefilling turns from
+# ever decoding, so they progress by this much a step.
 OVER_FLOOR_CHUNK = 16
-HEADROOM = 0.92  # a turn starts only while one more row projects within this share
+HEADROOM = 0.92  # a turn starts only while one more row is predicted within this share
 
 
 @dataclass(frozen=True)
 class TurnRoom:
     """One answer of :func:`turn_room`, with what it was anchored to (for ``/capacity``)."""
 
-    room: int
+    room: int  # > 0: turns that may start; < 0: running turns to pause (shed)
     ratio: float  # measured / modelled over the last decoding steps (1.0: none yet)
-    measured_rows: int  # most decoding rows in those steps
-    projected_now_s: float  # the step as it runs now (r · cost at num_running rows)
+    measured_rows: int  # most decoding rows in the recent steps
+    projected_now_s: float  # the step as it runs now (measured where it was)
     projected_next_s: float  # ... with one more running turn
+    slope_s: float = 0.0  # the per-row cost the prediction used (s)
 
 
 def measured_ratio(cost: StepCost, recent: Sequence[StepSample],
@@ -79,41 +92,94 @@ def measured_ratio(cost: StepCost, recent: Sequence[StepSample],
     return min(max(statistics.median(ratios), 0.05), 50.0), max(s.num_decode for s in rows)
 
 
+def by_rows(recent: Sequence[StepSample], fresh: int = FRESH_STEPS) -> dict[int, list[float]]:
+    """The step times of the last ``fresh`` decode steps by decoding row count, oldest
+    first (a decode step carries at most :data:`PREFILL_RESERVE` prefill tokens)."""
+    out: dict[int, list[float]] = {}
+    for s in list(recent)[-fresh:]:
+        if s.num_decode > 0 and s.step_s > 0 and s.num_prefill_tokens <= PREFILL_RESERVE:
+            out.setdefault(s.num_decode, []).append(s.step_s)
+    return out
+
+
+def row_slope(recent: Sequence[StepSample], fresh: int = FRESH_STEPS) -> float | None:
+    """Seconds one more decoding row adds, fitted (least squares) over the last ``fresh``
+    decode steps; None unless they span at least two row counts."""
+    pts = [(s.num_decode, s.step_s) for s in list(recent)[-fresh:]
+           if s.num_decode > 0 and s.step_s > 0 and s.num_prefill_tokens <= PREFILL_RESERVE]
+    if len({k for k, _ in pts}) < 2:
+        return None
+    mk = sum(k for k, _ in pts) / len(pts)
+    mt = sum(t for _, t in pts) / len(pts)
+    var = sum((k - mk) ** 2 for k, _ in pts)
+    return max(0.0, sum((k - mk) * (t - mt) for k, t in pts) / var)
+
+
 def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: int,
               recent: Sequence[StepSample], *, context_per_row: float | None = None,
               headroom: float = HEADROOM, max_room: int = 1 << 16) -> TurnRoom:
-    """How many more turns may start running now; see the module docstring.
+    """How many more turns may start running now (negative: how many running turns to
+    pause); see the module docstring.
 
-    ``context_per_row`` is a decoding row's mean context (None: every used cell). With no
-    turn running the answer is at least 1 (progress: nobody can be slowed down). Raises
-    ``ValueError`` on a floor that is not a finite positive number or negative counts.
+    ``context_per_row`` is a decoding row's mean context for the fitted model (None:
+    every used cell). With no turn running the answer is at least 1 (progress: nobody can
+    be slowed down); it never pauses the last running turn; it starts at most one turn a
+    step, and none until the rows running now were measured. Raises ``ValueError`` on a
+    floor that is not a finite positive number or negative counts.
     """
     if not (math.isfinite(floor_tps) and floor_tps > 0):
         raise ValueError(f"floor_tps must be a finite number > 0, got {floor_tps}")
     if num_running < 0 or cells_used < 0:
         raise ValueError(f"num_running ({num_running}) and cells_used ({cells_used}) "
                          "must be >= 0")
+    limit = 1.0 / floor_tps
+    target = headroom * limit
     ratio, measured_rows = measured_ratio(cost, recent)
+    measured = {k: statistics.median(v[-BUCKET_STEPS:]) for k, v in by_rows(recent).items()}
     ctx = float(cells_used) if context_per_row is None else min(max(context_per_row, 0.0),
                                                                  float(cells_used))
 
-    def projected(k: int) -> float:
-        r = ratio if k <= measured_rows else max(ratio, 1.0)
-        prefill = PREFILL_RESERVE if k > num_running else 0
-        return r * cost.step_s(k, k * ctx, prefill, cells_used)
+    def modelled(k: int) -> float:
+        return ratio * cost.step_s(k, k * ctx, 0, cells_used)
 
-    target = headroom / floor_tps
-    now_s = projected(num_running) if num_running else 0.0
-    next_s = projected(num_running + 1)
+    fitted = row_slope(recent)
+    if fitted is not None:
+        slope = fitted
+    elif measured:  # one row count measured: a row costs what the average row does now
+        k0 = max(measured)
+        slope = measured[k0] / k0
+    else:
+        slope = max(0.0, modelled(max(1, num_running) + 1) - modelled(max(1, num_running)))
+
+    def predicted(k: int) -> float:
+        """The step at ``k`` rows: measured, else from the nearest measured row count
+        (below it first) plus the slope, else the fitted model."""
+        if k in measured:
+            return measured[k]
+        if not measured:
+            return modelled(k)
+        k0 = min(measured, key=lambda r: (abs(r - k), r > k))
+        return max(0.0, measured[k0] + (k - k0) * slope)
+
+    now_s = predicted(num_running) if num_running else 0.0
+    next_s = predicted(num_running + 1)
+
+    # Shed: the steps the running rows take now are over the floor (a step's prefill
+    # priced at the slope and taken off, so a prefill chunk does not pause a row).
+    last = [max(0.0, s.step_s - slope * s.num_prefill_tokens)
+            for s in list(recent)[-SHED_STEPS:] if s.num_decode == num_running]
+    if num_running > 1 and len(last) == SHED_STEPS and statistics.median(last) > limit:
+        over = statistics.median(last) - target
+        shed = math.ceil(over / slope) if slope > 0 else 1
+        return TurnRoom(-min(max(1, shed), num_running - 1), ratio, measured_rows, now_s,
+                        next_s, slope)
+
     room = 0
-    # Trusted as measured up to measured_rows; one step at a time past what runs now.
-    limit = max(measured_rows, num_running + 1) if num_running else max(measured_rows, 1)
-    while room < max_room and num_running + room < limit and projected(
-            num_running + room + 1) <= target:
-        room += 1
     if num_running == 0:
-        room = max(room, 1)
-    return TurnRoom(room, ratio, measured_rows, now_s, next_s)
+        room = 1  # progress: nobody to slow down
+    elif num_running in measured and next_s <= target:
+        room = 1  # one a step: the next steps measure it before another starts
+    return TurnRoom(min(room, max_room), ratio, measured_rows, now_s, next_s, slope)
 
 
 class DecodeGate:
@@ -135,6 +201,10 @@ class DecodeGate:
         # at that many rows: (rows, projected step s).
         self._pending: tuple[int, float] | None = None
         self._errors: deque[tuple[float, float]] = deque(maxlen=512)  # (t, measured/proj - 1)
+        # What the engine thread measured when it last asked (for the prefill budget):
+        # the step time at each row count and the per-row slope; None before any.
+        self._measured: tuple[dict[int, float], float] | None = None
+        self.num_shed = 0  # turns paused to keep the floor, since start
 
     def update(self, state: BudgetState) -> None:
         self.state = state
@@ -146,6 +216,12 @@ class DecodeGate:
         answer = turn_room(st.cost, self.floor_tps, num_running, cells_used, recent,
                            context_per_row=st.context_per_row, headroom=self.headroom)
         self.last = answer
+        buckets = by_rows(recent)
+        if buckets:
+            self._measured = ({k: statistics.median(v[-BUCKET_STEPS:])
+                               for k, v in buckets.items()}, answer.slope_s)
+        if answer.room < 0:
+            self.num_shed -= answer.room
         if answer.room > 0 and num_running > 0 and self._pending is None:
             self._pending = (num_running + 1, answer.projected_next_s)
         return answer.room
@@ -176,7 +252,15 @@ class DecodeGate:
 
     def __call__(self, num_decode: int, cells_used: int) -> int:
         """The prefill budget: what fits beside the decode rows within the floor, down to
-        one token a step (progress) when they fill it."""
+        :data:`MIN_PREFILL_CHUNK` tokens a step (progress) when they fill it; priced at the
+        measured per-row slope where steps at ``num_decode`` rows were measured."""
+        measured = self._measured
+        if measured is not None and num_decode in measured[0] and measured[1] > 0:
+            step_s, slope = measured[0][num_decode], measured[1]
+            limit = 1.0 / self.floor_tps
+            if step_s > limit:
+                return OVER_FLOOR_CHUNK
+            return max(MIN_PREFILL_CHUNK, int((self.headroom * limit - step_s) / slope))
         st = self.state
         return prefill_budget(st.cost, self.floor_tps, num_decode, cells_used, scale=st.scale,
                               context_per_row=st.context_per_row,

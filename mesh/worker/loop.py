@@ -158,6 +158,7 @@ class AgentWorker:
                 # open tag), never on a call's syntax; a loop ends the turn.
                 params = prose_params(SamplingParams(
                     max_tokens=budget,
+                    priority=subtask.priority,
                     temperature=self._template.manifest.turns.temperature,
                     stop=(syntax.close, syntax.answer_close),
                     grammar=self._grammar(budget, answer_only=answer_now

@@ -254,6 +254,7 @@ class ScenarioWorker:
                     temperature=self._template.manifest.turns.temperature,
                     seed=params.seed + step.index,
                     stop_at_eos=False,
+                    priority=subtask.priority,
                 )
                 result = await stream_turn(session, sampling, emit, step.index)
                 generated += result.num_generated

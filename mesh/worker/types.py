@@ -51,6 +51,9 @@ class Subtask:
     instructions: str
     params: Mapping[str, Any] = field(default_factory=dict)
     hops: Hops = NO_HOPS
+    # Completion order: the task's start time (time.monotonic()); every turn the worker
+    # asks for carries it (SamplingParams.priority). None: the session's attach time.
+    priority: float | None = None
 
 
 class EventKind(enum.StrEnum):

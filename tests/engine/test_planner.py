@@ -119,3 +119,28 @@ def test_a_started_turn_is_started_even_when_the_prefill_budget_is_spent() -> No
     plan = plan_step([dec(1), wait(2, 1.0, ready=10)],
                      StepBudget(512, 17, prefill_tokens=0, turn_room=1))
     assert plan.started == (2,) and plan.prefill == ()
+
+
+def run_(seq: int, priority: float, asked: float = 0.0) -> Candidate:
+    """A running, decoding turn with a completion-order priority."""
+    return Candidate(seq=seq, created=float(seq), decoding=True, ready=0, running=True,
+                     asked=asked, priority=priority)
+
+
+def test_waiting_turns_start_in_completion_order() -> None:
+    # Session 2's task started first (priority 1.0) but asked last: it still goes first.
+    sessions = [dec(1), wait(2, 9.0)._replace(priority=1.0), wait(3, 1.0)._replace(
+        priority=5.0), wait(4, 2.0)._replace(priority=5.0)]
+    plan = plan_step(sessions, StepBudget(512, 17, turn_room=2))
+    assert set(plan.started) == {2, 3}
+
+
+def test_a_negative_room_pauses_the_last_in_completion_order() -> None:
+    sessions = [run_(1, 3.0), run_(2, 1.0), run_(3, 2.0), run_(4, 4.0)]
+    plan = plan_step(sessions, StepBudget(512, 17, turn_room=-2))
+    assert set(plan.paused) == {1, 4} and plan.decode == (2, 3) and plan.started == ()
+
+
+def test_shedding_never_pauses_the_last_running_turn() -> None:
+    plan = plan_step([run_(1, 1.0), run_(2, 2.0)], StepBudget(512, 17, turn_room=-5))
+    assert plan.paused == (2,) and plan.decode == (1,)

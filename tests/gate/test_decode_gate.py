@@ -1,4 +1,4 @@
-"""The decode gate alone: measured steps in, turns that may start out (no model)."""
+"""The decode gate alone: measured steps in, turns that may start (or pause) out."""
 
 from __future__ import annotations
 
@@ -30,39 +30,86 @@ def test_nothing_running_always_lets_one_turn_in() -> None:
 
 
 def test_a_turn_starts_while_one_more_row_fits_the_floor() -> None:
-    # Two rows measured at the model's 50 ms; floor 10 allows 100 ms (x 0.92 headroom):
-    # a third row projects 70 ms -> in; a fourth would project 90 ms -> in only if
-    # measured; past what is measured, one at a time.
-    answer = turn_room(COST, 10.0, 2, 0, steps(2, 0.050))
+    # Two rows measured at 50 ms, one at 30 ms: a row costs 20 ms. Floor 10 allows 92 ms
+    # (x 0.92 headroom): a third row is predicted at 70 ms -> in; past what is measured,
+    # one at a time.
+    answer = turn_room(COST, 10.0, 2, 0, steps(1, 0.030) + steps(2, 0.050))
     assert answer.room == 1
     assert answer.projected_now_s == pytest.approx(0.050)
-    assert answer.projected_next_s == pytest.approx(0.074)  # + 4 tokens of prefill
+    assert answer.projected_next_s == pytest.approx(0.070)
+    assert answer.slope_s == pytest.approx(0.020)
 
 
-def test_measured_steps_over_the_floor_start_no_turn() -> None:
-    # A neighbour doubled every step: two rows now take 110 ms > 100 ms.
-    answer = turn_room(COST, 10.0, 2, 0, steps(2, 0.110))
-    assert answer.room == 0 and answer.ratio == pytest.approx(2.2)
+def test_one_measured_row_count_predicts_a_row_at_the_average_row() -> None:
+    # Only two rows measured (50 ms): the next row is guessed at 25 ms (linear) -> 75 ms.
+    answer = turn_room(COST, 10.0, 2, 0, steps(2, 0.050))
+    assert answer.room == 1 and answer.projected_next_s == pytest.approx(0.075)
+    # At 62 ms the guess is 93 ms: within 100 ms but not within the 92 % headroom.
+    assert turn_room(COST, 10.0, 2, 0, steps(2, 0.062)).room == 0
+
+
+def test_steps_just_under_the_floor_start_nothing_and_shed_nothing() -> None:
+    # Two rows at 95 ms: over the grow threshold, under the floor (the hysteresis gap).
+    assert turn_room(COST, 10.0, 2, 0, steps(2, 0.095)).room == 0
+
+
+def test_measured_steps_over_the_floor_shed_rows_between_steps() -> None:
+    # A neighbour: three rows now take 160 ms > 100 ms; a row costs 60 ms (one row at 40):
+    # two rows would take 100 ms, one 40 ms -> shed two (to get under 92 ms).
+    answer = turn_room(COST, 10.0, 3, 0, steps(1, 0.040) + steps(3, 0.160, n=3))
+    assert answer.room == -2
+    # 130 ms: a row costs 45 ms, two rows ~85 ms -> shed one.
+    assert turn_room(COST, 10.0, 3, 0, steps(1, 0.040) + steps(3, 0.130, n=3)).room == -1
+    # The last running turn is never paused, however slow.
+    assert turn_room(COST, 10.0, 2, 0, steps(2, 0.500, n=3)).room == -1
+    assert turn_room(COST, 10.0, 1, 0, steps(1, 0.500, n=3)).room == 0
+
+
+def test_one_slow_step_sheds_nothing() -> None:
+    # A single slow step (a hiccup) among fast ones: the median of the last three decides.
+    recent = steps(3, 0.060) + steps(3, 0.200, n=1)
+    assert turn_room(COST, 10.0, 3, 0, recent).room >= 0
+
+
+def test_rows_come_back_when_the_neighbour_leaves() -> None:
+    # Shed to one row under the neighbour; it leaves: one row measures 30 ms again and the
+    # slow two-row steps have aged out of the fresh window -> a row starts at once.
+    slow = steps(2, 0.130, n=3)
+    fast = steps(1, 0.030, n=24)
+    assert turn_room(COST, 10.0, 1, 0, slow + fast).room == 1
 
 
 def test_a_slow_neighbour_shrinks_what_fits() -> None:
     assert turn_room(COST, 10.0, 1, 0, steps(1, 0.030)).room == 1
-    # The same one row measured 2.5x slower: 75 ms now, 125 ms with two -> none.
+    # The same one row measured 2.5x slower: 75 ms now, 150 ms with two -> none.
     assert turn_room(COST, 10.0, 1, 0, steps(1, 0.075)).room == 0
 
 
-def test_a_fast_lone_row_is_not_extrapolated_past_what_was_measured() -> None:
-    # One row measured at half the model (15 ms); floor 10. As measured, 3 more rows would
-    # fit (r=0.5: 4 rows = 45 ms); past one measured row only r >= 1 counts, and one turn
-    # starts per step beyond what runs.
-    answer = turn_room(COST, 10.0, 1, 0, steps(1, 0.015))
-    assert answer.room == 1
+def test_a_fast_lone_row_starts_one_more_at_a_time() -> None:
+    # One row measured at 15 ms; floor 10: many would fit, but past what is measured one
+    # turn starts per step, so the next step measures it first.
+    assert turn_room(COST, 10.0, 1, 0, steps(1, 0.015)).room == 1
 
 
-def test_within_measured_rows_the_measured_ratio_is_trusted() -> None:
-    # Four rows measured fast (r = 0.5: 45 ms); two run now, so up to four are trusted.
-    answer = turn_room(COST, 10.0, 2, 0, steps(4, 0.045))
-    assert answer.room == 2
+def test_one_turn_starts_a_step_and_only_over_measured_rows() -> None:
+    # Four rows measured at 45 ms; two run now: room for more, one a step.
+    answer = turn_room(COST, 10.0, 2, 0, steps(2, 0.030) + steps(4, 0.045))
+    assert answer.room == 1 and answer.projected_next_s == pytest.approx(0.0375)
+    # Three run, never measured yet (the new one still prefills): wait for a measurement.
+    assert turn_room(COST, 10.0, 3, 0, steps(2, 0.030)).room == 0
+
+
+def test_a_step_slow_only_from_its_prefill_sheds_nothing() -> None:
+    # Two rows decode at 50 ms (a row 20 ms); steps with a 20-token chunk take 150 ms:
+    # the chunk, priced at the slope (20 ms a token), explains them: no row is paused.
+    recent = steps(1, 0.030) + steps(2, 0.050) + steps(2, 0.150, n=3, prefill=20)
+    assert turn_room(COST, 10.0, 2, 0, recent).room >= 0
+
+
+def test_steps_with_prefill_are_not_taken_for_decode_steps() -> None:
+    # Two rows with a 64-token prefill chunk took 150 ms: that says nothing of two rows.
+    recent = steps(2, 0.050) + steps(2, 0.150, n=3, prefill=64)
+    assert turn_room(COST, 10.0, 2, 0, recent).room == 1
 
 
 def test_bad_inputs_are_refused() -> None:
@@ -74,11 +121,16 @@ def test_bad_inputs_are_refused() -> None:
 
 def test_the_gate_object_remembers_its_last_answer_and_budgets_prefill() -> None:
     gate = DecodeGate(10.0, BudgetState(COST))
-    assert gate.turn_room(2, 0, steps(2, 0.110)) == 0
-    assert gate.last is not None and gate.last.room == 0
-    # Two rows at the model's 50 ms leave 50 ms: 50 prefill tokens at 1 ms.
+    # Before any measurement the model prices prefill: two rows at its 50 ms leave 50 ms,
+    # 50 prefill tokens at 1 ms.
     assert gate(2, 0) == 50
-    # Decode rows over the floor: prefill still progresses, 16 tokens a step.
+    assert gate.turn_room(2, 0, steps(1, 0.030) + steps(2, 0.110, n=3)) == -1
+    assert gate.last is not None and gate.last.room == -1 and gate.num_shed == 1
+    # Measured: one row at 30 ms, a row costs 80 ms: 62 ms left under 92 -> no token
+    # beyond the minimum chunk; two rows are over the floor -> 16 tokens (progress).
+    assert gate(1, 0) == 4
+    assert gate(2, 0) == 16
+    # A row count never measured: the model's price again.
     assert gate(5, 0) == 16
 
 
@@ -86,7 +138,7 @@ def test_projection_error_scores_the_first_step_at_the_projected_rows() -> None:
     now = [100.0]
     gate = DecodeGate(10.0, BudgetState(COST), clock=lambda: now[0])
     assert gate.projection_error()["count"] == 0
-    assert gate.turn_room(2, 0, steps(2, 0.050)) == 1  # projects 3 rows at ~74 ms
+    assert gate.turn_room(2, 0, steps(1, 0.026) + steps(2, 0.050)) == 1  # 3 rows at 74 ms
     # Three rows then measured at 81.4 ms, no prefill: 10 % slower than projected.
     gate.turn_room(3, 0, steps(3, 0.0814))
     err = gate.projection_error()
