@@ -4,6 +4,11 @@
 #
 #   scripts/tck.sh /path/to/a2a-tck-checkout [extra run_tck.py args...]
 #
+# With TCK_SUMMARY=FILE (e.g. bench/results/tck.txt) the run's summary is also written
+# there: a header naming the commit and the server's flags, the suite's compatibility
+# report, each failure's assertion message, each failed test and the pass/fail/skip counts. If the server died during the
+# run, the end of its log is printed (failures after that point are not the suite's).
+#
 # The checkout must contain commit $TCK_COMMIT (git fetch it first); its Python deps
 # (pytest, pytest-asyncio, httpx, grpcio, protobuf, googleapis-common-protos, jsonschema,
 # pytest-html, gherkin-official, Jinja2) must be importable by $TCK_PYTHON (default: python3).
@@ -21,6 +26,8 @@ MESH="${MESH:-mesh}"
 PORT="${TCK_PORT:-8791}"
 read -r -a SERVE_ARGS <<<"${MESH_SERVE_ARGS:---plan never}"
 WORK="$(mktemp -d)"
+SUMMARY="${TCK_SUMMARY:-}"
+[ -z "$SUMMARY" ] || SUMMARY="$(realpath -m "$SUMMARY")"
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 git -C "$TCK_DIR" worktree add --detach "$WORK/tck" "$TCK_COMMIT" >/dev/null
@@ -36,8 +43,27 @@ done
 
 cd "$WORK/tck"
 set +e
-"$TCK_PYTHON" run_tck.py --sut-host "http://127.0.0.1:$PORT" --level must "$@"
-rc=$?
+"$TCK_PYTHON" run_tck.py --sut-host "http://127.0.0.1:$PORT" --level must "$@" \
+    2>&1 | tee "$WORK/run.txt"
+rc=${PIPESTATUS[0]}
 set -e
+if ! kill -0 "$SERVER" 2>/dev/null; then
+    echo "tck.sh: mesh serve exited during the run; the end of its log:" >&2
+    tail -n 60 "$WORK/serve.log" >&2
+fi
+if [ -n "$SUMMARY" ]; then
+    counts="$(grep -E '^[0-9]+ (passed|failed)' "$WORK/run.txt" | tail -n 1)"
+    {
+        echo "# scripts/tck.sh at TCK commit ${TCK_COMMIT:0:8}, MUST level, against mesh serve" \
+            "--model tiny --allow-private-push --threads 2 ${SERVE_ARGS[*]} ($(date -u +%F))"
+        echo "# $counts"
+        awk '/A2A TCK Compatibility Report/ {on = 1} on {print}
+             on && /^═══/ {if (++n == 2) exit}' "$WORK/run.txt"
+        echo "Each failure's assertion, in run order:"
+        grep -E '^E +AssertionError' "$WORK/run.txt" || true
+        grep -E '^FAILED tests/' "$WORK/run.txt" || true
+        echo "$counts"
+    } >"$SUMMARY"
+fi
 git -C "$TCK_DIR" worktree remove --force "$WORK/tck" >/dev/null 2>&1 || true
 exit "$rc"

@@ -1,4 +1,5 @@
-"""ASGI plumbing of the guard: read a body up to a limit, replay it, answer with JSON."""
+"""ASGI plumbing of the guard: read a body up to a limit, replay it, answer with JSON, and
+label HTTP+JSON answers with the media type the client speaks."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 
 from starlette.types import Message, Receive, Send
 
-__all__ = ["read_body", "replay_body", "send_json"]
+__all__ = ["A2A_JSON", "names_a2a_json", "read_body", "relabel_a2a_json", "replay_body",
+           "send_json"]
+
+A2A_JSON = "application/a2a+json"
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:
@@ -54,3 +58,33 @@ async def send_json(
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def names_a2a_json(headers: dict[str, str]) -> bool:
+    """Whether the client named ``application/a2a+json`` (its request's Content-Type, or
+    its Accept header)."""
+    return any(A2A_JSON in headers.get(name, "").lower() for name in ("content-type", "accept"))
+
+
+def relabel_a2a_json(send: Send) -> Send:
+    """``send`` with an ``application/a2a+json`` response Content-Type written as
+    ``application/json`` (the body is untouched: the same JSON either way).
+
+    Why: the SDK labels every HTTP+JSON answer ``application/a2a+json`` (what A2A 1.0.1
+    recommends, a SHOULD), while A2A 1.0.0 section 11.1 reads "Content-Type:
+    application/json for requests and responses". The guard uses this for clients that did
+    not name ``application/a2a+json`` (:func:`names_a2a_json`), so each client gets the
+    type it speaks; SSE streams (``text/event-stream``) and other types pass as they are.
+    """
+
+    async def relabelled(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [
+                (k, b"application/json" if k.lower() == b"content-type"
+                 and v.split(b";")[0].strip().lower() == A2A_JSON.encode() else v)
+                for k, v in message.get("headers", [])
+            ]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return relabelled

@@ -18,6 +18,10 @@ Order of checks for a request with a body:
 4. Sending a message whose places (one per listed subtask, else one) do not all fit the
    gate's queue, or the caller's share of it: 429 with ``Retry-After``.
 
+HTTP+JSON answers are labelled ``application/json`` (A2A 1.0.0 section 11.1) unless the
+client named ``application/a2a+json`` in its Content-Type or Accept header: then they keep
+the SDK's ``application/a2a+json`` (see :func:`.asgi.relabel_a2a_json`).
+
 A message that passes is left on the scope as it was checked (:mod:`.checked`: its
 subtask list, text and hops), for the executor: nothing is parsed twice.
 """
@@ -32,7 +36,13 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mesh.a2a.config import CoordinatorConfig
-from mesh.a2a.validation.asgi import read_body, replay_body, send_json
+from mesh.a2a.validation.asgi import (
+    names_a2a_json,
+    read_body,
+    relabel_a2a_json,
+    replay_body,
+    send_json,
+)
 from mesh.a2a.validation.checked import put_checked
 from mesh.a2a.validation.jsonrpc import RpcRefused, check_jsonrpc, rpc_error
 from mesh.a2a.validation.rest import RestInvalid, check_rest, rest_error
@@ -122,6 +132,8 @@ class RequestGuard:
             await self._busy(send, surface, e.check, e.request_id)
             return
 
+        if surface == "rest" and not names_a2a_json(headers):
+            send = relabel_a2a_json(send)  # A2A 1.0.0 section 11.1: application/json
         await self.app(scope, replay_body(body, receive) if has_body else receive, send)
 
     # ---- capacity / size answers
