@@ -19,7 +19,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mesh.cli.preflight import coordinator_config
+from mesh.cli.preflight import coordinator_config, gate_config
 from mesh.cli.project import build_project_prefix
 
 if TYPE_CHECKING:
@@ -76,13 +76,9 @@ def local_app(args: argparse.Namespace) -> Starlette:
     ValueError naming the fix."""
     from mesh.a2a.app import create_app
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS
-    from mesh.gate import GateConfig
 
     coord = coordinator_config(args)  # preflight checked it, the port and the folders
-    gate_cfg = GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
-                                 max_queue=args.max_queue,
-                                 max_queue_per_caller=args.max_queue_per_caller)
-    gate_cfg.validate()
+    gate_cfg = gate_config(args)
     built = build_project_prefix(args)
     return create_app(coord, functools.partial(compose_local, args, coord, gate_cfg, built),
                       public_paths=DASHBOARD_PUBLIC_PATHS)
@@ -188,10 +184,12 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor
     if (set_turns := getattr(pool, "set_turn_admission", None)) is not None:
         set_turns(gate.decode_gate())  # floor: each turn waits for its step (local pool)
-    print(f"gate: policy {gate_cfg.policy}, floor {gate_cfg.floor_tps:g} tok/s, "
+    floor = ("auto (the knee of measured tokens/s)" if gate_cfg.auto_floor
+             else f"{gate_cfg.floor_tps:g} tok/s")
+    print(f"gate: policy {gate_cfg.policy}, floor {floor}, "
           f"throughput model seeded from {source}", file=sys.stderr)
     lone = lone_worker_tps(gate.model, info.prefix_tokens, gate_cfg.new_worker_cells)
-    if str(gate_cfg.policy) == "floor" and lone < gate_cfg.floor_tps:
+    if str(gate_cfg.policy) == "floor" and not gate_cfg.auto_floor and lone < gate_cfg.floor_tps:
         print(f"warning: one worker alone is projected at {lone:.1f} tok/s on this machine, "
               f"below the floor ({gate_cfg.floor_tps:g} tok/s): the gate will run one worker "
               f"at a time, under the floor; lower --floor-tps (below {lone:.1f}) or pick one "

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from mesh.a2a.config import CoordinatorConfig
+from mesh.gate.config import GateConfig
 
 __all__ = ["bind_listener", "check_data_dir", "check_template", "coordinator_config",
            "preflight", "print_cache_warnings"]
@@ -134,11 +135,7 @@ def preflight(args: argparse.Namespace) -> socket.socket:
     try:
         coordinator_config(args)
         if not args.node:
-            from mesh.gate import GateConfig
-
-            GateConfig.create(policy=args.policy, floor_tps=args.floor_tps,
-                              max_queue=args.max_queue,
-                              max_queue_per_caller=args.max_queue_per_caller).validate()
+            gate_config(args)
     except ValueError as exc:
         raise ValueError(_flagged(str(exc))) from None
     check_data_dir(Path(args.data_dir))
@@ -173,3 +170,22 @@ def print_cache_warnings() -> None:
         if not any(isinstance(h, _StderrLine) for h in log.handlers):
             log.addHandler(_StderrLine(logging.WARNING))
             log.propagate = False
+
+
+def floor_arg(text: str) -> float | str:
+    """``--floor-tps``: a number of tokens/s, or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected tokens/s (a number) or 'auto', got {text!r}") from None
+
+
+def gate_config(args: argparse.Namespace) -> GateConfig:
+    """The gate's configuration from the flags (checked; ValueError names the fix)."""
+    auto = args.floor_tps == "auto"
+    return GateConfig.create(policy=args.policy, floor_tps=5.0 if auto else args.floor_tps,
+                             auto_floor=auto, max_queue=args.max_queue,
+                             max_queue_per_caller=args.max_queue_per_caller)

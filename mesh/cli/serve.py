@@ -16,7 +16,7 @@ from mesh.cli.engine_flags import add_engine_flags
 from mesh.cli.engines import add_engine_args
 from mesh.cli.local import local_app
 from mesh.cli.nodes import nodes_app
-from mesh.cli.preflight import coordinator_config, preflight, print_cache_warnings
+from mesh.cli.preflight import coordinator_config, floor_arg, preflight, print_cache_warnings
 from mesh.engine.types import EngineError
 
 __all__ = ["auth_line", "plan_actions", "register", "run"]
@@ -34,8 +34,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="target prefix size (default: the template's; heavy scales to 128K)")
     p.add_argument("--model", default=None,
                    help="GGUF path, or smollm2, gemma, tiny (default: $MESH_MODEL, else smollm2)")
-    p.add_argument("--floor-tps", type=float, default=5.0,
-                   help="tokens/s every running worker must keep (default 5)")
+    p.add_argument("--floor-tps", type=floor_arg, default=5.0,
+                   help="tokens/s every running worker must keep (default 5), or 'auto': "
+                        "the gate runs as many rows as still add 10 %% to the aggregate "
+                        "tokens/s it measures (the knee), re-found as the machine changes")
     p.add_argument("--policy", default="floor", help="floor | legacy | static:N | none")
     p.add_argument("--max-queue", type=int, default=64, help="queued tasks before HTTP 429")
     p.add_argument("--max-queue-per-caller", type=int, default=None,

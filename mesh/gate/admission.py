@@ -117,7 +117,8 @@ class FloorGate:
             return None
         if self._decode_gate is None:
             state = self._budget_state(None, self.model.shape)
-            self._decode_gate = DecodeGate(self.config.floor_tps, state)
+            self._decode_gate = DecodeGate(self.config.floor_tps, state,
+                                           auto=self.config.auto_floor)
         return self._decode_gate
 
     def _budget_state(self, load: PoolLoad | None, cost: StepCost | None = None) -> BudgetState:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from mesh.engine.types import Engine, PoolLoad, SessionState
 from mesh.gate.config import GateConfig, Policy
 from mesh.gate.decide import Decision, GateInput
-from mesh.gate.decode_gate import DecodeGate
+from mesh.gate.decode_gate import DecodeGate, TurnRoom
 from mesh.gate.model import ThroughputModel
 
 __all__ = ["GateView", "capacity_doc"]
@@ -47,7 +47,10 @@ def capacity_doc(gate: GateView, inp: GateInput, load: PoolLoad, d: Decision,
                       if s.decode_tps is not None and s.state in running)
     return {
         "engine": _engine_doc(gate.engine),
-        "floor_tps": gate.config.floor_tps,
+        # the floor held now: --floor-tps, or under auto the per-row rate at the knee the
+        # decode gate chose (the configured value until it measured a step)
+        "floor_tps": _floor_now(gate.config.floor_tps, decode_gate),
+        "floor_mode": "auto" if gate.config.auto_floor else "fixed",
         "policy": str(gate.requested_policy),
         "admits_by": str(gate.config.policy),
         "verdict": d.verdict.value,
@@ -96,8 +99,13 @@ def capacity_doc(gate: GateView, inp: GateInput, load: PoolLoad, d: Decision,
                         "prefill_tokens": load.prefill_tokens,
                         "sessions_reaped": load.sessions_reaped},
         "workers": _worker_rows(load),
-        "turns": _turns_doc(load, decode_gate, gate.config.floor_tps),
+        "turns": _turns_doc(load, decode_gate, _floor_now(gate.config.floor_tps, decode_gate)),
     }
+
+
+def _floor_now(floor_tps: float, decode_gate: DecodeGate | None) -> float:
+    floor = decode_gate.effective_floor() if decode_gate is not None else None
+    return floor_tps if floor is None else floor
 
 
 def _turns_doc(load: PoolLoad, decode_gate: DecodeGate | None, floor_tps: float
@@ -117,10 +125,28 @@ def _turns_doc(load: PoolLoad, decode_gate: DecodeGate | None, floor_tps: float
         "projected_step_now_s": last.projected_now_s if last is not None else None,
         "projected_step_next_s": last.projected_next_s if last is not None else None,
         "room": last.room if last is not None else None,
+        "row_slope_s": last.slope_s if last is not None else None,
+        "shed_total": decode_gate.num_shed if decode_gate is not None else None,
+        "why": _why(last, decode_gate),
         # measured / projected - 1 for one more turn, scored over the last minute
         "projection_error": decode_gate.projection_error()
         if decode_gate is not None else None,
     }
+
+
+def _why(last: TurnRoom | None, gate: DecodeGate | None) -> str | None:
+    """The decode gate's last answer in words (the floor it held and what decided)."""
+    if gate is None or last is None:
+        return None
+    step = (f"{last.projected_now_s * 1e3:.0f} ms a step now, "
+            f"{last.projected_next_s * 1e3:.0f} ms with one more row")
+    if gate.auto:
+        rule = "auto: rows while one more adds >= 10 % to the aggregate tokens/s"
+    else:
+        rule = f"floor {gate.floor_tps:g} tok/s: a step within {1e3 / gate.floor_tps:.0f} ms"
+    verb = ("start one more turn" if last.room > 0 else
+            f"pause {-last.room} running turn(s)" if last.room < 0 else "hold the rows")
+    return f"{verb} ({rule}; {step})"
 
 
 def _engine_doc(engine: Engine) -> dict[str, Any]:

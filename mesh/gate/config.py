@@ -94,6 +94,9 @@ class GateConfig:
     """
 
     floor_tps: float = 5.0
+    # --floor-tps auto (policy floor): the decode gate holds the rows at the knee of
+    # aggregate tokens/s it measures (mesh.gate.decode_gate), not at floor_tps.
+    auto_floor: bool = False
     policy: Policy = field(default_factory=Policy)
     max_queue: int = 64  # waiters beyond this are refused (HTTP 429)
     # Places one authenticated caller may hold in the queue (None: max_queue // 2, at
@@ -137,6 +140,9 @@ class GateConfig:
         if not (math.isfinite(self.floor_tps) and self.floor_tps > 0):
             raise ValueError(f"floor_tps must be a finite number > 0, got {self.floor_tps}")
         self.policy.validate()
+        if self.auto_floor and self.policy.kind is not PolicyKind.FLOOR:
+            raise ValueError(f"--floor-tps auto needs --policy floor (the decode gate finds "
+                             f"the knee); policy {self.policy} takes a number")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_queue_per_caller is not None and not (

@@ -47,7 +47,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mesh.engine.types import StepSample
 from mesh.gate.budget import BudgetState, prefill_budget
@@ -66,6 +66,13 @@ MIN_PREFILL_CHUNK = 4  # prefill tokens a step may carry when little room is lef
 # ever decoding, so they progress by this much a step.
 OVER_FLOOR_CHUNK = 16
 HEADROOM = 0.92  # a turn starts only while one more row is predicted within this share
+# --floor-tps auto: the knee. One more row is worth its place while it adds at least
+# KNEE_GAIN to the aggregate tokens/s (k+1 rows over k); a running row is paused once it
+# adds under SHED_GAIN (the gap keeps the count from flapping). A step that carries
+# prefill may take AUTO_PREFILL_STRETCH times the decode step (the floor's stand-in).
+KNEE_GAIN = 0.10
+SHED_GAIN = 0.05
+AUTO_PREFILL_STRETCH = 1.25
 
 
 @dataclass(frozen=True)
@@ -117,15 +124,19 @@ def row_slope(recent: Sequence[StepSample], fresh: int = FRESH_STEPS) -> float |
 
 def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: int,
               recent: Sequence[StepSample], *, context_per_row: float | None = None,
-              headroom: float = HEADROOM, max_room: int = 1 << 16) -> TurnRoom:
+              headroom: float = HEADROOM, max_room: int = 1 << 16,
+              auto: bool = False) -> TurnRoom:
     """How many more turns may start running now (negative: how many running turns to
     pause); see the module docstring.
 
     ``context_per_row`` is a decoding row's mean context for the fitted model (None:
     every used cell). With no turn running the answer is at least 1 (progress: nobody can
     be slowed down); it never pauses the last running turn; it starts at most one turn a
-    step, and none until the rows running now were measured. Raises ``ValueError`` on a
-    floor that is not a finite positive number or negative counts.
+    step, and none until the rows running now were measured. With ``auto`` the floor is
+    the knee instead of ``floor_tps``: a row starts while it is predicted to add
+    :data:`KNEE_GAIN` to the aggregate tokens/s, and is paused once it adds under
+    :data:`SHED_GAIN`. Raises ``ValueError`` on a floor that is not a finite positive
+    number or negative counts.
     """
     if not (math.isfinite(floor_tps) and floor_tps > 0):
         raise ValueError(f"floor_tps must be a finite number > 0, got {floor_tps}")
@@ -168,6 +179,9 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     # priced at the slope and taken off, so a prefill chunk does not pause a row).
     last = [max(0.0, s.step_s - slope * s.num_prefill_tokens)
             for s in list(recent)[-SHED_STEPS:] if s.num_decode == num_running]
+    if auto:
+        return _knee_room(num_running, measured, last, predicted, slope,
+                          TurnRoom(0, ratio, measured_rows, now_s, next_s, slope))
     if num_running > 1 and len(last) == SHED_STEPS and statistics.median(last) > limit:
         over = statistics.median(last) - target
         shed = math.ceil(over / slope) if slope > 0 else 1
@@ -182,17 +196,40 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     return TurnRoom(min(room, max_room), ratio, measured_rows, now_s, next_s, slope)
 
 
+def _knee_room(k: int, measured: dict[int, float], last: list[float],
+               predicted: Callable[[int], float], slope: float, base: TurnRoom) -> TurnRoom:
+    """:func:`turn_room` under ``--floor-tps auto``: rows up to the knee of aggregate
+    tokens/s (``k / step(k)``) over the row count. A row count not measured in the fresh
+    window is tried (one row, measured by the next steps, paused again if it adds under
+    :data:`SHED_GAIN`): the knee is re-found whenever the machine's speed changes."""
+    if k == 0:
+        return replace(base, room=1)
+    if k > 1 and len(last) == SHED_STEPS:
+        now = statistics.median(last)
+        before = predicted(k - 1) if (k - 1) in measured else max(1e-6, now - slope)
+        if (k / now) < (1.0 + SHED_GAIN) * ((k - 1) / before):
+            return replace(base, room=-1)
+    if k not in measured:
+        return base  # the rows running now are measured first
+    if (k + 1) not in measured:
+        return replace(base, room=1)  # untried (or aged out: the machine may have changed)
+    if (k + 1) / measured[k + 1] >= (1.0 + KNEE_GAIN) * (k / measured[k]):
+        return replace(base, room=1)
+    return base
+
+
 class DecodeGate:
     """The engine's :class:`~mesh.engine.types.TurnAdmission` and
     :class:`~mesh.engine.types.PrefillBudget` for the floor policy, over the gate's latest
     :class:`~mesh.gate.budget.BudgetState` (see the module docstring)."""
 
     def __init__(self, floor_tps: float, state: BudgetState, headroom: float = HEADROOM,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic, auto: bool = False) -> None:
         turn_room(state.cost, floor_tps, 0, 0, ())  # validates
         if not 0.0 < headroom <= 1.0:
             raise ValueError(f"headroom must be in (0, 1], got {headroom}")
-        self.floor_tps = floor_tps
+        self.floor_tps = floor_tps  # with ``auto``: unused by the decisions (the knee is)
+        self.auto = auto
         self.headroom = headroom
         self.state = state
         self.last: TurnRoom | None = None  # the latest answer (read by /capacity)
@@ -209,12 +246,23 @@ class DecodeGate:
     def update(self, state: BudgetState) -> None:
         self.state = state
 
+    def effective_floor(self) -> float | None:
+        """The floor the gate holds now, tokens/s per decoding row: ``floor_tps``, or with
+        ``auto`` the rate at the row count it chose (None before a measured step)."""
+        if not self.auto:
+            return self.floor_tps
+        last = self.last
+        if last is None or last.projected_now_s <= 0:
+            return None
+        return 1.0 / last.projected_now_s
+
     def turn_room(self, num_running: int, cells_used: int,
                   recent: Sequence[StepSample]) -> int:
         st = self.state
         self._check(recent)
         answer = turn_room(st.cost, self.floor_tps, num_running, cells_used, recent,
-                           context_per_row=st.context_per_row, headroom=self.headroom)
+                           context_per_row=st.context_per_row, headroom=self.headroom,
+                           auto=self.auto)
         self.last = answer
         buckets = by_rows(recent)
         if buckets:
@@ -257,7 +305,8 @@ class DecodeGate:
         measured = self._measured
         if measured is not None and num_decode in measured[0] and measured[1] > 0:
             step_s, slope = measured[0][num_decode], measured[1]
-            limit = 1.0 / self.floor_tps
+            limit = (AUTO_PREFILL_STRETCH * step_s / self.headroom if self.auto
+                     else 1.0 / self.floor_tps)
             if step_s > limit:
                 return OVER_FLOOR_CHUNK
             return max(MIN_PREFILL_CHUNK, int((self.headroom * limit - step_s) / slope))

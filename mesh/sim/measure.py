@@ -49,7 +49,10 @@ def workers(sample: Sample) -> int:
 
 
 def floor_of(run: SimRun) -> float | None:
-    """The floor the server applied (from its samples), else the configured one."""
+    """The floor the server applied (from its samples), else the configured one; under
+    ``floor-auto`` the configured one, the reference its windows are measured against."""
+    if run.config.policy == "floor-auto" and run.config.floor_tps is not None:
+        return run.config.floor_tps
     for s in run.samples:
         floor = num(s.capacity.get("floor_tps"))
         if floor is not None:

@@ -63,9 +63,15 @@ def mesh_executable() -> list[str]:
 def serve_command(config: SimConfig, port: int, data_dir: Path) -> list[str]:
     """The ``mesh serve`` command line for ``config``."""
     cmd = [*mesh_executable(), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--template", config.template, "--policy", config.policy, "--pool", config.pool]
+    # "floor-auto": the floor policy finding its own floor (--floor-tps auto); the run's
+    # floor_tps then stays the reference its windows are measured against.
+    auto = config.policy == "floor-auto"
+    policy = "floor" if auto else config.policy
+    cmd += ["--template", config.template, "--policy", policy, "--pool", config.pool]
     cmd += ["--data-dir", str(data_dir)]
-    if config.floor_tps is not None:
+    if auto:
+        cmd += ["--floor-tps", "auto"]
+    elif config.floor_tps is not None:
         cmd += ["--floor-tps", f"{config.floor_tps:g}"]
     if config.model is not None:
         cmd += ["--model", config.model]

@@ -15,7 +15,8 @@ from mesh.sim.schedule import parse_schedule
 __all__ = ["SCENARIOS", "IdleAgentsConfig", "NeighbourConfig", "PhaseRecord", "Sample",
            "SimConfig", "SimRun", "TaskEvent", "TaskTimeline"]
 
-POLICIES_HELP = "floor, projection, legacy, static:N or none"
+POLICIES_HELP = ("floor, floor-auto (floor with --floor-tps auto), projection, legacy, static:N "
+                 "or none")
 NEIGHBOURS = ("none", "cpu", "mesh")
 # "packages": the template's scenario as it is; "idle-agents": many agents, mostly idle
 # (long seeded tool gaps), more of them than the pool has resident slots, so they park.
@@ -154,7 +155,7 @@ class SimConfig:
         if self.floor_tps is not None and not self.floor_tps > 0:
             raise ValueError(f"floor_tps must be > 0, got {self.floor_tps}")
         name, _, arg = self.policy.partition(":")
-        known = ("floor", "projection", "legacy", "static", "none")
+        known = ("floor", "floor-auto", "projection", "legacy", "static", "none")
         if name not in known or (name == "static") != bool(arg):
             raise ValueError(f"policy must be {POLICIES_HELP}, got {self.policy!r}")
         if not self.sample_interval_s > 0:

@@ -145,3 +145,45 @@ def test_projection_error_scores_the_first_step_at_the_projected_rows() -> None:
     assert err["count"] == 1 and err["p50"] == pytest.approx(0.10, abs=0.01)
     now[0] += 61.0
     assert gate.projection_error()["count"] == 0  # older than a minute
+
+
+# ---------------------------------------------------------------- --floor-tps auto
+
+
+def cpu_like(rows: int, n: int = 6) -> list[StepSample]:
+    """A compute-bound CPU: 30 ms for one row, 24 ms for each more. Aggregate tok/s:
+    1 row 33.3, 2 rows 37.0 (+11.1 %), 3 rows 38.5 (+3.8 %), 4 rows 39.2 (+2 %)."""
+    return steps(rows, 0.030 + 0.024 * (rows - 1), n=n)
+
+
+def test_auto_tries_an_untried_row_and_grows_while_it_adds_a_tenth() -> None:
+    assert turn_room(COST, 1.0, 0, 0, [], auto=True).room == 1
+    assert turn_room(COST, 1.0, 1, 0, cpu_like(1), auto=True).room == 1  # two never tried
+    assert turn_room(COST, 1.0, 1, 0, cpu_like(2) + cpu_like(1), auto=True).room == 1
+    # At two rows the third, measured, adds 3.8 %: the knee is two.
+    assert turn_room(COST, 1.0, 2, 0, cpu_like(3) + cpu_like(1) + cpu_like(2),
+                     auto=True).room == 0
+
+
+def test_auto_sheds_a_row_that_adds_under_a_twentieth() -> None:
+    # The third row adds 3.8 %: pause it.
+    assert turn_room(COST, 1.0, 3, 0, cpu_like(2) + cpu_like(3, n=3), auto=True).room == -1
+    # A third row that adds 7 % stays (under the grow rule, over the shed rule); a fourth
+    # measured at +2 % is not started again.
+    recent = cpu_like(4) + cpu_like(2) + steps(3, 3 / (1.07 * 2 / 0.054), n=3)
+    assert turn_room(COST, 1.0, 3, 0, recent, auto=True).room == 0
+
+
+def test_auto_on_a_gpu_like_step_keeps_adding_rows() -> None:
+    # 10 ms plus 0.5 ms a row: every row adds far more than 10 % at these counts.
+    recent = steps(3, 0.011) + steps(4, 0.0115)
+    assert turn_room(COST, 1.0, 4, 0, recent, auto=True).room == 1
+
+
+def test_the_auto_gate_reports_the_floor_it_chose() -> None:
+    gate = DecodeGate(1.0, BudgetState(COST), auto=True)
+    assert gate.effective_floor() is None
+    gate.turn_room(2, 0, cpu_like(1) + cpu_like(2))
+    floor = gate.effective_floor()
+    assert floor is not None and floor == pytest.approx(1 / 0.054)
+    assert DecodeGate(7.0, BudgetState(COST)).effective_floor() == 7.0
