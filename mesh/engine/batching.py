@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -11,6 +12,8 @@ from mesh.engine.session import SeqState
 from mesh.engine.types import PrefillBudget, StepSample, TurnAdmission
 
 __all__ = ["BatchWriter", "candidates", "fill_batch", "plan"]
+
+logger = logging.getLogger(__name__)
 
 
 class BatchWriter(Protocol):
@@ -46,7 +49,11 @@ def plan(sessions: Iterable[SeqState], ledger: CellLedger, *, n_batch: int, outp
     room = None
     num_running = sum(c.running for c in cands)
     if turn_admission is not None and (num_running < len(cands) or num_running > 1):
-        room = int(turn_admission.turn_room(num_running, cells_used, recent))
+        try:
+            room = int(turn_admission.turn_room(num_running, cells_used, recent))
+        except Exception:  # a broken gate must not fail the turns: hold the rows as they are
+            logger.exception("the decode gate failed; this step keeps the running turns")
+            room = 0
         room = max(room, 1 - num_running)  # never shed the last one; with none, start one
     num_decode = sum(c.decoding for c in admit_turns(cands, room))
     budget = step_budget(n_batch=n_batch, output_rows=output_rows, num_decode=num_decode,

@@ -177,8 +177,9 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
 
     # Shed: the steps the running rows take now are over the floor (a step's prefill
     # priced at the slope and taken off, so a prefill chunk does not pause a row).
-    last = [max(0.0, s.step_s - slope * s.num_prefill_tokens)
-            for s in list(recent)[-SHED_STEPS:] if s.num_decode == num_running]
+    # (At least half the step stays: a chunk never explains a step away entirely.)
+    last = [max(0.5 * s.step_s, s.step_s - slope * s.num_prefill_tokens)
+            for s in list(recent)[-SHED_STEPS:] if s.num_decode == num_running and s.step_s > 0]
     if auto:
         return _knee_room(num_running, measured, last, predicted, slope,
                           TurnRoom(0, ratio, measured_rows, now_s, next_s, slope))
@@ -206,14 +207,16 @@ def _knee_room(k: int, measured: dict[int, float], last: list[float],
         return replace(base, room=1)
     if k > 1 and len(last) == SHED_STEPS:
         now = statistics.median(last)
-        before = predicted(k - 1) if (k - 1) in measured else max(1e-6, now - slope)
-        if (k / now) < (1.0 + SHED_GAIN) * ((k - 1) / before):
+        before = measured[k - 1] if (k - 1) in measured else now - slope
+        # k rows over (k - 1): no better than SHED_GAIN (a step at k - 1 rows that would
+        # take no time at all says the same: the row adds nothing).
+        if before <= 0 or k * before < (1.0 + SHED_GAIN) * (k - 1) * now:
             return replace(base, room=-1)
     if k not in measured:
         return base  # the rows running now are measured first
     if (k + 1) not in measured:
         return replace(base, room=1)  # untried (or aged out: the machine may have changed)
-    if (k + 1) / measured[k + 1] >= (1.0 + KNEE_GAIN) * (k / measured[k]):
+    if (k + 1) * measured[k] >= (1.0 + KNEE_GAIN) * k * measured[k + 1]:
         return replace(base, room=1)
     return base
 

@@ -3,20 +3,25 @@
 Each run gets its own report folder (``OUT/<key>-<value>/``); the comparison adds its
 tables (``compare.md``, ``compare.json``: per neighbour phase, one row per run) and its
 plots, one panel per run (:mod:`mesh.sim.panels`), in ``OUT``.
-The sweep adds ``sweep.md``, ``sweep.json`` and ``sweep.png`` and names the sweet spot:
-the floor with the lowest p50 delivery among those that delivered every package and kept
-time under the floor at or below ``max_under``.
+The sweep adds ``sweep.md``, ``sweep.json`` and ``sweep.png`` and names the sweet spot
+by the decode gate's own knee rule (``--floor-tps auto``): among the floors that
+delivered every package and kept time under the floor at or below ``max_under``, going
+from the highest floor down (fewer rows to more), the last floor before the next lower
+one stops adding :data:`KNEE_GAIN` to the aggregate tokens/s. The lowest p50 delivery is
+reported beside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mesh.gate.decode_gate import KNEE_GAIN
 from mesh.sim.goals import goals, goals_markdown
 from mesh.sim.panels import write_panels
 from mesh.sim.phases import MIN_WINDOW_S, MIN_WINDOW_TOKENS, phase_summary, phase_table
@@ -31,6 +36,7 @@ __all__ = [
     "RunOne",
     "SweepResult",
     "apply_value",
+    "lowest_p50",
     "parse_compare",
     "run_compare",
     "run_sweep",
@@ -170,7 +176,12 @@ def write_comparison(
     return CompareResult(key, tuple(values), tuple(summaries), md, tuple(plots))
 
 
-def sweet_spot(
+def _qualifies(s: Mapping[str, Any], max_under: float) -> bool:
+    return (s.get("delivered") == s.get("submitted")
+            and float(s.get("time_under_floor") or 0.0) <= max_under)
+
+
+def lowest_p50(
     floors: Sequence[float], summaries: Sequence[Mapping[str, Any]], max_under: float = 0.05
 ) -> float | None:
     """The floor with the lowest p50 delivery among runs that delivered everything and
@@ -178,13 +189,29 @@ def sweet_spot(
     best: tuple[float, float] | None = None
     for floor, s in zip(floors, summaries, strict=True):
         p50 = s.get("p50_delivery_s")
-        if p50 is None or s.get("delivered") != s.get("submitted"):
-            continue
-        if float(s.get("time_under_floor") or 0.0) > max_under:
+        if p50 is None or not _qualifies(s, max_under):
             continue
         if best is None or float(p50) < best[1]:
             best = (floor, float(p50))
     return None if best is None else best[0]
+
+
+def sweet_spot(
+    floors: Sequence[float], summaries: Sequence[Mapping[str, Any]], max_under: float = 0.05
+) -> float | None:
+    """The knee (see the module docstring): walking the qualifying floors from the highest
+    down, the floor whose next lower one adds under :data:`KNEE_GAIN` to the aggregate
+    tokens/s (or the lowest qualifying floor if every step adds that much); None if no
+    run qualifies."""
+    runs = sorted(((f, float(s.get("agg_tps") or 0.0))
+                   for f, s in zip(floors, summaries, strict=True) if _qualifies(s, max_under)),
+                  reverse=True)
+    if not runs:
+        return None
+    for (floor, tps), (_, lower_tps) in itertools.pairwise(runs):
+        if lower_tps < (1.0 + KNEE_GAIN) * tps:
+            return floor
+    return runs[-1][0]
 
 
 @dataclass(frozen=True)
@@ -223,12 +250,16 @@ def write_sweep(
     """The sweep's table, JSON and plot from finished runs' summaries. Pure."""
     out_dir.mkdir(parents=True, exist_ok=True)
     best = sweet_spot(floors, summaries, max_under)
+    fastest = lowest_p50(floors, summaries, max_under)
     plot = write_sweep_plot(floors, summaries, out_dir / "sweep.png", best)
     table = summary_table([(f"floor {f:g}", s) for f, s in zip(floors, summaries, strict=True)])
     verdict = (
-        f"Sweet spot: floor **{best:g}** tok/s (lowest p50 delivery with every package "
-        f"delivered and time under the floor ≤ {100 * max_under:g} %)."
-        if best is not None
+        f"Sweet spot: floor **{best:g}** tok/s — the knee: a lower floor (more rows) adds "
+        f"under {100 * KNEE_GAIN:g} % to the aggregate tokens/s (the rule of "
+        f"`--floor-tps auto`), among floors that delivered every package with time under "
+        f"the floor ≤ {100 * max_under:g} %. Lowest p50 delivery among them: floor "
+        f"{fastest:g}."
+        if best is not None and fastest is not None
         else f"No floor delivered every package with time under the floor ≤ {100 * max_under:g} %."
     )
     md = out_dir / "sweep.md"
@@ -241,6 +272,8 @@ def write_sweep(
             "floors": list(floors),
             "max_under": max_under,
             "sweet_spot": best,
+            "rule": f"knee: the next lower floor adds < {100 * KNEE_GAIN:g} % aggregate tok/s",
+            "lowest_p50": fastest,
             "summaries": list(summaries),
         },
     )

@@ -249,10 +249,12 @@ def write_sweep_plot(
     path: Path,
     best: float | None,
 ) -> Path:
-    """Wall time, p50 delivery and time under the floor against the floor."""
-    fig = _figure(7, 8)
-    axes = fig.subplots(3, 1, sharex=True)
+    """Aggregate tokens/s, wall time, p50 delivery and time under the floor against the
+    floor; the sweet spot (the knee) marked on each."""
+    fig = _figure(7, 10)
+    axes = fig.subplots(4, 1, sharex=True)
     series = (
+        ("agg_tps", "aggregate tok/s"),
         ("wall_s", "wall (s)"),
         ("p50_delivery_s", "p50 delivery (s)"),
         ("time_under_floor", "time under floor (share)"),
@@ -264,6 +266,7 @@ def write_sweep_plot(
         ax.grid(True, alpha=0.3)
         if best is not None:
             ax.axvline(best, color="tab:green", linestyle="--", linewidth=1)
-    axes[0].set_title("Sweep over the floor" + (f" (sweet spot {best:g})" if best else ""))
+    axes[0].set_title("Sweep over the floor" + (f" (sweet spot, the knee: {best:g})" if best
+                                                else ""))
     axes[-1].set_xlabel("floor (tokens/s per worker)")
     return _save(fig, path)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mesh.engine.types import StepSample
 from mesh.gate.budget import BudgetState
@@ -187,3 +189,29 @@ def test_the_auto_gate_reports_the_floor_it_chose() -> None:
     floor = gate.effective_floor()
     assert floor is not None and floor == pytest.approx(1 / 0.054)
     assert DecodeGate(7.0, BudgetState(COST)).effective_floor() == 7.0
+
+
+def test_a_prefill_chunk_priced_past_its_step_divides_by_nothing() -> None:
+    # Seen on SmolLM2 under auto: a 64-token chunk priced at a 24 ms slope "explained"
+    # more than its 90 ms step; the shed rule then divided by zero in the engine thread.
+    recent = cpu_like(1) + cpu_like(2) + steps(3, 0.090, n=3, prefill=64)
+    for auto in (False, True):
+        assert turn_room(COST, 10.0, 3, 0, recent, auto=auto).room in (-1, 0, 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 600),
+                            st.floats(1e-5, 2.0, allow_nan=False)), max_size=40),
+    running=st.integers(0, 12),
+    floor=st.floats(0.1, 500.0),
+    auto=st.booleans(),
+)
+def test_turn_room_answers_every_input_within_its_bounds(
+    rows: list[tuple[int, int, float]], running: int, floor: float, auto: bool
+) -> None:
+    recent = [StepSample(num_decode=d, num_prefill_tokens=p, sum_context=0, step_s=t,
+                         cells_used=0) for d, p, t in rows]
+    room = turn_room(COST, floor, running, 0, recent, auto=auto).room
+    assert room >= (1 if running == 0 else 1 - running)  # progress; the last row stays
+    assert room <= 1 or running == 0  # one new turn a step

@@ -10,6 +10,7 @@ import pytest
 
 from mesh.sim.compare import (
     apply_value,
+    lowest_p50,
     parse_compare,
     sweet_spot,
     write_comparison,
@@ -136,16 +137,24 @@ def test_comparison_puts_runs_side_by_side(tmp_path: Path) -> None:
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in result.plots)
 
 
-def test_sweet_spot_is_the_lowest_p50_within_the_floor_budget() -> None:
+def test_sweet_spot_is_the_knee_within_the_floor_budget() -> None:
     base = {"submitted": 4, "delivered": 4}
     summaries = [
-        {**base, "p50_delivery_s": 9.0, "time_under_floor": 0.0},
-        {**base, "p50_delivery_s": 5.0, "time_under_floor": 0.02},
-        {**base, "p50_delivery_s": 3.0, "time_under_floor": 0.30},  # too often under
-        {**base, "delivered": 3, "p50_delivery_s": 1.0, "time_under_floor": 0.0},  # lost one
+        {**base, "p50_delivery_s": 9.0, "agg_tps": 30.0, "time_under_floor": 0.0},  # 2
+        {**base, "p50_delivery_s": 5.0, "agg_tps": 28.5, "time_under_floor": 0.02},  # 4
+        {**base, "p50_delivery_s": 6.0, "agg_tps": 25.0, "time_under_floor": 0.0},  # 6
+        {**base, "p50_delivery_s": 8.0, "agg_tps": 20.0, "time_under_floor": 0.0},  # 8
+        {**base, "p50_delivery_s": 3.0, "agg_tps": 40.0, "time_under_floor": 0.30},  # 1
+        {**base, "delivered": 3, "p50_delivery_s": 1.0, "agg_tps": 50.0,
+         "time_under_floor": 0.0},  # 0.5: lost one
     ]
-    assert sweet_spot([2, 4, 6, 8], summaries) == 4
-    assert sweet_spot([6], summaries[2:3]) is None
+    floors = [2, 4, 6, 8, 1, 0.5]
+    # From 8 down: 20 -> 25 (+25 %) -> 28.5 (+14 %) -> 30 (+5 %): the knee is 4; the
+    # floors under it are out (too often under the floor, or a package lost).
+    assert sweet_spot(floors, summaries) == 4
+    assert lowest_p50(floors, summaries) == 4
+    assert sweet_spot([6, 8], summaries[2:4]) == 6  # every step adds 10 %: the lowest
+    assert sweet_spot([1], summaries[4:5]) is None
 
 
 def test_write_sweep_names_the_sweet_spot(tmp_path: Path) -> None:
@@ -153,11 +162,12 @@ def test_write_sweep_names_the_sweet_spot(tmp_path: Path) -> None:
     for run in runs:
         run.tasks.pop()  # every package delivered
     result = write_sweep([2.0, 4.0], [summarize(r) for r in runs], tmp_path, max_under=1.0)
-    assert result.best == 2.0
-    assert "Sweet spot: floor **2**" in result.table.read_text(encoding="utf-8")
+    # The same aggregate at both floors: the lower one adds nothing, the knee is 4.
+    assert result.best == 4.0
+    assert "Sweet spot: floor **4**" in result.table.read_text(encoding="utf-8")
     assert result.plot.read_bytes().startswith(PNG_MAGIC)
     doc = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
-    assert doc["sweet_spot"] == 2.0 and len(doc["summaries"]) == 2
+    assert doc["sweet_spot"] == 4.0 and len(doc["summaries"]) == 2
 
 
 def test_parse_compare() -> None:

@@ -121,7 +121,8 @@ def test_sweep_reports_each_floor_and_a_plot(tmp_path: Path) -> None:
     assert code == 0
     doc = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert doc["floors"] == [1.0, 2.0]
-    assert doc["sweet_spot"] in (1.0, 2.0)  # both deliver; the lower p50 wins
+    assert doc["sweet_spot"] in (1.0, 2.0)  # both deliver; the knee rule picks one
+    assert doc["lowest_p50"] in (1.0, 2.0) and doc["rule"].startswith("knee")
     assert (tmp_path / "sweep.png").stat().st_size > 0
     assert (tmp_path / "floor-2" / "report.json").exists()
 
