@@ -122,9 +122,10 @@ class _Run:
             EventKind.STATUS: "",
         }[event.kind]
         meta: dict[str, Any] = {"subtask": sid, "event": event.kind.value, "turn": event.turn}
-        wait_s = event.data.get("wait_s")
-        if isinstance(wait_s, int | float):  # the turn's wait for the decode gate
-            meta["wait_s"] = float(wait_s)
+        for key in ("wait_s", "paused_s"):  # the turn's wait for the decode gate, a pause
+            value = event.data.get(key)
+            if isinstance(value, int | float):
+                meta[key] = float(value)
         await self.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] {label}{text}", meta)
 
 

@@ -314,6 +314,9 @@ class SessionAPI:
         assert entry.iterator is not None and entry.generation is not None
         try:
             async for piece in entry.iterator:
+                if piece.paused_s:  # the decode gate paused the turn to keep the floor
+                    yield sse_event("paused", {"paused_s": round(piece.paused_s, 4)})
+                    continue
                 yield sse_event("token", {"token": piece.token, "text": piece.text})
         except ContextOverflow as exc:
             yield sse_event("error", {"code": "context_overflow", "message": str(exc)})

@@ -20,11 +20,14 @@ class Piece:
     ``text`` may be empty (mid-UTF-8 character, or held back as a possible start of a stop
     string). Held text released when a turn ends without a token of its own (``eos``,
     ``context_full``, ``cancelled``) comes as a last piece with ``token == -1``. The pieces'
-    texts always join to ``TurnResult.text``.
+    texts always join to ``TurnResult.text``. A turn the decode gate paused (shed, to keep
+    the floor) gets, when it runs again, a piece with ``token == -1``, no text and
+    ``paused_s``: how long it waited, so a client can tell a pause from slow decoding.
     """
 
     token: int
     text: str
+    paused_s: float = 0.0
 
 
 @dataclass(frozen=True)

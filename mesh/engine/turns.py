@@ -135,6 +135,10 @@ class Turns:
                 turn.waited_s = _wait_s(turn, now)
                 turn.admitted_at = now
                 self.changes += 1
+                if turn.paused_at is not None:  # back from a pause: say how long it was
+                    self._outbox.append((turn, Piece(token=-1, text="",
+                                                     paused_s=now - turn.paused_at)))
+                    turn.paused_at = None
 
     def pause(self, states: Iterable[SeqState]) -> None:
         """The decode gate paused these running turns (shed, to keep the floor): they

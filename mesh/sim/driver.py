@@ -73,6 +73,8 @@ def _status_event(t: float, update: pb.TaskStatusUpdateEvent) -> TaskEvent:
     kind = str(meta.get("event", ""))
     if update.status.state in _TERMINAL:
         kind = _TERMINAL[update.status.state]
+    elif "paused_s" in meta or "pausedS" in meta:  # the decode gate paused a turn
+        kind = "paused"
     elif kind not in _STEP_EVENTS:
         kind = "status"
     position = meta.get("queue_position")

@@ -165,12 +165,17 @@ def client_windows(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS,
         return []
     out: list[Window] = []
     for task in run.tasks:
+        # A pause of the decode gate is waiting, not decoding: no window spans one.
+        pauses = [e.t for e in task.events if e.kind == "paused"]
         for turn, _, cs in _turn_groups(task):
             if turn == 0 or len(cs) < 2:
                 continue
             estimates = _estimate([c for _, c in cs], run.tokens_per_step)
             a, tokens = 0, 0.0
             for b in range(1, len(cs)):
+                if any(cs[b - 1][0] < p <= cs[b][0] for p in pauses):
+                    a, tokens = b, 0.0
+                    continue
                 tokens += estimates[b]
                 span = cs[b][0] - cs[a][0]
                 if tokens >= min_tokens and span >= min_span_s:

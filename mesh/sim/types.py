@@ -200,7 +200,8 @@ class TaskEvent:
 
     ``kind``: ``submitted`` (request sent), ``task`` (the task object arrived), ``queued``,
     ``admitted``, ``turn_started``, ``tool_call``, ``tool_result``, ``plan`` (a planned
-    package's plan is published), ``text`` (artifact chunk), ``status`` (other),
+    package's plan is published), ``text`` (artifact chunk), ``paused`` (the decode gate
+    paused a running turn and let it run again), ``status`` (other),
     ``rejected_429``, then a terminal ``completed`` / ``failed`` / ``rejected`` /
     ``canceled`` / ``input_required`` (nobody answers it here) / ``error``.
     ``subtask`` is the key the coordinator named (``plan``, ``synthesis``, a subtask id).

@@ -47,6 +47,11 @@ async def stream_turn(
     try:
         async for piece in pieces:
             generated += piece.token >= 0
+            if piece.paused_s:  # the decode gate paused the turn: waiting, not decoding
+                await emit(WorkerEvent(
+                    EventKind.STATUS,
+                    f"paused {piece.paused_s:.2f} s by the decode gate to keep the floor",
+                    turn, {"paused_s": round(piece.paused_s, 4)}))
             if piece.text:
                 await emit(WorkerEvent(EventKind.TEXT, piece.text, turn))
                 if guard is not None and guard.feed(piece.text) is not None:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from mesh.engine.types import SamplingParams, SessionState, StepSample, TurnResult
+from mesh.engine.types import Piece, SamplingParams, SessionState, StepSample, TurnResult
 from tests.engine.test_pool import make_pool, run
 
 
@@ -149,4 +149,38 @@ def test_a_paused_turn_keeps_its_tokens_and_its_wait_is_counted(
 
 
 async def _collect(gen: object) -> list[int]:
-    return [p.token async for p in gen]  # type: ignore[attr-defined]
+    return [p.token async for p in gen if p.token >= 0]  # type: ignore[attr-defined]
+
+
+def test_a_paused_turn_says_how_long_it_was_paused(tiny_model_path: Path) -> None:
+    """When a paused turn runs again its consumer gets a piece with ``paused_s`` (no
+    token, no text), so a client can tell a pause from slow decoding."""
+
+    async def body() -> list[float]:
+        pool = await make_pool(tiny_model_path, max_sessions=4, session_budget=256)
+        pool.set_turn_admission(ShedOnce())
+        try:
+            a, b = await pool.attach(), await pool.attach()
+            a.append("hello there")
+            b.append("and you")
+            gen_a = a.generate(SamplingParams(max_tokens=30, stop_at_eos=False))
+            gen_b = b.generate(SamplingParams(max_tokens=30, stop_at_eos=False,
+                                              priority=1e12))
+            async with pool.held():
+                await gen_a.start()
+                await gen_b.start()
+            pieces = await asyncio.gather(_pieces(gen_a), _pieces(gen_b))
+            assert not [p for p in pieces[0] if p.paused_s]
+            marks = [p for p in pieces[1] if p.paused_s]
+            assert all(p.token == -1 and p.text == "" for p in marks)
+            assert sum(p.token >= 0 for p in pieces[1]) == 30
+            return [p.paused_s for p in marks]
+        finally:
+            await pool.aclose()
+
+    paused = run(body())
+    assert len(paused) == 1 and paused[0] > 0
+
+
+async def _pieces(gen: object) -> list[Piece]:
+    return [p async for p in gen]  # type: ignore[attr-defined]

@@ -121,6 +121,21 @@ def test_one_token_per_chunk_is_counted_exactly_whatever_its_characters() -> Non
     assert [n for _, n in chunk_tokens(run)] == [1.0] * 20
 
 
+def test_no_window_spans_a_pause_of_the_decode_gate() -> None:
+    """A turn paused for 3 s mid-way (shed: waiting, not decoding): the windows before
+    and after are timed; none spans the pause."""
+    run = make_run(NeighbourConfig())
+    task = run.tasks[0]
+    events = _turn(1, 0.0, [0.2, 0.2, 3.2, 0.2, 0.2, 0.2, 0.2], [4] * 8)
+    events.insert(4, TaskEvent(3.5, "paused", turn=1))  # between the 3rd and 4th chunk
+    task.events = events
+    run.tasks = [task]
+    windows = client_windows(run)
+    # 20 tokens over 8 chunks: 2.5 tokens every 0.2 s = 12.5 tok/s, the pause left out
+    # (spanning it, a window would read ~2.8 tok/s)
+    assert windows and all(w.tps == pytest.approx(12.5) for w in windows)
+
+
 def test_turn_starts_come_from_the_gate_when_events_carry_it() -> None:
     run = make_run()
     starts, source = turn_starts(run)
