@@ -53,11 +53,13 @@ from mesh.engine.types import StepSample
 from mesh.gate.budget import BudgetState, prefill_budget
 from mesh.gate.model import StepCost
 
-__all__ = ["DecodeGate", "TurnRoom", "by_rows", "measured_ratio", "row_slope", "turn_room"]
+__all__ = ["DecodeGate", "TurnRoom", "by_rows", "measured_ratio", "prefill_price", "row_slope",
+           "turn_room"]
 
 RATIO_STEPS = 6  # decoding steps the model's measured ratio is the median of
 FRESH_STEPS = 24  # the recent steps read for the step time at each row count
-SHED_STEPS = 3  # steps over the floor, at the running row count, that shed rows
+SHED_STEPS = 3  # (auto) the steps at the running row count whose median sheds a row
+CLIENT_STEPS = 8  # the steps a reader's window of 8 tokens spans: their mean is the floor's
 BUCKET_STEPS = 5  # the latest steps at one row count whose median is "measured"
 PREFILL_RESERVE = 4  # prefill tokens a decode step may carry and still count as one
 MIN_PREFILL_CHUNK = 4  # prefill tokens a step may carry when little room is left
@@ -85,6 +87,8 @@ class TurnRoom:
     projected_now_s: float  # the step as it runs now (measured where it was)
     projected_next_s: float  # ... with one more running turn
     slope_s: float = 0.0  # the per-row cost the prediction used (s)
+    prefill_token_s: float | None = None  # measured cost of a prefill token beside rows
+    client_step_s: float | None = None  # mean of the last steps a decoding row waited on
 
 
 def measured_ratio(cost: StepCost, recent: Sequence[StepSample],
@@ -120,6 +124,18 @@ def row_slope(recent: Sequence[StepSample], fresh: int = FRESH_STEPS) -> float |
     mt = sum(t for _, t in pts) / len(pts)
     var = sum((k - mk) ** 2 for k, _ in pts)
     return max(0.0, sum((k - mk) * (t - mt) for k, t in pts) / var)
+
+
+def prefill_price(recent: Sequence[StepSample], measured: dict[int, float],
+                  fresh: int = FRESH_STEPS) -> float | None:
+    """Seconds a prefill token adds to a step beside decode rows: the median, over the
+    fresh steps that carried more than :data:`PREFILL_RESERVE` prefill tokens beside a
+    measured row count, of (step - that row count's decode step) / tokens; None before
+    any such step."""
+    prices = [max(0.0, (s.step_s - measured[s.num_decode]) / s.num_prefill_tokens)
+              for s in list(recent)[-fresh:]
+              if s.num_prefill_tokens > PREFILL_RESERVE and s.num_decode in measured]
+    return statistics.median(prices) if prices else None
 
 
 def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: int,
@@ -183,18 +199,29 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     if auto:
         return _knee_room(num_running, measured, last, predicted, slope,
                           TurnRoom(0, ratio, measured_rows, now_s, next_s, slope))
-    if num_running > 1 and len(last) == SHED_STEPS and statistics.median(last) > limit:
-        over = statistics.median(last) - target
-        shed = math.ceil(over / slope) if slope > 0 else 1
-        return TurnRoom(-min(max(1, shed), num_running - 1), ratio, measured_rows, now_s,
-                        next_s, slope)
+    # What a decoding row's reader sees: the mean of the last CLIENT_STEPS steps that
+    # carried decode rows, prefill included — read for a shed only once all of them ran at
+    # most the rows running now (after a shed the next steps are measured first).
+    window = [s for s in list(recent)[-2 * CLIENT_STEPS:] if s.num_decode > 0][-CLIENT_STEPS:]
+    seen = [s.step_s for s in window]
+    settled = len(seen) == CLIENT_STEPS and all(s.num_decode <= num_running for s in window)
+    client_s = statistics.fmean(seen) if seen else None
+    price = prefill_price(recent, measured)
+    if num_running > 1 and settled and client_s is not None and client_s > limit:
+        # The rows that bring the step back under the target, at most half of them at once.
+        per_row = max(slope, 0.25 * client_s / num_running)
+        shed = min(math.ceil((client_s - target) / per_row), max(1, num_running // 2))
+        return TurnRoom(-max(1, shed), ratio, measured_rows, now_s, next_s, slope, price,
+                        client_s)
 
     room = 0
     if num_running == 0:
         room = 1  # progress: nobody to slow down
-    elif num_running in measured and next_s <= target:
+    elif (num_running in measured and next_s <= target
+          and (client_s is None or client_s + slope <= target)):
         room = 1  # one a step: the next steps measure it before another starts
-    return TurnRoom(min(room, max_room), ratio, measured_rows, now_s, next_s, slope)
+    return TurnRoom(min(room, max_room), ratio, measured_rows, now_s, next_s, slope, price,
+                    client_s)
 
 
 def _knee_room(k: int, measured: dict[int, float], last: list[float],
@@ -268,9 +295,10 @@ class DecodeGate:
                            auto=self.auto)
         self.last = answer
         buckets = by_rows(recent)
-        if buckets:
+        if buckets:  # a prefill token priced as measured, else as one more row
             self._measured = ({k: statistics.median(v[-BUCKET_STEPS:])
-                               for k, v in buckets.items()}, answer.slope_s)
+                               for k, v in buckets.items()},
+                              answer.prefill_token_s or answer.slope_s)
         if answer.room < 0:
             self.num_shed -= answer.room
         if answer.room > 0 and num_running > 0 and self._pending is None:

@@ -56,20 +56,27 @@ def test_steps_just_under_the_floor_start_nothing_and_shed_nothing() -> None:
 
 
 def test_measured_steps_over_the_floor_shed_rows_between_steps() -> None:
-    # A neighbour: three rows now take 160 ms > 100 ms; a row costs 60 ms (one row at 40):
-    # two rows would take 100 ms, one 40 ms -> shed two (to get under 92 ms).
-    answer = turn_room(COST, 10.0, 3, 0, steps(1, 0.040) + steps(3, 0.160, n=3))
-    assert answer.room == -2
-    # 130 ms: a row costs 45 ms, two rows ~85 ms -> shed one.
-    assert turn_room(COST, 10.0, 3, 0, steps(1, 0.040) + steps(3, 0.130, n=3)).room == -1
+    # A neighbour: the last eight steps at four rows took 160 ms > 100 ms: a row costs at
+    # least a quarter of the average row (10 ms) -> shed ceil(68 / 10), at most half: 2.
+    answer = turn_room(COST, 10.0, 4, 0, steps(1, 0.040) + steps(4, 0.160, n=8))
+    assert answer.room == -2 and answer.client_step_s == pytest.approx(0.160)
+    # 105 ms at three rows: just over -> one.
+    assert turn_room(COST, 10.0, 3, 0, steps(3, 0.105, n=8)).room == -1
     # The last running turn is never paused, however slow.
-    assert turn_room(COST, 10.0, 2, 0, steps(2, 0.500, n=3)).room == -1
-    assert turn_room(COST, 10.0, 1, 0, steps(1, 0.500, n=3)).room == 0
+    assert turn_room(COST, 10.0, 2, 0, steps(2, 0.500, n=8)).room == -1
+    assert turn_room(COST, 10.0, 1, 0, steps(1, 0.500, n=8)).room == 0
 
 
-def test_one_slow_step_sheds_nothing() -> None:
-    # A single slow step (a hiccup) among fast ones: the median of the last three decides.
-    recent = steps(3, 0.060) + steps(3, 0.200, n=1)
+def test_after_a_shed_the_next_steps_are_measured_first() -> None:
+    # Shed from four rows to three: until eight steps ran at three, no second shed.
+    recent = steps(4, 0.160, n=8) + steps(3, 0.130, n=3)
+    assert turn_room(COST, 10.0, 3, 0, recent).room == 0
+    assert turn_room(COST, 10.0, 3, 0, recent + steps(3, 0.130, n=5)).room == -1
+
+
+def test_one_slow_step_in_a_window_sheds_nothing() -> None:
+    # One 200 ms step among seven of 60 ms: the reader's 8-token window reads 77.5 ms.
+    recent = steps(3, 0.060, n=7) + steps(3, 0.200, n=1)
     assert turn_room(COST, 10.0, 3, 0, recent).room >= 0
 
 
@@ -101,17 +108,20 @@ def test_one_turn_starts_a_step_and_only_over_measured_rows() -> None:
     assert turn_room(COST, 10.0, 3, 0, steps(2, 0.030)).room == 0
 
 
-def test_a_step_slow_only_from_its_prefill_sheds_nothing() -> None:
-    # Two rows decode at 50 ms (a row 20 ms); steps with a 20-token chunk take 150 ms:
-    # the chunk, priced at the slope (20 ms a token), explains them: no row is paused.
-    recent = steps(1, 0.030) + steps(2, 0.050) + steps(2, 0.150, n=3, prefill=20)
-    assert turn_room(COST, 10.0, 2, 0, recent).room >= 0
+def test_prefill_beside_rows_counts_for_the_reader_and_is_priced_as_measured() -> None:
+    # Two rows decode at 50 ms; steps with a 20-token chunk take 150 ms: a prefill token
+    # costs 5 ms. Three such steps in the window: the reader sees 87.5 ms -> no new row.
+    recent = steps(1, 0.030) + steps(2, 0.050, n=5) + steps(2, 0.150, n=3, prefill=20)
+    answer = turn_room(COST, 10.0, 2, 0, recent)
+    assert answer.prefill_token_s == pytest.approx(0.005)
+    assert answer.client_step_s == pytest.approx(0.0875) and answer.room == 0
 
 
 def test_steps_with_prefill_are_not_taken_for_decode_steps() -> None:
-    # Two rows with a 64-token prefill chunk took 150 ms: that says nothing of two rows.
-    recent = steps(2, 0.050) + steps(2, 0.150, n=3, prefill=64)
-    assert turn_room(COST, 10.0, 2, 0, recent).room == 1
+    # Two rows with a 64-token chunk took 150 ms: that says nothing of two rows' step.
+    recent = steps(1, 0.030, n=8) + steps(2, 0.050, n=8) + steps(2, 0.150, n=1, prefill=64)
+    answer = turn_room(COST, 10.0, 2, 0, recent)
+    assert answer.projected_now_s == pytest.approx(0.050)
 
 
 def test_bad_inputs_are_refused() -> None:
@@ -126,10 +136,11 @@ def test_the_gate_object_remembers_its_last_answer_and_budgets_prefill() -> None
     # Before any measurement the model prices prefill: two rows at its 50 ms leave 50 ms,
     # 50 prefill tokens at 1 ms.
     assert gate(2, 0) == 50
-    assert gate.turn_room(2, 0, steps(1, 0.030) + steps(2, 0.110, n=3)) == -1
+    assert gate.turn_room(2, 0, steps(1, 0.030) + steps(2, 0.110, n=8)) == -1
     assert gate.last is not None and gate.last.room == -1 and gate.num_shed == 1
-    # Measured: one row at 30 ms, a row costs 80 ms: 62 ms left under 92 -> no token
-    # beyond the minimum chunk; two rows are over the floor -> 16 tokens (progress).
+    # Measured: one row at 30 ms, a row costs 80 ms (no prefill measured yet: priced as a
+    # row): 62 ms left under 92 -> no token beyond the minimum chunk; two rows are over
+    # the floor -> 16 tokens (progress).
     assert gate(1, 0) == 4
     assert gate(2, 0) == 16
     # A row count never measured: the model's price again.
