@@ -144,6 +144,9 @@ def _why(last: TurnRoom | None, gate: DecodeGate | None) -> str | None:
         rule = "auto: rows while one more adds >= 10 % to the aggregate tokens/s"
     else:
         rule = f"floor {gate.floor_tps:g} tok/s: a step within {1e3 / gate.floor_tps:.0f} ms"
+    if last.infeasible and not gate.auto:
+        rule = (f"floor {gate.floor_tps:g} tok/s is out of reach (one row alone is over "
+                f"it): rows at the knee until one fits again")
     verb = ("start one more turn" if last.room > 0 else
             f"pause {-last.room} running turn(s)" if last.room < 0 else "hold the rows")
     return f"{verb} ({rule}; {step})"

@@ -30,10 +30,12 @@ from, not a projection of a fitted model:
 * with nothing measured yet, the fitted step model (× its measured ratio) stands in.
 
 The gap between the grow threshold (``headroom``) and the shed threshold (the floor
-itself) keeps the controller from flapping. The same object is the step's prefill budget,
-priced the same way: a prefill token costs the measured per-row slope (the fitted model's
-price until steps show one), and a step beside decoding rows carries only what keeps it
-within the floor.
+itself) keeps the controller from flapping. A floor that even one row cannot hold (a
+neighbour took the machine) is not held by running one row and leaving the rest idle:
+while one row is predicted over the floor the rows follow the knee rule of ``auto``.
+The same object is the step's prefill budget, priced as measured: a prefill token costs
+what steps that carried prefill beside rows show (a row's cost until one did), and a step
+beside decoding rows carries only what keeps it within the floor.
 
 Everything here is pure: numbers in, a count out. :class:`DecodeGate` holds the step
 model's latest fit (replaced whole by the gate's event loop, read by the engine thread; a
@@ -89,6 +91,7 @@ class TurnRoom:
     slope_s: float = 0.0  # the per-row cost the prediction used (s)
     prefill_token_s: float | None = None  # measured cost of a prefill token beside rows
     client_step_s: float | None = None  # mean of the last steps a decoding row waited on
+    infeasible: bool = False  # one row alone is over the floor: the knee rule decided
 
 
 def measured_ratio(cost: StepCost, recent: Sequence[StepSample],
@@ -196,9 +199,14 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     # (At least half the step stays: a chunk never explains a step away entirely.)
     last = [max(0.5 * s.step_s, s.step_s - slope * s.num_prefill_tokens)
             for s in list(recent)[-SHED_STEPS:] if s.num_decode == num_running and s.step_s > 0]
-    if auto:
+    # A floor no row count can hold (one row alone is over it: a neighbour took the
+    # machine) is not held by running one row and idling the rest: until one row fits
+    # again the rows follow the knee, as under auto.
+    infeasible = bool(measured) and predicted(1) > limit
+    if auto or infeasible:
         return _knee_room(num_running, measured, last, predicted, slope,
-                          TurnRoom(0, ratio, measured_rows, now_s, next_s, slope))
+                          TurnRoom(0, ratio, measured_rows, now_s, next_s, slope,
+                                   prefill_price(recent, measured), None, infeasible))
     # What a decoding row's reader sees: the mean of the last CLIENT_STEPS steps that
     # carried decode rows, prefill included — read for a shed only once all of them ran at
     # most the rows running now (after a shed the next steps are measured first).

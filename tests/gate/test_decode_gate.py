@@ -62,9 +62,10 @@ def test_measured_steps_over_the_floor_shed_rows_between_steps() -> None:
     assert answer.room == -2 and answer.client_step_s == pytest.approx(0.160)
     # 105 ms at three rows: just over -> one.
     assert turn_room(COST, 10.0, 3, 0, steps(3, 0.105, n=8)).room == -1
-    # The last running turn is never paused, however slow.
-    assert turn_room(COST, 10.0, 2, 0, steps(2, 0.500, n=8)).room == -1
-    assert turn_room(COST, 10.0, 1, 0, steps(1, 0.500, n=8)).room == 0
+    # The last running turn is never paused, however slow its steps (here: prefill).
+    assert turn_room(COST, 10.0, 2, 0, steps(1, 0.05) + steps(2, 0.500, n=8)).room == -1
+    slow = steps(1, 0.05) + steps(1, 0.500, n=8, prefill=64)
+    assert turn_room(COST, 10.0, 1, 0, slow).room == 0
 
 
 def test_after_a_shed_the_next_steps_are_measured_first() -> None:
@@ -226,3 +227,15 @@ def test_turn_room_answers_every_input_within_its_bounds(
     room = turn_room(COST, floor, running, 0, recent, auto=auto).room
     assert room >= (1 if running == 0 else 1 - running)  # progress; the last row stays
     assert room <= 1 or running == 0  # one new turn a step
+
+
+def test_a_floor_no_row_can_hold_falls_back_to_the_knee() -> None:
+    # A neighbour: one row takes 130 ms (floor 10 wants 100). Holding one row would idle
+    # the rest of the machine and keep no floor: the rows follow the knee instead.
+    slow = [StepSample(num_decode=k, num_prefill_tokens=0, sum_context=0,
+                       step_s=0.130 + 0.030 * (k - 1), cells_used=0)
+            for k in (1, 2) for _ in range(6)]
+    answer = turn_room(COST, 10.0, 2, 0, slow)
+    assert answer.infeasible and answer.room == 1  # 3 rows untried: tried
+    # Back to a quiet machine: one row at 30 ms fits, the floor rule decides again.
+    assert not turn_room(COST, 10.0, 2, 0, cpu_like(1) + cpu_like(2)).infeasible
