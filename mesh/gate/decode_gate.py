@@ -32,7 +32,7 @@ from, not a projection of a fitted model:
 The gap between the grow threshold (``headroom``) and the shed threshold (the floor
 itself) keeps the controller from flapping. A floor that even one row cannot hold (a
 neighbour took the machine) is not held by running one row and leaving the rest idle:
-while one row is predicted over the floor the rows follow the knee rule of ``auto``.
+while one row is measured over the floor the rows follow the knee rule of ``auto``.
 The same object is the step's prefill budget, priced as measured: a prefill token costs
 what steps that carried prefill beside rows show (a row's cost until one did), and a step
 beside decoding rows carries only what keeps it within the floor.
@@ -202,7 +202,9 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     # A floor no row count can hold (one row alone is over it: a neighbour took the
     # machine) is not held by running one row and idling the rest: until one row fits
     # again the rows follow the knee, as under auto.
-    infeasible = bool(measured) and predicted(1) > limit
+    # (Measured at one row only: extrapolated from many rows at a fitted slope, one row
+    # looked out of reach on a quiet machine and the knee rule then ran 10 rows.)
+    infeasible = 1 in measured and measured[1] > limit
     if auto or infeasible:
         return _knee_room(num_running, measured, last, predicted, slope,
                           TurnRoom(0, ratio, measured_rows, now_s, next_s, slope,

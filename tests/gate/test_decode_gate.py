@@ -239,3 +239,9 @@ def test_a_floor_no_row_can_hold_falls_back_to_the_knee() -> None:
     assert answer.infeasible and answer.room == 1  # 3 rows untried: tried
     # Back to a quiet machine: one row at 30 ms fits, the floor rule decides again.
     assert not turn_room(COST, 10.0, 2, 0, cpu_like(1) + cpu_like(2)).infeasible
+    # Many rows over the floor say nothing of one row: 10 rows at 120 ms with a 2 ms slope
+    # extrapolate one row to 102 ms, but only a measured row counts.
+    many = [StepSample(num_decode=k, num_prefill_tokens=0, sum_context=0,
+                       step_s=0.102 + 0.002 * (k - 1), cells_used=0)
+            for k in (8, 10) for _ in range(6)]
+    assert not turn_room(COST, 10.0, 10, 0, many).infeasible
