@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
+from mesh.engine.pool import SharedKVPool
+from mesh.engine.session import PoolGeneration
 from mesh.engine.types import Piece, SamplingParams, SessionState, StepSample, TurnResult
 from tests.engine.test_pool import make_pool, run
 
@@ -119,17 +121,8 @@ def test_a_paused_turn_keeps_its_tokens_and_its_wait_is_counted(
         if shed:
             pool.set_turn_admission(gate)
         try:
-            a, b = await pool.attach(), await pool.attach()
-            a.append("hello there")
-            b.append("and you")
-            params = SamplingParams(max_tokens=30, stop_at_eos=False)
             # The later task's turn is paused first: B has the higher priority value.
-            gen_a = a.generate(params)
-            gen_b = b.generate(SamplingParams(max_tokens=30, stop_at_eos=False,
-                                              priority=1e12))
-            async with pool.held():
-                await gen_a.start()
-                await gen_b.start()
+            gen_a, gen_b = await _two_turns(pool, 30, b_priority=1e12)
             out = await asyncio.gather(_collect(gen_a), _collect(gen_b))
             assert gen_a.result is not None and gen_b.result is not None
             return list(out), [gen_a.result, gen_b.result]
@@ -160,15 +153,7 @@ def test_a_paused_turn_says_how_long_it_was_paused(tiny_model_path: Path) -> Non
         pool = await make_pool(tiny_model_path, max_sessions=4, session_budget=256)
         pool.set_turn_admission(ShedOnce())
         try:
-            a, b = await pool.attach(), await pool.attach()
-            a.append("hello there")
-            b.append("and you")
-            gen_a = a.generate(SamplingParams(max_tokens=30, stop_at_eos=False))
-            gen_b = b.generate(SamplingParams(max_tokens=30, stop_at_eos=False,
-                                              priority=1e12))
-            async with pool.held():
-                await gen_a.start()
-                await gen_b.start()
+            gen_a, gen_b = await _two_turns(pool, 30, b_priority=1e12)
             pieces = await asyncio.gather(_pieces(gen_a), _pieces(gen_b))
             assert not [p for p in pieces[0] if p.paused_s]
             marks = [p for p in pieces[1] if p.paused_s]
@@ -184,3 +169,18 @@ def test_a_paused_turn_says_how_long_it_was_paused(tiny_model_path: Path) -> Non
 
 async def _pieces(gen: object) -> list[Piece]:
     return [p async for p in gen]  # type: ignore[attr-defined]
+
+
+async def _two_turns(pool: SharedKVPool, max_tokens: int, *,
+                     b_priority: float | None = None) -> tuple[PoolGeneration, PoolGeneration]:
+    """Two sessions, each with a turn asked for before any step runs."""
+    a, b = await pool.attach(), await pool.attach()
+    a.append("hello there")
+    b.append("and you")
+    gen_a = a.generate(SamplingParams(max_tokens=max_tokens, stop_at_eos=False))
+    gen_b = b.generate(SamplingParams(max_tokens=max_tokens, stop_at_eos=False,
+                                      priority=b_priority))
+    async with pool.held():
+        await gen_a.start()
+        await gen_b.start()
+    return gen_a, gen_b
