@@ -92,6 +92,8 @@ class TurnRoom:
     prefill_token_s: float | None = None  # measured cost of a prefill token beside rows
     client_step_s: float | None = None  # mean of the last steps a decoding row waited on
     infeasible: bool = False  # one row alone is over the floor: the knee rule decided
+    # the median decode step by row count it read (the prefill budget reuses it)
+    measured: tuple[tuple[int, float], ...] = ()
 
 
 def measured_ratio(cost: StepCost, recent: Sequence[StepSample],
@@ -208,7 +210,8 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     if auto or infeasible:
         return _knee_room(num_running, measured, last, predicted, slope,
                           TurnRoom(0, ratio, measured_rows, now_s, next_s, slope,
-                                   prefill_price(recent, measured), None, infeasible))
+                                   prefill_price(recent, measured), None, infeasible,
+                                   tuple(sorted(measured.items()))))
     # What a decoding row's reader sees: the mean of the last CLIENT_STEPS steps that
     # carried decode rows, prefill included — read for a shed only once all of them ran at
     # most the rows running now (after a shed the next steps are measured first).
@@ -222,7 +225,7 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
         per_row = max(slope, 0.25 * client_s / num_running)
         shed = min(math.ceil((client_s - target) / per_row), max(1, num_running // 2))
         return TurnRoom(-max(1, shed), ratio, measured_rows, now_s, next_s, slope, price,
-                        client_s)
+                        client_s, measured=tuple(sorted(measured.items())))
 
     room = 0
     if num_running == 0:
@@ -231,7 +234,7 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
           and (client_s is None or client_s + slope <= target)):
         room = 1  # one a step: the next steps measure it before another starts
     return TurnRoom(min(room, max_room), ratio, measured_rows, now_s, next_s, slope, price,
-                    client_s)
+                    client_s, measured=tuple(sorted(measured.items())))
 
 
 def _knee_room(k: int, measured: dict[int, float], last: list[float],
@@ -304,11 +307,8 @@ class DecodeGate:
                            context_per_row=st.context_per_row, headroom=self.headroom,
                            auto=self.auto)
         self.last = answer
-        buckets = by_rows(recent)
-        if buckets:  # a prefill token priced as measured, else as one more row
-            self._measured = ({k: statistics.median(v[-BUCKET_STEPS:])
-                               for k, v in buckets.items()},
-                              answer.prefill_token_s or answer.slope_s)
+        if answer.measured:  # a prefill token priced as measured, else as one more row
+            self._measured = (dict(answer.measured), answer.prefill_token_s or answer.slope_s)
         if answer.room < 0:
             self.num_shed -= answer.room
         if answer.room > 0 and num_running > 0 and self._pending is None:
