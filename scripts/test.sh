@@ -20,6 +20,26 @@ if ! command -v chromium >/dev/null 2>&1; then
              "test will be skipped (sudo apt-get install chromium to run it)" >&2
     fi
 fi
+# The PostgreSQL tests (tests/postgres/) start a throwaway server with Debian's initdb and
+# pg_ctl (/usr/lib/postgresql/N/bin): installed here when missing and we are root; elsewhere
+# those tests fail, saying how to install it (they are never skipped).
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "test.sh: installing Debian's postgresql for the task-store tests (tests/postgres/)" >&2
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y -qq --no-install-recommends postgresql >/dev/null; }; then
+            echo "test.sh: could not install postgresql with apt-get; install it" \
+                 "(apt-get install postgresql) or fix apt, then re-run" >&2
+            exit 1
+        fi
+        ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || {
+            echo "test.sh: apt-get installed postgresql but initdb is not in" \
+                 "/usr/lib/postgresql/*/bin" >&2; exit 1; }
+    else
+        echo "test.sh: PostgreSQL's initdb is missing and we are not root with apt-get: the" \
+             "tests in tests/postgres/ will fail (sudo apt-get install postgresql)" >&2
+    fi
+fi
 bash scripts/install.sh test
 .venv/bin/ruff check .
 .venv/bin/mypy

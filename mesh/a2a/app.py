@@ -11,9 +11,11 @@ benchmarks) are handed in as :class:`AppParts` directly (:func:`build_app`).
 
 The lifespan, in order:
 
-* startup: compose; then the agent card, the stores, the request handler and the routes
-  are assembled from its parts; create ``DATA_DIR/tasks.db`` if needed and mark tasks a
-  previous process left running as failed "interrupted by restart"; run ``on_startup``;
+* startup: with ``task_store`` (PostgreSQL), check it answers (one line naming
+  ``--task-store`` if not); compose; then the agent card, the stores, the request handler
+  and the routes are assembled from its parts; create ``DATA_DIR/tasks.db`` (or the
+  PostgreSQL tables) if needed and mark tasks a previous process (or a coordinator that
+  died) left running as failed "interrupted by restart"; run ``on_startup``;
 * shutdown: ``on_shutdown``; cancel running tasks (workers detach, tickets are released),
   mark them failed "interrupted by restart", close the push client and the stores; then
   everything compose registered (the pool last, if it registered it first).
@@ -52,10 +54,11 @@ from mesh.a2a.auth import BearerAuth
 from mesh.a2a.card import CARD_PATH, LEGACY_CARD_PATH, Skill, build_agent_card, card_routes
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.executor import CoordinatorExecutor, WorkerFactory
+from mesh.a2a.postgres import check_postgres, open_postgres_stores
 from mesh.a2a.push import BackgroundPushSender, build_push_sender, make_push_url_validator
 from mesh.a2a.serving import run_server
-from mesh.a2a.store import Stores, mark_interrupted, open_stores
-from mesh.a2a.taskboard import ObservedTaskStore, TaskBoard
+from mesh.a2a.store import TaskStores, open_stores
+from mesh.a2a.taskboard import TaskBoard
 from mesh.a2a.validation import CheckedContextBuilder, RequestGuard
 from mesh.agent.task import Agent
 from mesh.engine.types import PoolInfo
@@ -104,7 +107,7 @@ class Coordinator:
 
     config: CoordinatorConfig
     card: pb.AgentCard
-    stores: Stores
+    stores: TaskStores
     executor: CoordinatorExecutor
     handler: DefaultRequestHandler
     push_client: httpx.AsyncClient
@@ -143,6 +146,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if config.task_store is not None:
+            await check_postgres(config.task_store)  # one line naming --task-store, early
         async with AsyncExitStack() as stack:
             parts = await build(stack)
             coordinator, push_sender = _assemble(config, parts)
@@ -214,7 +219,8 @@ def _assemble(config: CoordinatorConfig,
     """The card, stores, executor and SDK handler over ``parts`` (no I/O yet), and the
     push sender the shutdown closes."""
     card = build_agent_card(config, parts.skills, parts.pool_info)
-    stores = open_stores(config.data_dir)
+    stores: TaskStores = (open_stores(config.data_dir) if config.task_store is None
+                          else open_postgres_stores(config.task_store))
     url_validator = make_push_url_validator(config.allow_private_push)
     push_client = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
     executor = CoordinatorExecutor(
@@ -226,15 +232,8 @@ def _assemble(config: CoordinatorConfig,
     )
     push_sender = build_push_sender(push_client, stores.push_configs, url_validator,
                                     allow_private=config.allow_private_push)
-    board = parts.task_board
-    handler = DefaultRequestHandler(
-        executor,
-        stores.tasks if board is None else ObservedTaskStore(stores.tasks, board),
-        card,
-        push_config_store=stores.push_configs,
-        push_sender=push_sender,
-        push_url_validator=url_validator,
-    )
+    handler = stores.request_handler(executor, card, board=parts.task_board,
+                                     push_sender=push_sender, push_url_validator=url_validator)
     return Coordinator(config, card, stores, executor, handler, push_client), push_sender
 
 
@@ -264,7 +263,7 @@ async def _running(coordinator: Coordinator, parts: AppParts,
     ``on_shutdown``, running tasks cancelled and marked, push and stores closed."""
     stores, handler = coordinator.stores, coordinator.handler
     await stores.initialize()
-    marked = await mark_interrupted(stores)
+    marked = await stores.mark_interrupted()
     if marked:
         logger.warning("marked %d task(s) left running failed: interrupted", len(marked))
     coordinator.interrupted_at_start = tuple(marked)
@@ -277,7 +276,7 @@ async def _running(coordinator: Coordinator, parts: AppParts,
             for close in parts.on_shutdown:
                 await close()
             await handler.aclose()
-            await mark_interrupted(stores)
+            await stores.mark_interrupted(is_shutdown=True)
         finally:
             await push_sender.aclose()  # stop background deliveries before the client
             await coordinator.push_client.aclose()

@@ -10,6 +10,7 @@ from mesh.fleet.peers import parse_peer
 __all__ = ["CoordinatorConfig"]
 
 _MIB = 1024 * 1024
+_PG_SCHEMES = ("postgresql", "postgres", "postgresql+asyncpg")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class CoordinatorConfig:
     ``allow_private_push`` lets push notifications go to loopback/private addresses
     (tests and single-host setups); by default such URLs are refused.
     ``simulation`` honours ``params.scenario`` in subtasks (bounded; off by default).
+    ``task_store`` is a ``postgresql://`` URL to keep tasks in PostgreSQL (several
+    coordinators may share it, :mod:`mesh.a2a.postgres`); ``None`` keeps them in SQLite
+    under ``data_dir``.
     """
 
     name: str = "mesh"
@@ -46,6 +50,7 @@ class CoordinatorConfig:
     card_max_age_s: int = 60
     text_flush_s: float = 0.05  # coalesce streamed text pieces into chunks this often
     plan: str = "auto"  # auto | always | never: planning turn for messages w/o subtasks
+    task_store: str | None = None  # postgresql://... ; None: SQLite under data_dir
 
     @property
     def base_url(self) -> str:
@@ -107,6 +112,13 @@ class CoordinatorConfig:
             raise ValueError(f"max_hops must be >= 1, got {self.max_hops}")
         if self.plan not in ("auto", "always", "never"):
             raise ValueError(f"plan must be auto, always or never, got {self.plan!r}")
+        if self.task_store is not None and urlparse(self.task_store).scheme not in _PG_SCHEMES:
+            raise ValueError(
+                "task_store must be a postgresql:// URL, got one starting "
+                f"{self.task_store.partition(':')[0]!r}; pass "
+                "--task-store postgresql://USER:PASSWORD@HOST:PORT/DB, or leave it out to "
+                "keep tasks in SQLite under --data-dir"
+            )
         for peer in self.peers:
             _, url = parse_peer(peer)  # raises ValueError naming the fix
             if not urlparse(url).netloc:

@@ -1,5 +1,9 @@
 """Task persistence: SQLite stores under the data dir, and the restart sweep.
 
+This module is the embedded default; :mod:`mesh.a2a.postgres` keeps the same things in
+PostgreSQL for several coordinators (``--task-store``). Both answer to :class:`TaskStores`,
+all the app needs of them.
+
 Tasks live in ``DATA_DIR/tasks.db``, in the SDK's schema: the tasks table is written by
 :class:`~mesh.a2a.write_behind.WriteBehindTaskStore` (coalesced writes, terminal
 states durable before they are published) and read by it and by the SDK's listing code;
@@ -17,24 +21,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.models import TaskModel
-from a2a.server.tasks import DatabasePushNotificationConfigStore
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.tasks import (
+    DatabasePushNotificationConfigStore,
+    PushNotificationConfigStore,
+    PushNotificationSender,
+)
 from a2a.types import a2a_pb2 as pb
 from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from mesh.a2a.task_table import TaskTable
+from mesh.a2a.taskboard import ObservedTaskStore, TaskBoard
 from mesh.a2a.write_behind import WriteBehindTaskStore
+
+if TYPE_CHECKING:
+    from a2a.server.agent_execution import AgentExecutor
+
+    from mesh.a2a.push import PushUrlValidator
 
 __all__ = [
     "INTERRUPTED_REASON",
     "CachedPushConfigStore",
     "OwnerUser",
     "Stores",
+    "TaskStores",
     "mark_interrupted",
     "open_stores",
     "owner_context",
@@ -149,6 +165,31 @@ class CachedPushConfigStore(DatabasePushNotificationConfigStore):
 _DISPATCH_CACHE_MAX = 4096
 
 
+class TaskStores(Protocol):
+    """Where a coordinator keeps tasks, push configs and their owners: what the app needs.
+
+    ``initialize`` creates what is missing and connects (``ValueError`` naming the flag
+    when the store cannot be reached); ``request_handler`` is the SDK's handler over the
+    stores (``board``, the dashboard, sees every save); ``mark_interrupted`` is the
+    restart sweep (at start, and with ``is_shutdown`` at shutdown: see
+    :func:`mark_interrupted`); ``aclose`` commits what is pending and closes.
+    """
+
+    @property
+    def push_configs(self) -> PushNotificationConfigStore: ...
+
+    async def initialize(self) -> None: ...
+
+    def request_handler(
+        self, executor: AgentExecutor, card: pb.AgentCard, *, board: TaskBoard | None,
+        push_sender: PushNotificationSender, push_url_validator: PushUrlValidator,
+    ) -> DefaultRequestHandler: ...
+
+    async def mark_interrupted(self, *, is_shutdown: bool = False) -> list[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass
 class Stores:
     """The engine and the two stores on ``db_path``. ``aclose`` flushes and closes them."""
@@ -163,6 +204,26 @@ class Stores:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         await self.tasks.initialize()
         await self.push_configs.initialize()
+
+    def request_handler(
+        self, executor: AgentExecutor, card: pb.AgentCard, *, board: TaskBoard | None,
+        push_sender: PushNotificationSender, push_url_validator: PushUrlValidator,
+    ) -> DefaultRequestHandler:
+        """The SDK's handler over these stores (one process: no event stream)."""
+        return DefaultRequestHandler(
+            executor,
+            self.tasks if board is None else ObservedTaskStore(self.tasks, board),
+            card,
+            push_config_store=self.push_configs,
+            push_sender=push_sender,
+            push_url_validator=push_url_validator,
+        )
+
+    async def mark_interrupted(self, *, is_shutdown: bool = False) -> list[str]:
+        """:func:`mark_interrupted`: this process is the file's only writer, so at start
+        and at shutdown alike every non-terminal task has no executor behind it."""
+        del is_shutdown
+        return await mark_interrupted(self)
 
     async def aclose(self) -> None:
         try:

@@ -33,7 +33,8 @@ def coordinator_config(args: argparse.Namespace, *, plan: str | None = None) -> 
                               peers=tuple(args.peer),
                               allow_private_push=args.allow_private_push,
                               simulation=args.simulation, max_hops=args.max_hops,
-                              plan=plan or args.plan, max_body_bytes=args.max_body_bytes)
+                              plan=plan or args.plan, max_body_bytes=args.max_body_bytes,
+                              task_store=args.task_store)
     coord.validate()
     return coord
 
@@ -116,7 +117,7 @@ def _bind_error(host: str, port: int, exc: OSError) -> str:
 # Config fields a flag sets, as the configs' messages name them: an operator reads the flag.
 _FLAGS = {name: "--" + name.replace("_", "-") for name in (
     "public_url", "max_hops", "max_body_bytes", "floor_tps", "max_queue_per_caller",
-    "max_queue", "auth_token")}
+    "max_queue", "auth_token", "task_store")}
 _FIELD = re.compile(r"\b(" + "|".join(_FLAGS) + r")\b")
 
 

@@ -54,6 +54,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--port", type=int, default=8700)
     p.add_argument("--public-url", default=None, help="URL advertised on the agent card")
     p.add_argument("--data-dir", default=".mesh", help="task store and prefix cache")
+    p.add_argument("--task-store", default=None, metavar="postgresql://...",
+                   help="keep tasks in this PostgreSQL database instead of SQLite under "
+                        "--data-dir; several coordinators may share one (needs "
+                        "mesh[postgres]; see docs/cluster.md)")
     p.add_argument("--max-body-bytes", type=int, default=CoordinatorConfig.max_body_bytes,
                    metavar="N", help="largest request body accepted, in bytes; larger "
                                      "ones get 413 (default 1 MiB)")
