@@ -36,7 +36,7 @@ BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 BUILTIN_TEMPLATES = ("light", "heavy")
 MANIFEST_NAME = "template.toml"
 # Discriminator values pydantic puts in an error's location; dropped when naming the field.
-_UNION_TAGS = frozenset({"text", "tree", "files", "fixed", "uniform", "lognormal"})
+_UNION_TAGS = frozenset({"text", "tree", "outline", "files", "fixed", "uniform", "lognormal"})
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ __all__ = [
     "FixedDist",
     "LogNormalDist",
     "Manifest",
+    "OutlineSection",
     "PrefixSpec",
     "ScenarioSpec",
     "Section",
@@ -87,8 +88,23 @@ class TreeSection(_Model):
     share: Share = 1.0  # most of the target this section may take
 
 
+class OutlineSection(_Model):
+    """The project outline: one line for every file the scan sees (path, size, summary,
+    top-level names with line numbers; :func:`mesh.template.outline.file_entry`), at most
+    ``max_definitions`` names a line. Over the section's share, the folders the project
+    names least (:func:`mesh.template.outline.reference_counts`) are folded into one line
+    each (how many files, how large) until it fits."""
+
+    kind: Literal["outline"]
+    title: NonEmpty = "Project outline"
+    exclude: list[NonEmpty] = []
+    max_definitions: int = Field(6, ge=0)
+    share: Share = 1.0
+
+
 class FilesSection(_Model):
-    """Project files matching ``include`` (in pattern order), full or outlined.
+    """Project files matching ``include``, full or outlined: in pattern order, or with
+    ``order = "referenced"`` the files the project names most first.
 
     ``required`` files must exist (else the prefix build fails naming them); a file that is
     matched but binary, too large or over the budget is skipped and listed.
@@ -100,11 +116,13 @@ class FilesSection(_Model):
     exclude: list[NonEmpty] = []
     required: list[NonEmpty] = []
     mode: Literal["full", "outline"] = "full"
+    order: Literal["pattern", "referenced"] = "pattern"
     max_tokens_per_file: int = Field(2000, ge=16)
     share: Share = 1.0
 
 
-Section = Annotated[TextSection | TreeSection | FilesSection, Field(discriminator="kind")]
+Section = Annotated[TextSection | TreeSection | OutlineSection | FilesSection,
+                    Field(discriminator="kind")]
 
 
 class PrefixSpec(_Model):

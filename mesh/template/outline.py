@@ -1,15 +1,25 @@
 """Outlines of project files: the shape of a file in a fraction of its tokens.
 
-Python files list their classes and functions with signatures and the first line of each
-docstring; Markdown files list their headings; TOML files their tables; anything else its
-first lines. Outlines are pure functions of the text, so the prefix stays deterministic.
+Two views, both pure functions of the text (so the prefix stays deterministic):
+
+* :func:`outline` is one file's outline for a ``files`` section in ``outline`` mode:
+  Python classes and functions with signatures and the first line of each docstring,
+  Markdown headings, TOML tables, else the first lines;
+* :func:`file_entry` is one file's line in the *project outline* (the ``outline``
+  section): path, size, summary, and its top-level names with line numbers (public
+  classes, functions and upper-case constants; headings; tables). :func:`reference_counts`
+  says how often the project names each file, the order in which files earn room.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-__all__ = ["outline"]
+__all__ = ["Definition", "FileEntry", "file_entry", "human_size", "outline", "reference_counts"]
 
 _HEAD_LINES = 20
 
@@ -96,3 +106,171 @@ def outline(rel: str, text: str) -> str:
     if rel.endswith(".toml"):
         return _toml(text)
     return _head(text)
+
+
+# --------------------------------------------------------------------------- the project outline
+# One line per file: what a small model needs to point at the right file without opening it.
+
+_SUMMARY_CHARS = 60
+_DANGLING_DOC = re.compile(r"[:;,(]\s*$")
+_ROLE = re.compile(r":[a-z]+:(?=`)")
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A top-level name of a file: ``kind`` is ``class``, ``def``, ``const`` (an upper-case
+    module constant), ``heading`` (Markdown) or ``table`` (TOML); ``line`` is 1-based."""
+
+    kind: str
+    name: str
+    line: int
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file as the project outline shows it. ``num_lines`` is None for a file that is
+    not text (binary or too large to read); ``summary`` is the first sentence of a Python
+    module's docstring or a Markdown file's first heading."""
+
+    path: str
+    num_bytes: int
+    num_lines: int | None
+    summary: str = ""
+    definitions: tuple[Definition, ...] = ()
+
+    def line(self, max_definitions: int, *, summary: bool = True) -> str:
+        """The outline line, ``path (size): summary | class A L12, def b L40, C L7 +2``:
+        the summary (with ``summary``), at most ``max_definitions`` names (classes first,
+        then functions, then the rest; shown in file order), then how many were left out."""
+        size = (f"{self.num_lines} lines" if self.num_lines is not None
+                else f"{human_size(self.num_bytes)}, not text")
+        out = f"{self.path} ({size})"
+        if self.summary and summary:
+            out += f": {self.summary}"
+        if self.definitions and max_definitions > 0:
+            rank = {"class": 0, "def": 1}
+            chosen = sorted(self.definitions, key=lambda d: (rank.get(d.kind, 2), d.line))
+            shown = sorted(chosen[:max_definitions], key=lambda d: d.line)
+            names = ", ".join(f"{d.kind + ' ' if d.kind in rank else ''}{d.name} L{d.line}"
+                              for d in shown)
+            more = len(self.definitions) - len(shown)
+            out += (" | " if self.summary and summary else ": ") + names + (
+                f" +{more}" if more else "")
+        return out
+
+
+def human_size(num_bytes: int) -> str:
+    if num_bytes < 1024:
+        return f"{num_bytes} B"
+    if num_bytes < 1024 * 1024:
+        return f"{num_bytes / 1024:.0f} KB"
+    return f"{num_bytes / (1024 * 1024):.1f} MB"
+
+
+def _summary(doc: str) -> str:
+    """The first sentence of ``doc`` (up to a period, colon or line end), at most
+    :data:`_SUMMARY_CHARS` characters, cut at a word."""
+    first = doc.strip().splitlines()[0] if doc.strip() else ""
+    first = _ROLE.sub("", first).replace("`", "").replace("~", "")  # RST roles and quotes
+    first = re.split(r"(?<=[a-z0-9)`'\"])[.:;](?:\s|$)", first, maxsplit=1)[0].strip()
+    if len(first) > _SUMMARY_CHARS:
+        first = first[:_SUMMARY_CHARS].rsplit(" ", 1)[0]
+        first = _DANGLING_DOC.sub("", first) + "..."
+    return first.rstrip(".")
+
+
+def _python_definitions(text: str) -> tuple[str, tuple[Definition, ...]] | None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    defs: list[Definition] = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            if not node.name.startswith("_"):
+                kind = "class" if isinstance(node, ast.ClassDef) else "def"
+                defs.append(Definition(kind, node.name, node.lineno))
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defs.extend(Definition("const", t.id, node.lineno) for t in targets
+                        if isinstance(t, ast.Name) and t.id.isupper() and t.id[0] != "_")
+    return _summary(ast.get_docstring(tree) or ""), tuple(defs)
+
+
+def _markdown_definitions(text: str) -> tuple[str, tuple[Definition, ...]]:
+    defs: list[Definition] = []
+    fenced = False
+    for no, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            title = line.lstrip("#").strip()
+            if title:
+                defs.append(Definition("heading", title[:_SUMMARY_CHARS], no))
+    if defs and defs[0].line <= 3:  # the title is the summary, the rest its sections
+        return _summary(defs[0].name), tuple(defs[1:])
+    return "", tuple(defs)
+
+
+def _toml_definitions(text: str) -> tuple[Definition, ...]:
+    return tuple(Definition("table", line.strip(), no)
+                 for no, line in enumerate(text.splitlines(), 1)
+                 if line.startswith("[") and line.rstrip().endswith("]"))
+
+
+def file_entry(rel: str, text: str | None, num_bytes: int) -> FileEntry:
+    """The outline entry of the file at ``rel`` (``text`` None: not readable as text)."""
+    if text is None:
+        return FileEntry(rel, num_bytes, None)
+    num_lines = len(text.splitlines())
+    if rel.endswith((".py", ".pyi")):
+        parsed = _python_definitions(text)
+        if parsed is not None:
+            return FileEntry(rel, num_bytes, num_lines, *parsed)
+    elif rel.endswith((".md", ".rst")):
+        return FileEntry(rel, num_bytes, num_lines, *_markdown_definitions(text))
+    elif rel.endswith(".toml"):
+        return FileEntry(rel, num_bytes, num_lines, "", _toml_definitions(text))
+    return FileEntry(rel, num_bytes, num_lines)
+
+
+# A word that may name a file: a path (a/b.py), a dotted module (a.b) or a file name (b.py).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+
+
+def _keys(rel: str, unique_names: set[str]) -> list[str]:
+    """The words by which other files may refer to ``rel``."""
+    keys = [rel]
+    if rel.endswith(".py"):
+        module = rel[:-3].replace("/", ".").removesuffix(".__init__")
+        if "." in module:  # a bare top-level name ("mesh", "tests") is any word's match
+            keys.append(module)
+    name = rel.rsplit("/", 1)[-1]
+    if name in unique_names and name != rel:
+        keys.append(name)
+    return keys
+
+
+def reference_counts(texts: Mapping[str, str]) -> dict[str, int]:
+    """How many other files of ``texts`` (path -> text) name each file: by its path, its
+    dotted module name (Python) or its file name when no other file has that name. One
+    pass over the words of every text (linear in the project's size)."""
+    names = [rel.rsplit("/", 1)[-1] for rel in texts]
+    counts = Counter(names)
+    unique = {n for n in names if counts[n] == 1 and "." in n}
+    owner: dict[str, str] = {}
+    for rel in texts:
+        for key in _keys(rel, unique):
+            owner.setdefault(key, rel)
+    referrers: dict[str, set[str]] = {rel: set() for rel in texts}
+    for rel, text in texts.items():
+        for word in set(_NAME.findall(text)):
+            word = word.rstrip("./-")
+            target = owner.get(word)
+            if target is None and "." in word:
+                # mesh.engine.pool.SharedKVPool names mesh.engine.pool
+                head = word.rsplit(".", 1)[0]
+                target = owner.get(head)
+            if target is not None and target != rel:
+                referrers[target].add(rel)
+    return {rel: len(who) for rel, who in referrers.items()}

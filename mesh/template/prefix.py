@@ -6,8 +6,12 @@ prefix from a CPU demo to a 128K-token GPU run):
 
 * ``text``: a template file rendered with Jinja (always included in full);
 * ``tree``: the project's file tree, capped at ``max_entries`` lines and the section's share;
+* ``outline``: one line for every project file (path, size, summary, top-level names with
+  line numbers); over the section's share, the folders the project names least are folded
+  into a line each (:attr:`Prefix.outlined` and :attr:`Prefix.folded` say which);
 * ``files``: matching project files in full or outlined, each capped at
-  ``max_tokens_per_file``; files are taken in pattern order, then path order, and each file
+  ``max_tokens_per_file``; files are taken in pattern order, then path order (or, with
+  ``order = "referenced"``, the files other files name most first), and each file
   appears once. A file that does not fit is cut to what is left (if at least
   ``_MIN_PIECE_TOKENS``) or skipped; binary and too-large files are skipped. Every
   skip is listed with its reason in :attr:`Prefix.skipped`.
@@ -26,8 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mesh.template.loader import Template
-from mesh.template.manifest import FilesSection, TemplateError, TextSection, TreeSection
-from mesh.template.outline import outline
+from mesh.template.manifest import (
+    FilesSection,
+    OutlineSection,
+    TemplateError,
+    TextSection,
+    TreeSection,
+)
+from mesh.template.outline import FileEntry, file_entry, human_size, outline, reference_counts
 from mesh.template.project import ProjectScan, glob_match, read_text, scan_project
 
 __all__ = ["CountTokens", "IncludedFile", "Prefix", "SkippedFile", "build_prefix"]
@@ -35,13 +45,16 @@ __all__ = ["CountTokens", "IncludedFile", "Prefix", "SkippedFile", "build_prefix
 CountTokens = Callable[[str], int]
 _MIN_PIECE_TOKENS = 48
 _TRUNCATED = "\n... [truncated]"
+_MAX_CHARS_PER_TOKEN = 8
 
 
 @dataclass(frozen=True)
 class IncludedFile:
     path: str
     section: str
-    mode: str  # "full" | "outline", with " (truncated)" when cut to fit
+    # "full" | "outline", with " (truncated)" when cut to fit; "outline line": the file's
+    # line in the project outline (a file may be there and in full too)
+    mode: str
     num_tokens: int
 
 
@@ -59,17 +72,23 @@ class Prefix:
     num_tokens: int  # count_tokens(text): an estimate unless the counter is the model's
     target_tokens: int
     num_fill_tokens: int
-    included: tuple[IncludedFile, ...]
+    included: tuple[IncludedFile, ...]  # files whose text (whole or outlined) is in it
     skipped: tuple[SkippedFile, ...]
     sha256: str
+    # The project outline: the files it has a line for, and the folders folded to fit.
+    outlined: tuple[FileEntry, ...] = ()
+    folded: tuple[str, ...] = ()
 
 
 def truncate(text: str, max_tokens: int, count: CountTokens) -> tuple[str, int]:
     """``text`` cut at a line end so it counts at most ``max_tokens`` (marker included)."""
-    n = count(text)
-    if n <= max_tokens:
+    # No tokenizer packs more than _MAX_CHARS_PER_TOKEN characters a token on average:
+    # cut a long text down to that first, so a large file is never tokenized whole.
+    bound = max_tokens * _MAX_CHARS_PER_TOKEN
+    n = count(text[:bound]) if len(text) > bound else count(text)
+    if n <= max_tokens and len(text) <= bound:
         return text, n
-    keep = len(text) * max_tokens // max(n, 1)
+    keep = min(len(text), bound) * max_tokens // max(n, 1)
     for _ in range(12):
         cut = text[:keep]
         newline = cut.rfind("\n")
@@ -96,6 +115,24 @@ class _Builder:
         self.skipped: list[SkippedFile] = []
         self.seen: set[str] = set()
         self.deferred: list[SkippedFile] = []  # over a section's share; reason = section title
+        self.outlined: list[FileEntry] = []
+        self.folded: list[str] = []
+        self._texts: dict[str, str | None] | None = None
+        self._refs: dict[str, int] | None = None
+
+    def texts(self) -> dict[str, str | None]:
+        """Every scanned file's text (None: binary or too large), read once."""
+        if self._texts is None:
+            self._texts = {rel: read_text(self.scan.root, rel, self.max_bytes)[0]
+                           for rel in self.scan.files}
+        return self._texts
+
+    def refs(self) -> dict[str, int]:
+        """How many other files name each file (:func:`reference_counts`), once."""
+        if self._refs is None:
+            self._refs = reference_counts(
+                {rel: text for rel, text in self.texts().items() if text is not None})
+        return self._refs
 
     @property
     def remaining(self) -> int:
@@ -132,6 +169,56 @@ class _Builder:
         if body:
             self.add(body, tokens)
 
+    def outline(self, section: OutlineSection) -> None:
+        rels = [rel for rel in self.scan.files
+                if not any(glob_match(x, rel) for x in section.exclude)]
+        texts = self.texts()
+        entries = {rel: file_entry(rel, texts[rel], (self.scan.root / rel).stat().st_size)
+                   for rel in rels}
+        header = (f"## {section.title}\n\nEvery file: path (size): what it is | its top-level "
+                  "names with line numbers (L12 = line 12).")
+        budget = min(self.remaining, int(section.share * self.target)) - self.count(header) - 1
+        # Every file at its shortest (path and size) first, folding folders until that fits;
+        # then the room left buys detail, the most referenced files first.
+        lines = {rel: e.line(0, summary=False) for rel, e in entries.items()}
+        cost = {rel: self.count(line) + 1 for rel, line in lines.items()}
+        refs = self.refs()
+        folded = _fold(rels, cost, refs, budget, self.count)
+        shown = [rel for rel in rels if not any(rel.startswith(d + "/") for d in folded)]
+        room = budget - sum(cost[r] for r in shown) - sum(
+            self.count(_fold_line(d, [], None)) + 1 for d in folded)
+        ranked = sorted(shown, key=lambda rel: (-refs.get(rel, 0), rel))
+        for names in range(section.max_definitions + 1):  # a summary, then one name a round
+            grew = False
+            for rel in ranked:
+                entry = entries[rel]
+                if names > len(entry.definitions) or (names == 0 and not entry.summary):
+                    continue
+                line = entry.line(names)
+                more = self.count(line) + 1 - cost[rel]
+                if 0 < more <= room:
+                    lines[rel], cost[rel] = line, cost[rel] + more
+                    room -= more
+                    grew = True
+            if not grew and names > 0:
+                break
+        body: list[str] = []
+        done: set[str] = set()
+        for rel in rels:
+            top = next((d for d in folded if rel.startswith(d + "/")), None)
+            if top is None:
+                body.append(lines[rel])
+                self.outlined.append(entries[rel])
+                self.included.append(IncludedFile(rel, section.title, "outline line", cost[rel]))
+            elif top not in done:
+                done.add(top)
+                body.append(_fold_line(top, [r for r in rels if r.startswith(top + "/")],
+                                       self.scan.root))
+        self.folded = sorted(folded)
+        text, tokens = truncate(header + "\n" + "\n".join(body), max(budget, 0) + 64, self.count)
+        if text:
+            self.add(text, tokens)
+
     def files(self, section: FilesSection) -> None:
         for rel in section.required:
             if rel not in self.scan.files:
@@ -150,15 +237,20 @@ class _Builder:
             if rels:
                 self.deferred = [s for s in self.deferred if s.path not in rels]
                 self._add_files(section, rels, self.remaining, f"{section.title} (continued)")
+        lined = {e.path for e in self.outlined}  # in the prefix as an outline line
         self.skipped.extend(
             SkippedFile(s.path, "over the prefix token budget") for s in self.deferred
+            if s.path not in lined
         )
 
     def _add_files(self, section: FilesSection, rels: list[str], budget: int, title: str) -> None:
         header = f"## {title}"
         head_tokens = self.count(header)
         pieces: list[str] = []
-        for rel in rels:
+        for i, rel in enumerate(rels):
+            if budget - head_tokens - 16 < _MIN_PIECE_TOKENS:  # full: the rest wait, unread
+                self.deferred.extend(SkippedFile(r, section.title) for r in rels[i:])
+                break
             text, reason = read_text(self.scan.root, rel, self.max_bytes)
             if text is None:
                 self.skipped.append(SkippedFile(rel, reason))
@@ -190,6 +282,9 @@ class _Builder:
                     glob_match(x, rel) for x in section.exclude
                 ):
                     out.append(rel)
+        if section.order == "referenced":
+            refs = self.refs()
+            out.sort(key=lambda rel: (-refs.get(rel, 0), rel))
         return out
 
     def fill(self) -> int:
@@ -219,6 +314,49 @@ class _Builder:
         return added
 
 
+def _fold(rels: list[str], cost: dict[str, int], refs: dict[str, int], budget: int,
+          count: CountTokens) -> set[str]:
+    """The folders to fold so the outline's lines fit ``budget`` tokens: the folder whose
+    files the project names least (mean references a file; then the larger, then by
+    name) goes first, each fold replacing its files' lines (and any folded subfolder's)
+    by one. Empty when everything fits."""
+    members: dict[str, list[str]] = {}
+    for rel in rels:
+        parts = rel.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            members.setdefault("/".join(parts[:depth]), []).append(rel)
+    fold_cost = {d: count(_fold_line(d, files, None)) + 1 for d, files in members.items()}
+    density = {d: sum(refs.get(r, 0) for r in files) / len(files)
+               for d, files in members.items()}
+    folded: set[str] = set()
+
+    def covered(rel: str) -> bool:
+        return any(rel.startswith(d + "/") for d in folded)
+
+    total = sum(cost.values())
+    while total > budget:
+        open_dirs = [d for d in members if not any(d == f or d.startswith(f + "/")
+                                                     for f in folded)]
+        if not open_dirs:
+            break
+        pick = min(open_dirs, key=lambda d: (density[d], -len(members[d]), d))
+        inside = {f for f in folded if f.startswith(pick + "/")}
+        total -= sum(cost[r] for r in members[pick] if not covered(r))
+        total -= sum(fold_cost[f] for f in inside)
+        folded -= inside
+        folded.add(pick)
+        total += fold_cost[pick]
+    return folded
+
+
+def _fold_line(folder: str, files: list[str], root: Path | None) -> str:
+    """The line standing for a folded folder: its file count and (with ``root``) size."""
+    if root is None:
+        return f"{folder}/ ({len(files)} files, 999.9 MB; not outlined)"
+    size = sum((root / rel).stat().st_size for rel in files)
+    return f"{folder}/ ({len(files)} files, {human_size(size)}; not outlined)"
+
+
 def build_prefix(
     template: Template,
     project_dir: Path | str,
@@ -241,6 +379,8 @@ def build_prefix(
             builder.text(section)
         elif isinstance(section, TreeSection):
             builder.tree(section)
+        elif isinstance(section, OutlineSection):
+            builder.outline(section)
         else:
             builder.files(section)
     builder.second_chance([s for s in spec.sections if isinstance(s, FilesSection)])
@@ -254,4 +394,6 @@ def build_prefix(
         included=tuple(builder.included),
         skipped=tuple(builder.skipped),
         sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        outlined=tuple(builder.outlined),
+        folded=tuple(builder.folded),
     )

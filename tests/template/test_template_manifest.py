@@ -51,11 +51,11 @@ def test_a_copied_template_loads_from_its_path(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("old", "new", "field"),
     [
-        ("target_tokens = 1200", "target_tokens = 12", "prefix.target_tokens"),
+        ("target_tokens = 5632", "target_tokens = 12", "prefix.target_tokens"),
         ("max_turns = 4", "max_turns = 4\nmax_turnz = 5", "turns.max_turnz"),
         ('style = "call"', 'style = "xml"', "tool_calls.style"),
         ('mode = "full"', 'mode = "everything"', "prefix.sections[2].mode"),
-        ('kind = "tree"', 'kind = "forest"', "prefix.sections[1]"),
+        ('kind = "outline"', 'kind = "forest"', "prefix.sections[1]"),
         ('enabled = ["list_files"', 'enabled = ["rm_rf"', "tools.enabled[0]"),
         ('dist = "uniform", min = 20', 'dist = "uniform", min = 200', "tool_output_tokens"),
         ("sigma = 0.5", "sigma = 0.5, mean = 3", "scenario.tool_latency_s.mean"),

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mesh.template import TemplateError, build_prefix, load_template, sample_project_dir
+from mesh.template.outline import file_entry, reference_counts
 from mesh.template.project import glob_match
 
 
@@ -45,10 +46,18 @@ def test_prefix_is_deterministic(name: str, project: Path) -> None:
     assert first.included == second.included
 
 
-def test_light_prefix_is_about_1200_tokens() -> None:
+def test_light_prefix_outlines_every_file_then_shows_whole_ones() -> None:
     prefix = build_prefix(load_template("light"), sample_project_dir(), count)
-    assert 1000 <= prefix.num_tokens <= 1300
-    assert prefix.target_tokens == 1200
+    assert prefix.target_tokens == 5632 and prefix.num_tokens <= 5632
+    assert prefix.num_fill_tokens == 0  # no padding: a small project, a small prefix
+    files = sorted(p.relative_to(sample_project_dir()).as_posix()
+                   for p in sample_project_dir().rglob("*") if p.is_file())
+    assert [e.path for e in prefix.outlined] == files and prefix.folded == ()
+    assert "courier/parcels.py (" in prefix.text and "class Parcel L" in prefix.text
+    whole = [f.path for f in prefix.included if f.mode == "full"]
+    assert "courier/parcels.py" in whole  # the sample is small: its files fit whole
+    # the outline comes first, whole files after it, the most referenced first
+    assert prefix.text.index("## Project outline") < prefix.text.index("## Files in full")
 
 
 def test_heavy_prefix_is_at_least_8k_tokens_and_scales() -> None:
@@ -135,7 +144,7 @@ def test_budget_skips_are_listed(project: Path) -> None:
     for i in range(30):
         (project / "pkg" / f"mod{i:02d}.py").write_text(f"def f{i}() -> None:\n    pass\n" * 40)
     prefix = build_prefix(load_template("light"), project, count)
-    assert prefix.num_tokens <= 1300
+    assert prefix.num_tokens <= prefix.target_tokens
 
 
 @pytest.mark.parametrize(
@@ -152,3 +161,59 @@ def test_budget_skips_are_listed(project: Path) -> None:
 )
 def test_glob_semantics(pattern: str, path: str, expected: bool) -> None:
     assert glob_match(pattern, path) is expected
+
+
+# --------------------------------------------------------------------------- the outline
+
+
+def test_an_outline_line_names_path_size_summary_and_definitions() -> None:
+    text = ('"""Parcels: what a courier carries.\n\nMore."""\n\nMAX_KG = 30\n\n\n'
+            "class Parcel:\n    pass\n\n\ndef weigh(p: Parcel) -> int:\n    return 1\n\n\n"
+            "def _private() -> None:\n    pass\n")
+    entry = file_entry("courier/parcels.py", text, len(text))
+    assert entry.summary == "Parcels"
+    assert [(d.kind, d.name, d.line) for d in entry.definitions] == [
+        ("const", "MAX_KG", 5), ("class", "Parcel", 8), ("def", "weigh", 12)]
+    assert entry.line(3) == ("courier/parcels.py (17 lines): Parcels | MAX_KG L5, "
+                             "class Parcel L8, def weigh L12")
+    # fewer names: classes first, then functions, then constants; how many were left out
+    assert entry.line(1) == "courier/parcels.py (17 lines): Parcels | class Parcel L8 +2"
+    assert entry.line(0, summary=False) == "courier/parcels.py (17 lines)"
+
+
+def test_markdown_lines_are_headings_and_binary_files_a_size() -> None:
+    md = file_entry("docs/a.md", "# Guide\n\n## Install\n```\n# not a heading\n```\n## Use\n", 60)
+    assert md.summary == "Guide"
+    assert [(d.name, d.line) for d in md.definitions] == [("Install", 3), ("Use", 7)]
+    assert file_entry("logo.png", None, 2048).line(4) == "logo.png (2 KB, not text)"
+
+
+def test_references_count_other_files_naming_a_file() -> None:
+    refs = reference_counts({
+        "pkg/core.py": "def f(): pass",
+        "pkg/use.py": "from pkg.core import f",
+        "tests/test_core.py": "import pkg.core\nimport pkg.use",
+        "README.md": "See pkg/core.py and core.py.",
+    })
+    assert refs == {"pkg/core.py": 3, "pkg/use.py": 1, "tests/test_core.py": 0, "README.md": 0}
+
+
+def test_an_outline_over_its_share_folds_the_least_named_folders(project: Path) -> None:
+    (project / "data").mkdir()
+    for i in range(300):
+        (project / "data" / f"row{i:03d}.csv").write_text("a,b\n")
+    (project / "pkg" / "use.py").write_text("from pkg.core import Engine\n")
+    prefix = build_prefix(load_template("light"), project, count, target_tokens=1024)
+    assert prefix.folded == ("data",)
+    assert "data/ (300 files, " in prefix.text and "data/row000.csv" not in prefix.text
+    assert {e.path for e in prefix.outlined} == {"README.md", "pkg/__init__.py",
+                                                 "pkg/core.py", "pkg/use.py"}
+    assert prefix.num_tokens <= 1024
+
+
+def test_whole_files_come_most_referenced_first(project: Path) -> None:
+    (project / "pkg" / "use.py").write_text("from pkg.core import Engine\n")
+    (project / "pkg" / "more.py").write_text("import pkg.core\n")
+    prefix = build_prefix(load_template("light"), project, count)
+    whole = [f.path for f in prefix.included if f.mode.startswith("full")]
+    assert whole[0] == "pkg/core.py"
