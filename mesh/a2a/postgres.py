@@ -50,6 +50,9 @@ two sweepers never fail a live task   a runner is judged only after its run row 
                                       read, and it held its lock before it wrote one
 no write is lost or doubled           the SDK's compare-and-swap: a sweeper and a runner
                                       racing on one task — one wins, the other re-reads
+the event log stays bounded           the sweep deletes the events of tasks finished
+                                      over a minute ago, once a minute (a finished task
+                                      cannot be resubscribed to)
 ====================================  ================================================
 """
 
