@@ -104,7 +104,9 @@ def throwaway_postgres(*, timeout_s: float = 120.0) -> Iterator[Throwaway]:
     :class:`PostgresMissing` when the binaries are not installed."""
     bin_dir = find_bin_dir()
     prefix, uid, gid = _runner()
-    root = Path(tempfile.mkdtemp(prefix="mesh-pg-"))
+    # The server's user must reach its folder: as root, under /tmp (world-traversable),
+    # whatever $TMPDIR says.
+    root = Path(tempfile.mkdtemp(prefix="mesh-pg-", dir="/tmp" if uid is not None else None))
     data = root / "data"
     try:
         if uid is not None and gid is not None:
