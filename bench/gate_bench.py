@@ -51,13 +51,18 @@ from typing import Any
 import anyio
 
 from mesh.engine.types import Engine, PoolLoad, SamplingParams, SessionLoad, SessionState
-from mesh.gate import FloorGate, GateConfig, GateInput, ThroughputModel, decide
+from mesh.gate.admission import FloorGate
 from mesh.gate.calibrate import micro_benchmark
+from mesh.gate.config import POLICIES, GateConfig
+from mesh.gate.decide import decide
+from mesh.gate.model import ThroughputModel
+from mesh.gate.projection import GateInput
 from mesh.sim.flags import add_neighbour_args, neighbour_config
 from mesh.sim.goals import goals, goals_markdown
 from mesh.sim.measure import percentile
 from mesh.sim.neighbour import Neighbour
 from mesh.sim.phases import phase_of, spans_from
+from mesh.sim.policies import parse_rule
 from mesh.sim.types import PhaseRecord
 
 PREFIX = (
@@ -213,15 +218,12 @@ def _phase_figures(trace: Trace, t0: float, wall: float, floor: float,
 async def run_policy(engine: Engine, model: ThroughputModel, policy: str, floor: float,
                      args: argparse.Namespace,
                      neighbour: Neighbour | None = None) -> dict[str, Any]:  # fmt: skip
-    config = GateConfig.create(policy=policy, floor_tps=floor, max_queue=args.requests)
-    gate = FloorGate(engine, config, model)
+    rule = None if policy in POLICIES else parse_rule(policy)
+    config = GateConfig.create(policy=rule.name if rule else policy, floor_tps=floor,
+                               max_queue=args.requests)
+    gate = FloorGate(engine, config, model, rule=rule)
     budget = gate.pool_budget()
-    setter = getattr(engine, "set_prefill_budget", None)
-    if setter is not None:
-        setter(budget)
-    turns_setter = getattr(engine, "set_turn_admission", None)
-    if turns_setter is not None:  # floor: each turn waits for its step, as `mesh serve` does
-        turns_setter(gate.decode_gate())
+    gate.install()  # as `mesh serve` does: floor's turns wait for their step
     trace = Trace()
     stop = anyio.Event()
     peak = 0
@@ -248,10 +250,8 @@ async def run_policy(engine: Engine, model: ThroughputModel, policy: str, floor:
         if neighbour is not None:
             records = neighbour.end()
     wall = time.monotonic() - t0
-    if setter is not None:
-        setter(None)
-    if turns_setter is not None:
-        turns_setter(None)
+    engine.set_prefill_budget(None)
+    engine.set_turn_admission(None)
     tps = [w[1] for w in trace.windows]
     n = len(tps)
     rows: list[dict[str, Any]] = []
@@ -271,7 +271,7 @@ async def run_policy(engine: Engine, model: ThroughputModel, policy: str, floor:
     return {
         "policy": policy,
         "floor_tps": floor,
-        "prefill_budget": setter is not None and budget is not None,
+        "prefill_budget": budget is not None,
         "requests": args.requests,
         "admitted": gate.num_admitted,
         "peak_workers": peak,

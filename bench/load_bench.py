@@ -60,13 +60,14 @@ def serve_fake(port: int, data_dir: str, max_queue: int) -> None:
     from mesh.a2a import CoordinatorConfig, build_app
     from mesh.api import api_routes
     from mesh.engine.fake import FakeEngine
-    from mesh.gate import FloorGate, GateConfig
+    from mesh.gate.admission import FloorGate
+    from mesh.gate.config import GateConfig
     from mesh.template import load_template, sample_project_dir
     from mesh.worker import AgentWorker, ProjectTools
 
     logging.disable(logging.WARNING)
     engine = FakeEngine(max_sessions=16, session_budget=1024, step_delay_s=0.0005)
-    gate = FloorGate(engine, GateConfig.create(policy="static:16", max_queue=max_queue))
+    gate = FloorGate(engine, GateConfig.create(policy="none", max_workers=16, max_queue=max_queue))
     template = load_template("light")
     tools = ProjectTools(sample_project_dir()).as_tools()
     app = build_app(

@@ -51,6 +51,7 @@ from mesh.backends.remote_wire import (
     grammar_fields,
     parse_prometheus,
 )
+from mesh.engine.protocols import TurnAdmission, TurnLine
 from mesh.engine.types import (
     AttachCheck,
     ModelError,
@@ -126,6 +127,8 @@ class OpenAIEngine:
         self.sessions: dict[str, RemoteSession] = {}
         self.resumed_streams = 0  # streams the backend cut without a finish reason
         self.recent: deque[StepSample] = deque(maxlen=64)
+        # The decode gate holds turns here, before their request goes out.
+        self.turn_line = TurnLine(lambda: self.load().cells_used, lambda: tuple(self.recent))
         self._rate: deque[tuple[float, int]] = deque()
         self._step_ms: float | None = None
         self._info: PoolInfo | None = None
@@ -287,7 +290,12 @@ class OpenAIEngine:
         return -(-len(text) // 4)
 
     def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
-        """Accepted for the CLI's sake and unused: the backend schedules its own prefill."""
+        """Ignored: the backend schedules its own prefill (chunked or not)."""
+
+    def set_turn_admission(self, gate: TurnAdmission | None) -> None:
+        """The decode gate: a turn's request goes out once the gate has room for it, as
+        measured on the streamed steps (``recent``)."""
+        self.turn_line.gate = gate
 
     def load(self) -> PoolLoad:
         now = time.monotonic()
@@ -319,6 +327,7 @@ class OpenAIEngine:
             cells_used=self.info.prefix_tokens + sum(s.private for s in self.sessions.values())))
         ms = step_s * 1000
         self._step_ms = ms if self._step_ms is None else self._step_ms + 0.2 * (ms - self._step_ms)
+        self.turn_line.poke()
 
     def record_resume(self) -> None:
         """A stream was cut without a finish reason and is being resumed (logged once)."""

@@ -28,6 +28,7 @@ import httpx
 
 from mesh.backends.remote_wire import sse_data
 from mesh.engine.output import TurnOutput
+from mesh.engine.protocols import TurnLine
 from mesh.engine.types import (
     ContextOverflow,
     Piece,
@@ -46,6 +47,7 @@ class SessionHost(Protocol):
 
     prefix_text: str
     sessions: dict[str, RemoteSession]
+    turn_line: TurnLine
 
     @property
     def info(self) -> PoolInfo: ...
@@ -178,6 +180,12 @@ class RemoteGeneration:
         out = TurnOutput(self._params.stop)  # the pool's own stop-string rules
         start = time.monotonic()
         generated, finish, usage = 0, "cancelled", None
+        s.state = SessionState.WAITING  # until the decode gate lets the turn run
+        try:
+            await s.engine.turn_line.enter()
+        except BaseException:
+            s.state = SessionState.IDLE if not s.pending else SessionState.PREFILLING
+            raise
         s.busy(True)
         try:
             if room <= 0:
@@ -219,6 +227,7 @@ class RemoteGeneration:
         finally:
             # Whatever was generated stays in the session (a cancelled turn too), as in
             # the pool; a failed session was detached and keeps nothing.
+            s.engine.turn_line.leave()
             s.busy(False)
             if not s.detached:
                 kept = out.text + (out.matched or out.held)

@@ -19,7 +19,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mesh.cli.preflight import coordinator_config, gate_config
+from mesh.cli.preflight import Checked
 from mesh.cli.project import build_project_prefix
 
 if TYPE_CHECKING:
@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from mesh.a2a.app import AppParts
     from mesh.a2a.config import CoordinatorConfig
     from mesh.cli.project import ProjectPrefix
-    from mesh.gate import GateConfig
+    from mesh.gate.admission import FloorGate
+    from mesh.gate.config import GateConfig
+    from mesh.gate.decide import WorkerRule
     from mesh.template.project import ProjectScan
 
 __all__ = ["GUIDED_BELOW_PARAMS", "compose_local", "default_plan_actions", "local_app",
@@ -71,28 +73,28 @@ def peer_tokens(specs: list[str]) -> dict[str, str]:
     return tokens
 
 
-def local_app(args: argparse.Namespace) -> Starlette:
-    """The app ``mesh serve`` serves on its own pool (nothing live is built yet); raises
-    ValueError naming the fix."""
+def local_app(args: argparse.Namespace, checked: Checked) -> Starlette:
+    """The app ``mesh serve`` serves on its own pool (nothing live is built yet), from the
+    configuration :func:`~mesh.cli.preflight.preflight` built; raises ValueError naming
+    the fix."""
     from mesh.a2a.app import create_app
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS
 
-    coord = coordinator_config(args)  # preflight checked it, the port and the folders
-    gate_cfg = gate_config(args)
+    coord, gate_cfg, rule = checked.coordinator, checked.gate, checked.rule
+    assert gate_cfg is not None, "preflight builds the gate's configuration without --node"
     built = build_project_prefix(args)
-    return create_app(coord, functools.partial(compose_local, args, coord, gate_cfg, built),
+    return create_app(coord, functools.partial(compose_local, args, coord, gate_cfg, rule, built),
                       public_paths=DASHBOARD_PUBLIC_PATHS)
 
 
-async def _seed_gate(gate: Any, gate_cfg: GateConfig, pool: Any, cache: Path) -> str:
+async def _seed_gate(gate: FloorGate, pool: Any, cache: Path) -> str:
     """Seed the gate's throughput model with a short probe (cached per model and machine),
-    so the first admissions are projected from this hardware, not from a prior; it learns
+    so the first turns are gated on this hardware's step shape, not a prior; it learns
     the rest online. The seed lives beside the prefix snapshots: a shared --prefix-cache
-    shares it too. Policies that project nothing (``none``, ``static:N``) seed nothing."""
+    shares it too. Policies that read no model (``none``, ``static:N``) seed nothing."""
     from mesh.gate.calibrate import seed_model
-    from mesh.gate.config import PolicyKind
 
-    if gate_cfg.policy.kind in (PolicyKind.NONE, PolicyKind.STATIC):
+    if gate.config.policy == "none" or (gate.rule is not None and not gate.rule.needs_seed):
         return "its prior, learned online (this policy needs no seed)"
 
     def timing() -> None:
@@ -122,7 +124,7 @@ def _progress(done: int, total: int) -> None:
 
 
 async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
-                        gate_cfg: GateConfig, built: ProjectPrefix,
+                        gate_cfg: GateConfig, rule: WorkerRule | None, built: ProjectPrefix,
                         stack: AsyncExitStack) -> AppParts:
     """Build and start everything ``mesh serve`` serves, on the running (serving) loop;
     each thing with a life is registered on ``stack`` as soon as it exists."""
@@ -137,7 +139,7 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     from mesh.cli.engines import build_engine, prefix_cache_dir
     from mesh.engine.types import EngineConfig
     from mesh.fleet.peers import PeerClient
-    from mesh.gate import FloorGate
+    from mesh.gate.admission import FloorGate
     from mesh.gate.projection import lone_worker_tps
     from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
     from mesh.worker.grammar import ProjectPaths
@@ -179,17 +181,15 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
         print(f"attention: flash {info.flash_attn} (--flash-attn {cfg.flash_attn}), "
               f"shared prefix {info.prefix_attention} (--prefix-attention "
               f"{cfg.prefix_attention})", file=sys.stderr)
-    gate = FloorGate(pool, gate_cfg)
-    source = await _seed_gate(gate, gate_cfg, pool, Path(cfg.cache_dir or data_dir) / "gate")
-    pool.set_prefill_budget(gate.pool_budget())  # prefill beside decoding keeps the floor
-    if (set_turns := getattr(pool, "set_turn_admission", None)) is not None:
-        set_turns(gate.decode_gate())  # floor: each turn waits for its step (local pool)
+    gate = FloorGate(pool, gate_cfg, rule=rule)
+    source = await _seed_gate(gate, pool, Path(cfg.cache_dir or data_dir) / "gate")
+    gate.install()  # floor: each turn waits for room in its step; prefill keeps the floor
     floor = ("auto (the knee of measured tokens/s)" if gate_cfg.auto_floor
              else f"{gate_cfg.floor_tps:g} tok/s")
     print(f"gate: policy {gate_cfg.policy}, floor {floor}, "
           f"throughput model seeded from {source}", file=sys.stderr)
     lone = lone_worker_tps(gate.model, info.prefix_tokens, gate_cfg.new_worker_cells)
-    if str(gate_cfg.policy) == "floor" and not gate_cfg.auto_floor and lone < gate_cfg.floor_tps:
+    if gate_cfg.policy == "floor" and not gate_cfg.auto_floor and lone < gate_cfg.floor_tps:
         print(f"warning: one worker alone is projected at {lone:.1f} tok/s on this machine, "
               f"below the floor ({gate_cfg.floor_tps:g} tok/s): the gate will run one worker "
               f"at a time, under the floor; lower --floor-tps (below {lone:.1f}) or pick one "

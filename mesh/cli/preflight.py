@@ -15,13 +15,15 @@ import os
 import re
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mesh.a2a.config import CoordinatorConfig
-from mesh.gate.config import GateConfig
+from mesh.gate.config import POLICIES, GateConfig
+from mesh.gate.decide import WorkerRule
 
-__all__ = ["bind_listener", "check_data_dir", "check_template", "coordinator_config",
-           "preflight", "print_cache_warnings"]
+__all__ = ["Checked", "bind_listener", "check_data_dir", "check_template",
+           "coordinator_config", "floor_arg", "gate_config", "preflight", "print_cache_warnings"]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -127,16 +129,28 @@ def _flagged(message: str) -> str:
     return re.sub(r"^port must", "--port must", message).replace("gate policy", "--policy")
 
 
-def preflight(args: argparse.Namespace) -> socket.socket:
-    """Every check that needs no model, then the bound socket. Raises ValueError naming
-    the flag to change. Order: warnings, flags, folders, template, then the port."""
+@dataclass(frozen=True)
+class Checked:
+    """The configuration ``mesh serve``'s flags make, built once by :func:`preflight`
+    and passed down: the coordinator's, and (not with ``--node``) the gate's with the rule
+    of a comparison policy."""
+
+    coordinator: CoordinatorConfig
+    gate: GateConfig | None = None
+    rule: WorkerRule | None = None
+
+
+def preflight(args: argparse.Namespace) -> tuple[socket.socket, Checked]:
+    """Every check that needs no model, then the bound socket and the configuration.
+    Raises ValueError naming the flag to change. Order: warnings, flags, folders,
+    template, then the port."""
     if args.host not in _LOOPBACK and not args.auth_token:
         print(f"warning: binding {args.host} without --auth-token: anyone who can reach "
               "this address can use the agent", file=sys.stderr)
     try:
-        coordinator_config(args)
+        checked = Checked(coordinator_config(args))
         if not args.node:
-            gate_config(args)
+            checked = Checked(checked.coordinator, *gate_config(args))
     except ValueError as exc:
         raise ValueError(_flagged(str(exc))) from None
     check_data_dir(Path(args.data_dir))
@@ -145,7 +159,7 @@ def preflight(args: argparse.Namespace) -> socket.socket:
     if args.project and not Path(args.project).is_dir():
         raise ValueError(f"project directory not found: {args.project}; pass --project DIR")
     check_template(args.template)
-    return bind_listener(args.host, args.port)
+    return bind_listener(args.host, args.port), checked
 
 
 class _StderrLine(logging.Handler):
@@ -184,9 +198,19 @@ def floor_arg(text: str) -> float | str:
             f"expected tokens/s (a number) or 'auto', got {text!r}") from None
 
 
-def gate_config(args: argparse.Namespace) -> GateConfig:
-    """The gate's configuration from the flags (checked; ValueError names the fix)."""
+def gate_config(args: argparse.Namespace) -> tuple[GateConfig, WorkerRule | None]:
+    """The gate's configuration from the flags, and the rule of a comparison policy
+    (``--policy projection|legacy|static:N``: :mod:`mesh.sim.policies`, imported only
+    then; None for the product's ``floor`` and ``none``). Checked; ValueError names the fix."""
     auto = args.floor_tps == "auto"
-    return GateConfig.create(policy=args.policy, floor_tps=5.0 if auto else args.floor_tps,
-                             auto_floor=auto, max_queue=args.max_queue,
-                             max_queue_per_caller=args.max_queue_per_caller)
+    policy = args.policy.strip().lower()
+    rule = None
+    if policy not in POLICIES:
+        from mesh.sim.policies import parse_rule
+
+        rule = parse_rule(policy)
+        policy = rule.name
+    config = GateConfig.create(policy=policy, floor_tps=5.0 if auto else args.floor_tps,
+                               auto_floor=auto, max_queue=args.max_queue,
+                               max_queue_per_caller=args.max_queue_per_caller)
+    return config, rule

@@ -16,7 +16,7 @@ from mesh.cli.engine_flags import add_engine_flags
 from mesh.cli.engines import add_engine_args
 from mesh.cli.local import local_app
 from mesh.cli.nodes import nodes_app
-from mesh.cli.preflight import coordinator_config, floor_arg, preflight, print_cache_warnings
+from mesh.cli.preflight import floor_arg, preflight, print_cache_warnings
 from mesh.engine.types import EngineError
 
 __all__ = ["auth_line", "plan_actions", "register", "run"]
@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="tokens/s every running worker must keep (default 5), or 'auto': "
                         "the gate runs as many rows as still add 10 %% to the aggregate "
                         "tokens/s it measures (the knee), re-found as the machine changes")
-    p.add_argument("--policy", default="floor", help="floor | legacy | static:N | none")
+    p.add_argument("--policy", default="floor",
+                   help="floor (the decode gate) | none; the simulation's comparison policies "
+                        "projection, legacy and static:N are accepted for measuring against")
     p.add_argument("--max-queue", type=int, default=64, help="queued tasks before HTTP 429")
     p.add_argument("--max-queue-per-caller", type=int, default=None,
                    help="queue places one authenticated caller may hold (default: half of "
@@ -110,10 +112,9 @@ def plan_actions(text: str) -> tuple[str, ...]:
     return tuple(a for a in ACTIONS if a in asked)
 
 
-def auth_line(args: argparse.Namespace) -> str:
-    """The start-up log's line on authentication: on, with how many bearer tokens (never
-    the tokens), or off, with who may then call."""
-    tokens = coordinator_config(args).tokens
+def auth_line(args: argparse.Namespace, tokens: tuple[str, ...]) -> str:
+    """The start-up log's line on authentication: on, with how many bearer ``tokens``
+    (never the tokens), or off, with who may then call."""
     if tokens:
         n = len(tokens)
         return (f"auth: on ({n} bearer token{'s' if n != 1 else ''}; callers send "
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     print_cache_warnings()
     try:
-        sock = preflight(args)
+        sock, checked = preflight(args)
     except ValueError as exc:
         print(f"mesh serve: {exc}", file=sys.stderr)
         return 2
@@ -140,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
         # A start-up error (model, prefix, nodes' cards, engine) is one line and exit 2,
         # whether found here or in the lifespan before anything was served.
         try:
-            app = nodes_app(args) if args.node else local_app(args)
-            print(auth_line(args), file=sys.stderr)
+            app = nodes_app(args) if args.node else local_app(args, checked)
+            print(auth_line(args, checked.coordinator.tokens), file=sys.stderr)
             return run_server(app, args.host, args.port, sock=sock)
         except (EngineError, ValueError, OSError) as exc:
             print(f"mesh serve: {exc}", file=sys.stderr)

@@ -5,8 +5,11 @@ and "generates" a deterministic echo of the session's last input, one word per t
 an optional delay per step. It is for unit tests and for measuring the A2A layer's own
 overhead (``bench/a2a_bench.py``); ``mesh serve`` never uses it.
 
-``SamplingParams.grammar`` is accepted and ignored: the fake cannot enforce GBNF (its echo
-is not sampled from logits). Grammar behaviour is tested on the real pool only.
+The decode gate holds its turns in a :class:`~mesh.engine.protocols.TurnLine` (a turn waits
+in state ``waiting`` as on the pool); its prefill is instant, so a prefill budget is taken
+and has nothing to cap. ``SamplingParams.grammar`` is accepted and ignored: the fake cannot
+enforce GBNF (its echo is not sampled from logits). Grammar behaviour is tested on the real
+pool only.
 
 Turn endings follow the pool's: stop strings go through the same
 :class:`~mesh.engine.output.TurnOutput` (cut exactly, named in ``TurnResult.stop``), and a
@@ -23,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 
 from mesh.engine.output import TurnOutput
+from mesh.engine.protocols import PrefillBudget, TurnAdmission, TurnLine
 from mesh.engine.types import (
     AttachCheck,
     ContextOverflow,
@@ -66,6 +70,21 @@ class _FakeGeneration:
             reason, engine.fail_next = engine.fail_next, None
             await s.detach()
             raise SessionFailed(reason)
+        s.state = SessionState.WAITING
+        try:
+            await engine.turn_line.enter()
+        except BaseException:
+            s.state = SessionState.IDLE
+            raise
+        try:
+            async for piece in self._turn():
+                yield piece
+        finally:
+            engine.turn_line.leave()
+
+    async def _turn(self) -> AsyncIterator[Piece]:
+        s = self._session
+        engine = s.engine
         prompt = s.pending
         s.pending = []
         s.state = SessionState.PREFILLING
@@ -181,6 +200,14 @@ class FakeEngine:
         self._ids = itertools.count(1)
         self.sessions_attached = 0  # totals, as the pool reports them in load()
         self.prefill_tokens = 0
+        self.prefill_budget: PrefillBudget | None = None
+        self.turn_line = TurnLine(lambda: self.load().cells_used, tuple)
+
+    def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
+        self.prefill_budget = budget  # kept for tests to read; instant prefill needs none
+
+    def set_turn_admission(self, gate: TurnAdmission | None) -> None:
+        self.turn_line.gate = gate
 
     def check_attach(self) -> AttachCheck:
         if len(self.sessions) >= self.info.max_sessions:

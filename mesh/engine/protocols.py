@@ -13,17 +13,27 @@ The seam itself is two protocols, :class:`Engine` and :class:`Session`:
   in the session's context, so the next ``append`` continues the conversation.
 * ``Session.detach()`` frees the session's private KV cells; the shared prefix stays.
   Detaching twice is a no-op. A session whose decode failed is detached by the engine and
-  its generation raises :class:`SessionFailed`."""
+  its generation raises :class:`SessionFailed`.
+* ``Engine.set_prefill_budget`` / ``Engine.set_turn_admission`` take the gate's two budgets.
+  Every engine takes both: the local pool asks them on its engine thread each step; an
+  engine that runs turns on the event loop (a remote backend, the fake) holds its turns in
+  a :class:`TurnLine`, and a backend that schedules its own prefill says so and ignores
+  the prefill budget."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from mesh.engine.config import SamplingParams
 from mesh.engine.records import AttachCheck, Piece, PoolInfo, PoolLoad, StepSample, TurnResult
 
-__all__ = ["Engine", "Generation", "PrefillBudget", "Session", "TurnAdmission"]
+__all__ = ["Engine", "Generation", "PrefillBudget", "Session", "TurnAdmission", "TurnLine"]
+
+logger = logging.getLogger(__name__)
 
 
 class PrefillBudget(Protocol):
@@ -50,6 +60,66 @@ class TurnAdmission(Protocol):
 
     def turn_room(self, num_running: int, cells_used: int,
                   recent: Sequence[StepSample]) -> int: ...
+
+
+class TurnLine:
+    """The decode gate's line for an engine whose turns run on the event loop.
+
+    Turns ``enter`` first come first served and run once the gate has room for one more;
+    ``leave`` when they end. As the pool's planner does: one turn always runs when none
+    does, and a gate that raises holds the turns as they are. Room is asked again when a
+    turn leaves, when the engine measures a step (``poke``) and every ``recheck_s``. Such
+    an engine cannot pause a turn between its steps, so a negative room (shed) only keeps
+    the waiting turns waiting. ``cells_used`` and ``recent`` read the engine's own figures.
+    """
+
+    def __init__(self, cells_used: Callable[[], int],
+                 recent: Callable[[], Sequence[StepSample]], *, recheck_s: float = 0.05) -> None:
+        self.gate: TurnAdmission | None = None
+        self.running = 0
+        self._line: list[object] = []
+        self._changed = asyncio.Event()
+        self._cells_used = cells_used
+        self._recent = recent
+        self._recheck_s = recheck_s
+
+    @property
+    def waiting(self) -> int:
+        return len(self._line)
+
+    def _may_start(self) -> bool:
+        if self.gate is None or self.running == 0:
+            return True
+        try:
+            return int(self.gate.turn_room(self.running, self._cells_used(),
+                                           self._recent())) > 0
+        except Exception:  # a broken gate must not fail the turns
+            logger.exception("the decode gate failed; the waiting turns keep waiting")
+            return False
+
+    async def enter(self) -> None:
+        """Wait for this turn's place, then count it running. Cancelling the wait leaves
+        the line (nothing held)."""
+        me = object()
+        self._line.append(me)
+        try:
+            while not (self._line[0] is me and self._may_start()):
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), self._recheck_s)
+        finally:
+            self._line.remove(me)
+            self.poke()  # the next one in line looks again
+        self.running += 1
+
+    def leave(self) -> None:
+        """A running turn ended (whatever way)."""
+        self.running = max(0, self.running - 1)
+        self.poke()
+
+    def poke(self) -> None:
+        """Something changed (a step measured, a turn left): the head looks again."""
+        self._changed.set()
 
 
 @runtime_checkable
@@ -97,6 +167,12 @@ class Engine(Protocol):
 
     def count_tokens(self, text: str) -> int:
         """How many tokens ``text`` is (no BOS), for budgeting."""
+
+    def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
+        """Cap the prefill a step carries beside decoding rows (None: no cap)."""
+
+    def set_turn_admission(self, gate: TurnAdmission | None) -> None:
+        """The decode gate: each turn runs once it has room (None: turns run as asked)."""
 
     async def aclose(self) -> None:
         """Stop the engine thread and free every native handle."""

@@ -1,5 +1,11 @@
 """The floor-tps gate's async face: :class:`FloorGate` implements
-:class:`~mesh.gate.types.Admission` over an :class:`~mesh.engine.types.Engine`.
+:class:`~mesh.gate.types.Admission` over an :class:`~mesh.engine.protocols.Engine`.
+
+Under policy ``floor`` it admits workers by memory and hands the engine a
+:class:`~mesh.gate.decode_gate.DecodeGate` that starts each *turn* only while every decoding
+worker keeps the floor (:meth:`FloorGate.install` hands it over); under ``none`` it admits
+by memory and the engine runs turns as asked. A comparison policy
+(:mod:`mesh.sim.policies`) comes as a :class:`~mesh.gate.decide.WorkerRule`.
 
 Invariants:
 
@@ -20,7 +26,6 @@ await are atomic with respect to other tasks.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,11 +36,11 @@ import anyio.lowlevel
 from mesh.engine.types import Engine, PoolLoad, PrefillBudget
 from mesh.gate.budget import BudgetState, FloorBudget
 from mesh.gate.capacity_doc import capacity_doc
-from mesh.gate.config import GateConfig, Policy, PolicyKind
-from mesh.gate.decide import Decision, GateInput, Verdict, decide
+from mesh.gate.config import POLICIES, GateConfig
+from mesh.gate.decide import Decision, Verdict, WorkerRule, decide
 from mesh.gate.decode_gate import DecodeGate
 from mesh.gate.model import StepCost, ThroughputModel
-from mesh.gate.projection import live_scale
+from mesh.gate.projection import GateInput, live_scale
 from mesh.gate.shares import ANONYMOUS, QueueShares, places_needed
 from mesh.gate.types import OnPosition, QueueCheck, QueueFull, Ticket
 from mesh.gate.waiters import Waiter, WaiterQueue, report_admitted
@@ -71,17 +76,19 @@ class FloorGate:
         config: GateConfig,
         model: ThroughputModel | None = None,
         *,
+        rule: WorkerRule | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         config.validate()
-        self.requested_policy = config.policy  # what the operator asked for (/capacity)
-        if config.policy.kind is PolicyKind.FLOOR and not hasattr(engine, "set_turn_admission"):
-            # An engine that cannot hold a turn per step (a remote OpenAI-compatible
-            # server schedules its own steps; the fake engine has none) keeps the floor
-            # the previous way: workers admitted for life on a projection.
-            config = dataclasses.replace(config, policy=Policy(PolicyKind.PROJECTION))
+        if rule is None and config.policy not in POLICIES:
+            raise ValueError(f"gate policy {config.policy!r} is not one of {', '.join(POLICIES)}"
+                             f"; a comparison policy needs its rule (mesh.sim.policies)")
+        if rule is not None and rule.name != config.policy:
+            raise ValueError(f"the rule {rule.name!r} does not implement policy "
+                             f"{config.policy!r}")
         self.engine = engine
         self.config = config
+        self.rule = rule
         self.model = model if model is not None else ThroughputModel()
         self._clock = clock
         self._waiters: WaiterQueue[GateTicket] = WaiterQueue(
@@ -99,11 +106,11 @@ class FloorGate:
     def pool_budget(self) -> PrefillBudget | None:
         """The prefill budget to hand the pool (``pool.set_prefill_budget``): a step beside
         decoding workers carries only the prefill that keeps it within ``1/floor_tps``.
-        None under policy ``none`` (today's behaviour: a step prefills up to ``n_batch``).
-        The budget follows the model: every snapshot the gate takes refreshes it."""
-        if self.config.policy.kind is PolicyKind.NONE:
+        None under policy ``none`` (a step prefills up to ``n_batch``). The budget follows
+        the model: every snapshot the gate takes refreshes it."""
+        if self.config.policy == "none":
             return None
-        if self.config.policy.kind is PolicyKind.FLOOR:
+        if self.config.policy == "floor":
             return self.decode_gate()
         if self._budget is None:
             self._budget = FloorBudget(self.config.floor_tps, self._budget_state(None))
@@ -113,13 +120,18 @@ class FloorGate:
         """The decode gate to hand the pool (``pool.set_turn_admission`` and, as its
         prefill budget, ``pool.set_prefill_budget``) under policy ``floor``; None under
         the others (their turns run as soon as they are asked for)."""
-        if self.config.policy.kind is not PolicyKind.FLOOR:
+        if self.config.policy != "floor":
             return None
         if self._decode_gate is None:
             state = self._budget_state(None, self.model.shape)
             self._decode_gate = DecodeGate(self.config.floor_tps, state,
                                            auto=self.config.auto_floor)
         return self._decode_gate
+
+    def install(self) -> None:
+        """Hand the engine this gate's prefill budget and decode gate (None: none)."""
+        self.engine.set_prefill_budget(self.pool_budget())
+        self.engine.set_turn_admission(self.decode_gate())
 
     def _budget_state(self, load: PoolLoad | None, cost: StepCost | None = None) -> BudgetState:
         """The budget's view: ``cost`` (default: the live fit), its live correction over
@@ -164,7 +176,7 @@ class FloorGate:
         """The decision for a new arrival (``queue_ahead`` defaults to the queue length)."""
         ahead = len(self._waiters) if queue_ahead is None else queue_ahead
         inp, _ = self.gate_input(ahead)
-        return decide(inp, self.config, self.model, self._clock())
+        return decide(inp, self.config, self.model, self._clock(), self.rule)
 
     def check_queue(self, *, places: int = 1, caller: str = ANONYMOUS) -> QueueCheck:
         """Would ``caller``'s request of ``places`` places (a task's subtasks) be taken?
@@ -240,6 +252,6 @@ class FloorGate:
     def capacity(self) -> dict[str, Any]:
         """The ``/capacity`` document (JSON-able; every number finite or null)."""
         inp, load = self.gate_input(len(self._waiters))
-        d = decide(inp, self.config, self.model, self._clock())
+        d = decide(inp, self.config, self.model, self._clock(), self.rule)
         return capacity_doc(self, inp, load, d, self._decode_gate,
                             self._waiters.shares.num_callers)

@@ -10,10 +10,11 @@ import statistics
 from typing import Any, Protocol
 
 from mesh.engine.types import Engine, PoolLoad, SessionState
-from mesh.gate.config import GateConfig, Policy
-from mesh.gate.decide import Decision, GateInput
+from mesh.gate.config import GateConfig
+from mesh.gate.decide import Decision
 from mesh.gate.decode_gate import DecodeGate, TurnRoom
 from mesh.gate.model import ThroughputModel
+from mesh.gate.projection import GateInput
 
 __all__ = ["GateView", "capacity_doc"]
 
@@ -24,7 +25,6 @@ class GateView(Protocol):
     engine: Engine
     config: GateConfig
     model: ThroughputModel
-    requested_policy: Policy
     num_admitted: int
     num_refused: int
 
@@ -51,8 +51,7 @@ def capacity_doc(gate: GateView, inp: GateInput, load: PoolLoad, d: Decision,
         # decode gate chose (the configured value until it measured a step)
         "floor_tps": _floor_now(gate.config.floor_tps, decode_gate),
         "floor_mode": "auto" if gate.config.auto_floor else "fixed",
-        "policy": str(gate.requested_policy),
-        "admits_by": str(gate.config.policy),
+        "policy": gate.config.policy,
         "verdict": d.verdict.value,
         "reasons": list(d.reasons),
         "sessions": {

@@ -5,16 +5,14 @@
 * ``floor`` — the decode gate (:mod:`mesh.gate.decode_gate`): every *turn* waits until
   the measured step can take one more row within ``1/floor_tps``; workers are admitted by
   memory only (sessions and cells), since a worker between turns costs no step time.
-* ``projection`` — the previous floor gate, kept for comparison: admit a worker for its
-  life only if, with one more, every worker's *projected* tokens/s stays at or above
-  ``floor_tps`` (see :mod:`mesh.gate.decide`).
-* ``legacy`` — reactive: admit while the slowest currently *measured* worker is at or above
-  ``floor_tps``. Kept for comparison; it over-subscribes on bursts.
-* ``static:N`` — at most N workers, whatever their speed.
-* ``none`` — admit everything the pool can physically hold.
+* ``none`` — admit everything the pool can physically hold; turns run when asked.
 
-Every policy is also bound by hard limits: ``max_workers`` (default: the pool's session
-slots) and the pool's free sequence ids.
+Those are the product's two. The simulation's comparison policies (``projection``,
+``legacy``, ``static:N``: :mod:`mesh.sim.policies`) plug in as a
+:class:`~mesh.gate.decide.WorkerRule` handed to the gate beside a config naming them.
+
+Every policy is bound by hard limits: ``max_workers`` (default: the pool's session slots)
+and the pool's free sequence ids.
 
 The wait queue is bounded twice, in places (one per subtask or session waiting): ``max_queue``
 in all, and ``max_queue_per_caller`` per caller (default: half of ``max_queue``), so one
@@ -25,66 +23,12 @@ share is the whole queue.
 
 from __future__ import annotations
 
-import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-__all__ = ["GateConfig", "Policy", "PolicyKind"]
+__all__ = ["POLICIES", "GateConfig"]
 
-
-class PolicyKind(enum.StrEnum):
-    FLOOR = "floor"
-    PROJECTION = "projection"
-    LEGACY = "legacy"
-    STATIC = "static"
-    NONE = "none"
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A parsed admission policy; ``slots`` is set only for ``static:N``."""
-
-    kind: PolicyKind = PolicyKind.FLOOR
-    slots: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> Policy:
-        """Parse ``floor``, ``projection``, ``legacy``, ``static:N`` or ``none``
-        (case-insensitive)."""
-        raw = text.strip().lower()
-        name, sep, arg = raw.partition(":")
-        try:
-            kind = PolicyKind(name)
-        except ValueError:
-            raise ValueError(
-                f"unknown gate policy {text!r}; expected floor, projection, legacy, "
-                "static:N or none"
-            ) from None
-        if kind is PolicyKind.STATIC:
-            if not sep or not arg:
-                raise ValueError(f"policy {text!r} needs a slot count, e.g. static:4")
-            try:
-                slots = int(arg)
-            except ValueError:
-                raise ValueError(f"policy {text!r}: slot count {arg!r} is not an integer") from None
-            policy = cls(kind, slots)
-            policy.validate()
-            return policy
-        if sep:
-            raise ValueError(f"policy {kind.value!r} takes no argument, got {text!r}")
-        return cls(kind)
-
-    def validate(self) -> None:
-        if self.kind is PolicyKind.STATIC:
-            if self.slots is None or self.slots < 1:
-                raise ValueError(f"static policy needs slots >= 1, got {self.slots}")
-        elif self.slots is not None:
-            raise ValueError(f"policy {self.kind.value!r} takes no slot count")
-
-    def __str__(self) -> str:
-        if self.kind is PolicyKind.STATIC:
-            return f"static:{self.slots}"
-        return self.kind.value
+POLICIES = ("floor", "none")  # the product's policies; comparison ones come with a rule
 
 
 @dataclass(frozen=True)
@@ -97,7 +41,8 @@ class GateConfig:
     # --floor-tps auto (policy floor): the decode gate holds the rows at the knee of
     # aggregate tokens/s it measures (mesh.gate.decode_gate), not at floor_tps.
     auto_floor: bool = False
-    policy: Policy = field(default_factory=Policy)
+    # "floor" or "none"; another name only beside the WorkerRule that implements it.
+    policy: str = "floor"
     max_queue: int = 64  # waiters beyond this are refused (HTTP 429)
     # Places one authenticated caller may hold in the queue (None: max_queue // 2, at
     # least 1); past it that caller is refused while the others still queue.
@@ -105,27 +50,24 @@ class GateConfig:
     max_workers: int | None = None  # None: the pool's max_sessions
     use_idle_estimate: bool = True  # count workers by their observed duty cycle
     idle_quantile: float = 0.9  # share of steps in which the floor must hold
-    # Admit only while the projection clears the floor by this fraction: a worker cannot
-    # be taken back once admitted, and the projection is an estimate (measured here: within
-    # ~10 % of the rate workers then got), so the error margin is spent above the floor.
+    # The projection (/capacity's headroom) counts a worker as fitting only while it
+    # clears the floor by this fraction: the projection is an estimate (measured here:
+    # within ~10 % of the rate workers then got).
     margin: float = 0.1
     # A duty cycle observed over a short life is noise (a worker waiting for its first
     # turn looks idle); younger sessions count as always decoding.
     min_duty_age_s: float = 5.0
-    # New workers join at most as many at a time as are already measured (1, 2, 4, ...).
-    slow_start: bool = True
-    # A new worker counts as measured once it has decoded for this long (or 16 tokens).
-    slow_start_s: float = 2.0
     recheck_s: float = 0.25  # how often the queue's head re-checks while load changes
     default_retry_s: float = 2.0  # retry-after before any ticket has been released
     max_retry_s: float = 300.0
     new_worker_cells: int = 256  # private cells assumed for a worker not yet measured
 
     @classmethod
-    def create(cls, *, policy: str | Policy = "floor", **kwargs: object) -> GateConfig:
-        """Build and validate a config, parsing ``policy`` if it is a string."""
-        parsed = Policy.parse(policy) if isinstance(policy, str) else policy
-        config = cls(policy=parsed, **kwargs)  # type: ignore[arg-type]
+    def create(cls, **kwargs: object) -> GateConfig:
+        """Build and validate a config (``policy`` case-insensitive)."""
+        if isinstance(policy := kwargs.get("policy"), str):
+            kwargs["policy"] = policy.strip().lower()
+        config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
         return config
 
@@ -139,8 +81,9 @@ class GateConfig:
     def validate(self) -> None:
         if not (math.isfinite(self.floor_tps) and self.floor_tps > 0):
             raise ValueError(f"floor_tps must be a finite number > 0, got {self.floor_tps}")
-        self.policy.validate()
-        if self.auto_floor and self.policy.kind is not PolicyKind.FLOOR:
+        if not self.policy or self.policy != self.policy.strip().lower():
+            raise ValueError(f"gate policy must be a lower-case name, got {self.policy!r}")
+        if self.auto_floor and self.policy != "floor":
             raise ValueError(f"--floor-tps auto needs --policy floor (the decode gate finds "
                              f"the knee); policy {self.policy} takes a number")
         if self.max_queue < 0:

@@ -46,7 +46,7 @@ async def open_mesh(model: Path, max_sessions: int = 4, **kw: Any) -> tuple[Shar
                        n_threads=1)
     pool = SharedKVPool(cfg, CHAT.prefix_text(SYSTEM))
     await pool.start()
-    gate = FloorGate(pool, GateConfig.create(policy="none", max_queue=8, slow_start=False))
+    gate = FloorGate(pool, GateConfig.create(policy="none", max_queue=8))
     return pool, gate
 
 

@@ -82,8 +82,8 @@ async def test_a_flooding_caller_is_refused_past_its_share_while_another_is_serv
     429 ``queue_full`` with Retry-After, naming the share; B's request still queues. Once
     the worker is free, A's two and B's one are all served, and no place is left over."""
     pool, _ = await open_mesh(tiny_model_path)
-    gate = FloorGate(pool, GateConfig.create(policy="static:1", max_queue=4,
-                                             max_queue_per_caller=2, slow_start=False))
+    gate = FloorGate(pool, GateConfig.create(policy="none", max_workers=1, max_queue=4,
+                                             max_queue_per_caller=2))
     api = OpenAIAPI(pool, gate, CHAT, SYSTEM, tokenize=pool.tokenize)
     app = Starlette(routes=api.routes, middleware=[
         Middleware(BearerAuth, tokens=list(TOKENS.values()), public_paths=[])])

@@ -42,7 +42,7 @@ async def mesh(tiny_model_path: Path) -> AsyncIterator[Mesh]:
                        n_threads=1)
     pool = SharedKVPool(cfg, CHAT.prefix_text(SYSTEM))
     await pool.start()
-    gate = FloorGate(pool, GateConfig.create(policy="none", max_queue=8, slow_start=False))
+    gate = FloorGate(pool, GateConfig.create(policy="none", max_queue=8))
     m = Mesh(pool, gate)
     try:
         async with m.client:

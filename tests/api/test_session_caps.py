@@ -40,7 +40,7 @@ async def serve(*, auth: bool, max_sessions: int = 8, engine: Engine | None = No
                 ) -> AsyncIterator[tuple[httpx.AsyncClient, SessionAPI, FloorGate]]:
     engine = engine or FakeEngine(max_sessions=max_sessions)
     config = GateConfig.create(floor_tps=1.0, policy=gate.pop("policy", "none"),
-                               max_queue=8, slow_start=False, **gate)
+                               max_queue=8, **gate)
     admission = FloorGate(engine, config)
     api = SessionAPI(engine, admission)
     app: Any = Starlette(routes=api.routes)
@@ -89,7 +89,8 @@ async def test_concurrent_creates_cannot_all_pass_the_cap() -> None:
 
 async def test_a_refused_create_gives_its_place_back() -> None:
     """A create the gate refuses does not keep the caller's place."""
-    async with serve(auth=True, policy="static:1", max_queue_per_caller=1) as (client, api, _):
+    async with serve(auth=True, policy="none", max_workers=1,
+                     max_queue_per_caller=1) as (client, api, _):
         first = await client.post("/v1/sessions", json={}, headers=as_caller(0))
         assert first.status_code == 201
         for _ in range(api.max_per_caller):  # not admitted within 0 s: 429, place given back

@@ -22,10 +22,11 @@ pytestmark = pytest.mark.anyio
 
 
 class Mesh:
-    def __init__(self, policy: str = "floor", max_queue: int = 8, **engine_kw: Any) -> None:
+    def __init__(self, policy: str = "floor", max_queue: int = 8, max_workers: int | None = None,
+                 **engine_kw: Any) -> None:
         self.engine = FakeEngine(**engine_kw)
         config = GateConfig.create(floor_tps=1.0, policy=policy, max_queue=max_queue,
-                                   slow_start=False)
+                                   max_workers=max_workers)
         self.gate = FloorGate(self.engine, config)
         self.api = SessionAPI(self.engine, self.gate)
         self.app = Starlette(routes=self.api.routes)
@@ -161,7 +162,7 @@ async def test_malformed_attach(mesh: Mesh, content: bytes) -> None:
 
 
 async def test_refused_attach_is_429_with_retry_after() -> None:
-    m = Mesh(policy="static:1", max_queue=0)
+    m = Mesh(policy="none", max_workers=1, max_queue=0)
     async with m.client:
         await m.create()
         r = await m.client.post("/v1/sessions", json={})
@@ -174,7 +175,7 @@ async def test_refused_attach_is_429_with_retry_after() -> None:
 
 
 async def test_attach_that_waits_too_long_is_429() -> None:
-    m = Mesh(policy="static:1", max_queue=4)
+    m = Mesh(policy="none", max_workers=1, max_queue=4)
     async with m.client:
         await m.create()
         r = await m.client.post("/v1/sessions", json={"max_wait_s": 0.02})

@@ -23,7 +23,8 @@ from mesh.agent.plans import parse_plan
 from mesh.agent.task import Agent, AgentConfig
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import EngineConfig, SamplingParams
-from mesh.gate import FloorGate, GateConfig
+from mesh.gate.admission import FloorGate
+from mesh.gate.config import GateConfig
 from mesh.template import build_prefix, load_template
 from mesh.worker import AgentWorker, ProjectTools
 from mesh.worker.types import Emit, Subtask, WorkerResult

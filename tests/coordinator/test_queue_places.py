@@ -21,7 +21,8 @@ pytestmark = pytest.mark.anyio
 
 def gate(max_queue: int = 8) -> FloorGate:
     """One worker at a time, so every other subtask waits in the queue."""
-    return FloorGate(FakeEngine(), GateConfig.create(policy="static:1", max_queue=max_queue))
+    return FloorGate(FakeEngine(),
+                     GateConfig.create(policy="none", max_workers=1, max_queue=max_queue))
 
 
 def send(n: int) -> dict[str, Any]:

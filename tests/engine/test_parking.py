@@ -230,9 +230,8 @@ def test_config_rejects_max_attached_below_max_sessions() -> None:
 def test_gate_hard_room_follows_max_attached_not_free_sequence_ids() -> None:
     from mesh.engine.types import PoolLoad, SessionLoad
     from mesh.gate.config import GateConfig
-    from mesh.gate.decide import GateInput
     from mesh.gate.model import StepCost, ThroughputModel
-    from mesh.gate.projection import project
+    from mesh.gate.projection import GateInput, project
 
     idle = tuple(SessionLoad(id=f"s{i}", state=SessionState.IDLE, private_cells=10,
                              context_len=110, decode_tps=None, duty_cycle=0.01, age_s=60.0,
@@ -244,8 +243,7 @@ def test_gate_hard_room_follows_max_attached_not_free_sequence_ids() -> None:
                         free_seq_ids=0, max_sessions=4, session_budget=512,
                         max_attached=max_attached)
 
-    config = GateConfig.create(policy="projection", floor_tps=1.0, new_worker_cells=10,
-                               slow_start=False)
+    config = GateConfig.create(policy="projection", floor_tps=1.0, new_worker_cells=10)
     model = ThroughputModel(prior=StepCost(a=0.001, b=0.001, c=0.0, d=0.0))
     no_parking = project(GateInput(load=load(0), num_tickets=4), config, model)
     parking = project(GateInput(load=load(16), num_tickets=4), config, model)

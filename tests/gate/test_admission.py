@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from mesh.engine.fake import FakeEngine
 from mesh.engine.types import PoolLoad, SamplingParams, StepSample
 from mesh.gate.admission import FloorGate
-from mesh.gate.config import GateConfig
 from mesh.gate.model import StepCost, ThroughputModel
 from mesh.gate.types import Admission, QueueFull, Ticket
+from tests.gate.rules import floor_gate
 
 pytestmark = pytest.mark.anyio
 
@@ -38,12 +38,14 @@ class DutyEngine(FakeEngine):
         return dataclasses.replace(load, sessions=sessions, recent_steps=self.steps)
 
 
-def make_gate(engine: FakeEngine | None = None, **cfg: Any) -> FloorGate:
+def make_gate(engine: FakeEngine | None = None, policy: str = "projection",
+              **cfg: Any) -> FloorGate:
+    """A gate under ``policy`` (default: the comparison policy ``projection``, whose
+    queue waits on the projection; slow start off unless asked: a FakeEngine never
+    measures, and slow start is tested on its own)."""
     cfg.setdefault("floor_tps", 10.0)
     cfg.setdefault("recheck_s", 0.01)
-    cfg.setdefault("slow_start", False)  # FakeEngine never measures; tested on its own
-    config = GateConfig.create(**cfg)
-    return FloorGate(engine or FakeEngine(), config, ThroughputModel(prior=LINEAR))
+    return floor_gate(engine or FakeEngine(), policy, ThroughputModel(prior=LINEAR), **cfg)
 
 
 async def test_admits_at_once_when_there_is_room() -> None:
@@ -194,7 +196,7 @@ async def test_head_rechecks_as_workers_go_idle() -> None:
 async def test_capacity_document() -> None:
     engine = DutyEngine(prefix_tokens=100)
     engine.steps = (StepSample(2, 0, 400, 0.05), StepSample(2, 0, 400, 0.05))
-    gate = make_gate(engine)
+    gate = make_gate(engine, policy="floor")
     ticket = await gate.admit("a")
     session = await engine.attach()
     session.append("hello there")

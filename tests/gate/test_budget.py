@@ -7,8 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mesh.engine.fake import FakeEngine
-from mesh.gate import FloorGate, GateConfig, StepCost
+from mesh.gate.admission import FloorGate
 from mesh.gate.budget import MIN_CHUNK, BudgetState, FloorBudget, prefill_budget
+from mesh.gate.config import GateConfig
+from mesh.gate.decode_gate import DecodeGate
+from mesh.gate.model import StepCost
+from tests.gate.rules import floor_gate
 
 COST = StepCost(a=0.010, b=0.010, c=0.0, d=0.001, e=0.0)
 
@@ -88,10 +92,13 @@ def test_budget_is_monotone_in_load_while_the_floor_can_hold(
         assert cost.step_s(n, cells * n, b, cells) <= 2 * fixed + cost.d * MIN_CHUNK
 
 
-def test_pool_budget_is_none_under_policy_none_and_follows_the_model() -> None:
+def test_pool_budget_per_policy_and_follows_the_model() -> None:
     engine = FakeEngine()
     assert FloorGate(engine, GateConfig.create(policy="none")).pool_budget() is None
-    gate = FloorGate(engine, GateConfig.create(policy="floor", floor_tps=5.0))
+    floor = FloorGate(engine, GateConfig.create(policy="floor"))
+    assert isinstance(floor.pool_budget(), DecodeGate)  # the decode gate budgets prefill
+    assert floor.pool_budget() is floor.decode_gate()
+    gate = floor_gate(engine, "projection", floor_tps=5.0)  # a comparison policy's budget
     budget = gate.pool_budget()
     assert isinstance(budget, FloorBudget)
     assert gate.pool_budget() is budget
@@ -102,4 +109,4 @@ def test_pool_budget_is_none_under_policy_none_and_follows_the_model() -> None:
     gate.gate_input(0)  # a snapshot refreshes the state from the model
     assert budget.state.cost == gate.model.params
     for policy in ("legacy", "static:3"):
-        assert FloorGate(engine, GateConfig.create(policy=policy)).pool_budget() is not None
+        assert floor_gate(engine, policy).pool_budget() is not None

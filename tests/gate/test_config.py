@@ -6,22 +6,20 @@ from typing import Any
 
 import pytest
 
-from mesh.gate.config import GateConfig, Policy, PolicyKind
+from mesh.engine.fake import FakeEngine
+from mesh.gate.admission import FloorGate
+from mesh.gate.config import GateConfig
+from mesh.sim.policies import Legacy, ProjectionRule, Static, parse_rule
 
 
 @pytest.mark.parametrize(
-    ("text", "kind", "slots"),
-    [
-        ("floor", PolicyKind.FLOOR, None),
-        (" Legacy ", PolicyKind.LEGACY, None),
-        ("static:4", PolicyKind.STATIC, 4),
-        ("none", PolicyKind.NONE, None),
-    ],
+    ("text", "rule"),
+    [(" Legacy ", Legacy()), ("static:4", Static(4)), ("projection", ProjectionRule())],
 )
-def test_policies_parse_and_print_back(text: str, kind: PolicyKind, slots: int | None) -> None:
-    policy = Policy.parse(text)
-    assert (policy.kind, policy.slots) == (kind, slots)
-    assert Policy.parse(str(policy)) == policy
+def test_comparison_policies_parse_and_print_back(text: str, rule: object) -> None:
+    parsed = parse_rule(text)
+    assert parsed == rule
+    assert parse_rule(parsed.name) == parsed
 
 
 @pytest.mark.parametrize(
@@ -37,7 +35,18 @@ def test_policies_parse_and_print_back(text: str, kind: PolicyKind, slots: int |
 )
 def test_bad_policies_say_why(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Policy.parse(text)
+        parse_rule(text)
+
+
+def test_the_product_gate_takes_floor_or_none_and_a_comparison_only_with_its_rule() -> None:
+    for name in ("floor", " None "):
+        FloorGate(FakeEngine(), GateConfig.create(policy=name))
+    with pytest.raises(ValueError, match="needs its rule"):
+        FloorGate(FakeEngine(), GateConfig.create(policy="legacy"))
+    with pytest.raises(ValueError, match="does not implement"):
+        FloorGate(FakeEngine(), GateConfig.create(policy="legacy"), rule=Static(2))
+    gate = FloorGate(FakeEngine(), GateConfig.create(policy="static:2"), rule=Static(2))
+    assert gate.capacity()["policy"] == "static:2"
 
 
 @pytest.mark.parametrize(
@@ -58,8 +67,9 @@ def test_bad_configs_say_why(kwargs: dict[str, Any], message: str) -> None:
         GateConfig.create(**kwargs)
 
 
-def test_create_parses_and_validates() -> None:
-    config = GateConfig.create(floor_tps=4.0, policy="static:2", max_queue=0)
-    assert config.policy == Policy(PolicyKind.STATIC, 2)
-    assert GateConfig().policy.kind is PolicyKind.FLOOR
+def test_create_normalizes_and_validates() -> None:
+    assert GateConfig.create(floor_tps=4.0, policy=" Floor ", max_queue=0).policy == "floor"
+    assert GateConfig().policy == "floor"
     GateConfig().validate()
+    with pytest.raises(ValueError, match="auto needs --policy floor"):
+        GateConfig.create(policy="none", auto_floor=True)

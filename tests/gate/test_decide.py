@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from mesh.engine.types import PoolLoad, SessionLoad, SessionState
 from mesh.gate.config import GateConfig
-from mesh.gate.decide import GateInput, Verdict, decide
+from mesh.gate.decide import Verdict, WorkerRule, decide
 from mesh.gate.model import StepCost, ThroughputModel
-from mesh.gate.projection import count_quantile
+from mesh.gate.projection import GateInput, count_quantile
+from tests.gate.rules import config_and_rule
 
 # Without context cost a step takes 10 ms + 20 ms per decoding session:
 # 1 → 33.3 tok/s, 2 → 20, 3 → 14.3, 4 → 11.1, 5 → 9.1.
@@ -77,8 +78,8 @@ def gate_input(sessions: list[SessionLoad], **kw: Any) -> GateInput:
 def run(inp: GateInput, policy: str = "projection", cost: StepCost = LINEAR, **cfg: Any) -> Any:
     cfg.setdefault("floor_tps", 10.0)
     cfg.setdefault("new_worker_cells", 100)
-    config = GateConfig.create(policy=policy, **{"slow_start": False, **cfg})
-    return decide(inp, config, model_of(cost), now=42.0)
+    config, rule = config_and_rule(policy, **cfg)
+    return decide(inp, config, model_of(cost), 42.0, rule)
 
 
 # ---------------------------------------------------------------- tables
@@ -244,9 +245,9 @@ sessions = st.lists(
 floors = st.floats(0.5, 60.0)
 
 
-def config_of(floor: float, **kw: Any) -> GateConfig:
-    kw.setdefault("policy", "projection")
-    return GateConfig.create(floor_tps=floor, max_queue=4, **{"slow_start": False, **kw})
+def config_of(floor: float, policy: str = "projection",
+              **kw: Any) -> tuple[GateConfig, WorkerRule | None]:
+    return config_and_rule(policy, floor_tps=floor, max_queue=4, **kw)
 
 
 def inp_of(ss: list[SessionLoad], extra_tickets: int = 0, max_sessions: int = 12) -> GateInput:
@@ -260,7 +261,8 @@ def test_never_admits_below_the_floor(
     ss: list[SessionLoad], cost: StepCost, floor: float, extra: int
 ) -> None:
     inp = inp_of(ss, extra)
-    d = decide(inp, config_of(floor), model_of(cost), 0.0)
+    config, rule = config_of(floor)
+    d = decide(inp, config, model_of(cost), 0.0, rule)
     if d.admitted and inp.num_workers == 0:
         # The one exception: nobody runs, so one worker starts whatever the projection.
         assert d.headroom == 1 or d.projection.tps_next >= floor
@@ -281,9 +283,9 @@ def test_an_idle_worker_frees_capacity(
     old = ss[i].duty_cycle if ss[i].duty_cycle is not None else 1.0
     idler = data.draw(st.floats(0.0, old))
     quieter = [*ss[:i], dataclasses.replace(ss[i], duty_cycle=idler), *ss[i + 1 :]]
-    config, model = config_of(floor), model_of(cost)
-    before = decide(inp_of(ss), config, model, 0.0)
-    after = decide(inp_of(quieter), config, model, 0.0)
+    (config, rule), model = config_of(floor), model_of(cost)
+    before = decide(inp_of(ss), config, model, 0.0, rule)
+    after = decide(inp_of(quieter), config, model, 0.0, rule)
     assert after.headroom >= before.headroom
     assert after.projection.tps_next >= before.projection.tps_next * (1 - 1e-12)
     assert after.admitted or not before.admitted
@@ -296,9 +298,9 @@ def test_more_load_never_increases_headroom(
 ) -> None:
     grown = ss + [dataclasses.replace(s, id=f"new{i}") for i, s in enumerate(more)]
     for policy in ("floor", "projection", "legacy", "static:5", "none"):
-        config, model = config_of(floor, policy=policy), model_of(cost)
-        before = decide(inp_of(ss), config, model, 0.0)
-        after = decide(inp_of(grown, tickets), config, model, 0.0)
+        (config, rule), model = config_of(floor, policy=policy), model_of(cost)
+        before = decide(inp_of(ss), config, model, 0.0, rule)
+        after = decide(inp_of(grown, tickets), config, model, 0.0, rule)
         assert after.projection.headroom <= before.projection.headroom
         assert after.projection.tps_next <= before.projection.tps_next * (1 + 1e-12)
         if policy != "legacy":  # legacy only reads measured speeds
@@ -310,11 +312,11 @@ def test_more_load_never_increases_headroom(
 def test_headroom_matches_admitting_one_by_one(
     ss: list[SessionLoad], cost: StepCost, floor: float
 ) -> None:
-    config, model = config_of(floor), model_of(cost)
-    headroom = decide(inp_of(ss), config, model, 0.0).headroom
+    (config, rule), model = config_of(floor), model_of(cost)
+    headroom = decide(inp_of(ss), config, model, 0.0, rule).headroom
     for granted in range(headroom):
-        assert decide(inp_of(ss, granted), config, model, 0.0).admitted
-    assert not decide(inp_of(ss, headroom), config, model, 0.0).admitted
+        assert decide(inp_of(ss, granted), config, model, 0.0, rule).admitted
+    assert not decide(inp_of(ss, headroom), config, model, 0.0, rule).admitted
 
 
 def test_projection_numbers_are_finite() -> None:
@@ -325,26 +327,24 @@ def test_projection_numbers_are_finite() -> None:
 def test_floor_above_solo_speed_still_admits_one_worker_when_none_runs() -> None:
     """A floor the hardware cannot reach even alone must not starve the queue."""
     from mesh.engine.types import PoolLoad
-    from mesh.gate.config import GateConfig
-    from mesh.gate.decide import GateInput, Verdict, decide
+    from mesh.gate.decide import Verdict, decide
     from mesh.gate.model import ThroughputModel
 
     empty = PoolLoad(taken_at=0.0, sessions=(), step_ms=None, agg_tps=0.0, cells_used=100,
                      cells_total=10_000, prefix_cells=100, naive_cells=0, free_seq_ids=8,
                      max_sessions=8, session_budget=512)
-    cfg = GateConfig.create(policy="projection", floor_tps=10_000.0)
-    first = decide(GateInput(load=empty), cfg, ThroughputModel(), now=0.0)
+    cfg, rule = config_and_rule("projection", floor_tps=10_000.0, slow_start=True)
+    first = decide(GateInput(load=empty), cfg, ThroughputModel(), 0.0, rule)
     assert first.verdict is Verdict.ADMIT
     assert any("none is running" in r for r in first.reasons)
-    busy = decide(GateInput(load=empty, num_tickets=1), cfg, ThroughputModel(), now=0.0)
+    busy = decide(GateInput(load=empty, num_tickets=1), cfg, ThroughputModel(), 0.0, rule)
     assert busy.verdict is Verdict.WAIT
 
 
 def test_live_scale_corrects_a_model_that_is_off() -> None:
     """Recent decode steps 2.5x faster than modelled pull the projection with them."""
     from mesh.engine.types import PoolLoad, StepSample
-    from mesh.gate.config import GateConfig
-    from mesh.gate.decide import GateInput, decide
+    from mesh.gate.decide import decide
     from mesh.gate.model import StepCost
     from mesh.gate.projection import live_scale
 
@@ -373,17 +373,17 @@ def test_live_scale_corrects_a_model_that_is_off() -> None:
                         naive_cells=1600, free_seq_ids=15, max_sessions=16,
                         session_budget=2048, recent_steps=tuple(steps))
 
-    cfg = GateConfig.create(policy="projection", floor_tps=12.0)
+    cfg, rule = config_and_rule("projection", floor_tps=12.0, slow_start=True)
     model = model_of(cost)
-    stale = decide(GateInput(load=load([]), num_tickets=1), cfg, model, 0.0)
+    stale = decide(GateInput(load=load([]), num_tickets=1), cfg, model, 0.0, rule)
     assert not stale.admitted
     # Measured with two rows decoding, the correction holds for the two rows projected.
     fast2 = [StepSample(num_decode=2, num_prefill_tokens=0, sum_context=3200,
                         step_s=cost.step_s(2, 3200) / 2.5) for _ in range(16)]
-    live = decide(GateInput(load=load(fast2), num_tickets=1), cfg, model, 0.0)
+    live = decide(GateInput(load=load(fast2), num_tickets=1), cfg, model, 0.0, rule)
     assert live.admitted and live.projection.scale < 1.0
     # Measured with one row only, a faster regime is not extrapolated to two rows.
-    lone = decide(GateInput(load=load(fast), num_tickets=1), cfg, model, 0.0)
+    lone = decide(GateInput(load=load(fast), num_tickets=1), cfg, model, 0.0, rule)
     assert not lone.admitted and lone.projection.scale < 1.0
 
 
@@ -397,19 +397,19 @@ def test_margin_is_spent_above_the_floor(margin: float, admitted: bool) -> None:
     load = PoolLoad(taken_at=0.0, sessions=(one,), step_ms=None, agg_tps=100.0,
                     cells_used=20, cells_total=10_000, prefix_cells=10, naive_cells=20,
                     free_seq_ids=7, max_sessions=8, session_budget=512)
-    cfg = dataclasses.replace(GateConfig.create(policy="projection", floor_tps=50 / 1.05),
-                              margin=margin)
-    d = decide(GateInput(load=load, num_tickets=1), cfg, model_of(cost), 0.0)
+    cfg, rule = config_and_rule("projection", floor_tps=50 / 1.05, slow_start=True)
+    cfg = dataclasses.replace(cfg, margin=margin)
+    d = decide(GateInput(load=load, num_tickets=1), cfg, model_of(cost), 0.0, rule)
     assert d.admitted is admitted
 
 
 def test_young_sessions_count_as_always_decoding() -> None:
     """A duty cycle seen over a second or two is noise: it frees no capacity yet."""
-    cfg = GateConfig.create(policy="projection", floor_tps=5.0)
+    cfg, rule = config_and_rule("projection", floor_tps=5.0, slow_start=True)
     old = [session(i, S.IDLE, duty=0.1) for i in range(4)]
     young = [session(i, S.IDLE, duty=0.1, age=1.0) for i in range(4)]
-    d_old = decide(GateInput(load=pool(old), num_tickets=4), cfg, model_of(), 0.0)
-    d_young = decide(GateInput(load=pool(young), num_tickets=4), cfg, model_of(), 0.0)
+    d_old = decide(GateInput(load=pool(old), num_tickets=4), cfg, model_of(), 0.0, rule)
+    d_young = decide(GateInput(load=pool(young), num_tickets=4), cfg, model_of(), 0.0, rule)
     assert d_old.projection.idle_estimate and not d_young.projection.idle_estimate
     assert d_young.projection.num_effective == 4.0
     assert d_old.headroom >= d_young.headroom
@@ -424,7 +424,7 @@ def test_prefill_the_workers_bring_is_priced_per_worker() -> None:
     steps = [StepSample(4, 6, 4000, 0.05)] * 8  # 6 prefill tokens per 4 decoded
     assert abs(prefill_ratio(steps) - 1.5) < 1e-9
     cost = StepCost(0.01, 0.02, 0.0, 0.004)
-    cfg = GateConfig.create(policy="projection", floor_tps=5.0, slow_start=False)
+    cfg = GateConfig.create(policy="projection", floor_tps=5.0)
     busy = [session(i, S.DECODING, duty=1.0) for i in range(4)]
     quiet = project(GateInput(load=pool(busy), num_tickets=4), cfg, model_of(cost))
     loud_load = dataclasses.replace(pool(busy), recent_steps=tuple(
@@ -435,11 +435,12 @@ def test_prefill_the_workers_bring_is_priced_per_worker() -> None:
 
 def test_slow_start_counts_short_workers_measured_by_tokens() -> None:
     """Workers too short-lived to reach slow_start_s still count once they generated."""
-    cfg = GateConfig.create(policy="projection", floor_tps=1.0, slow_start=True)
+    cfg, rule = config_and_rule("projection", floor_tps=1.0, slow_start=True)
     young = dataclasses.replace(session(0, S.DECODING, tps=30.0, age=0.5), num_generated=20)
     fresh = dataclasses.replace(session(0, S.DECODING, tps=30.0, age=0.5), num_generated=2)
-    assert decide(GateInput(load=pool([young]), num_tickets=1), cfg, model_of(), 0.0).admitted
-    blocked = decide(GateInput(load=pool([fresh]), num_tickets=1), cfg, model_of(), 0.0)
+    young_in = GateInput(load=pool([young]), num_tickets=1)
+    assert decide(young_in, cfg, model_of(), 0.0, rule).admitted
+    blocked = decide(GateInput(load=pool([fresh]), num_tickets=1), cfg, model_of(), 0.0, rule)
     assert not blocked.admitted and any("slow start" in r for r in blocked.reasons)
 
 
@@ -447,13 +448,13 @@ def test_slow_start_ages_sessions_past_the_snapshot() -> None:
     """An idle, never-measured session (an API conversation left open) stops holding the
     gate once it is older than min_duty_age_s, even when no step refreshed the snapshot:
     the pool takes no new one while nothing decodes."""
-    cfg = GateConfig.create(policy="projection", floor_tps=1.0, slow_start=True)
+    cfg, rule = config_and_rule("projection", floor_tps=1.0, slow_start=True)
     idle = session(0, S.IDLE, age=0.5)  # snapshot taken at t = 0
     load = pool([idle])
-    early = decide(GateInput(load=load, num_tickets=1), cfg, model_of(), 0.1)
+    early = decide(GateInput(load=load, num_tickets=1), cfg, model_of(), 0.1, rule)
     assert not early.admitted and any("slow start" in r for r in early.reasons)
     later = cfg.min_duty_age_s + 1.0
-    assert decide(GateInput(load=load, num_tickets=1), cfg, model_of(), later).admitted
+    assert decide(GateInput(load=load, num_tickets=1), cfg, model_of(), later, rule).admitted
 
 
 # ---------------------------------------------------------------- the reason line

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 
 def one_slot(engine: FakeEngine, max_queue: int = 4) -> FloorGate:
-    return FloorGate(engine, GateConfig.create(policy="static:1", max_queue=max_queue,
+    return FloorGate(engine, GateConfig.create(policy="none", max_workers=1, max_queue=max_queue,
                                                recheck_s=0.01))
 
 

@@ -43,7 +43,7 @@ def test_shares_count_places_and_clamp_a_request_to_the_bound() -> None:
 async def test_a_request_is_checked_for_all_its_places() -> None:
     """A task of N subtasks needs N free places, not one (32 subtasks took the queue to
     95 of its 64 places)."""
-    gate = make_gate(policy="static:1", max_queue=8)
+    gate = make_gate(policy="none", max_workers=1, max_queue=8)
     holder = await gate.admit("holder")
     assert gate.check_queue(places=8).ok
     assert gate.check_queue(places=9).ok  # more than the queue: clamped, goes in when empty
@@ -60,7 +60,7 @@ async def test_a_request_is_checked_for_all_its_places() -> None:
 
 
 async def test_one_caller_filling_its_share_does_not_refuse_the_others() -> None:
-    gate = make_gate(policy="static:1", max_queue=8)  # share: 4 places per caller
+    gate = make_gate(policy="none", max_workers=1, max_queue=8)  # share: 4 places per caller
     holder = await gate.admit("holder")
     got: list[Ticket] = []
 
@@ -94,7 +94,7 @@ async def test_one_caller_filling_its_share_does_not_refuse_the_others() -> None
 
 async def test_the_anonymous_caller_may_use_the_whole_queue() -> None:
     """With auth off every client is one caller: its share is the whole queue."""
-    gate = make_gate(policy="static:1", max_queue=6)
+    gate = make_gate(policy="none", max_workers=1, max_queue=6)
     holder = await gate.admit("holder")
     async with anyio.create_task_group() as tg:
         for i in range(6):
@@ -106,7 +106,7 @@ async def test_the_anonymous_caller_may_use_the_whole_queue() -> None:
 
 
 async def test_a_cancelled_waiter_gives_its_place_back_to_its_caller() -> None:
-    gate = make_gate(policy="static:1", max_queue=4)  # share: 2 places per caller
+    gate = make_gate(policy="none", max_workers=1, max_queue=4)  # share: 2 places per caller
     holder = await gate.admit("holder")
     scopes = [anyio.CancelScope(), anyio.CancelScope()]
 

@@ -58,7 +58,7 @@ class Peak:
 
 class Served:
     def __init__(self, pool: SharedKVPool) -> None:
-        gate = FloorGate(pool, GateConfig.create(policy="none", max_queue=16, slow_start=False))
+        gate = FloorGate(pool, GateConfig.create(policy="none", max_queue=16))
         self.api = OpenAIAPI(pool, gate, CHAT, SYSTEM, tokenize=pool.tokenize)
         self.asgi = Peak(Starlette(routes=self.api.routes))
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.asgi),

@@ -33,7 +33,7 @@ class StillPool(NodePool):
 
 
 def test_gate_and_node_pool_share_one_fifo() -> None:
-    gate = FloorGate(FakeEngine(), GateConfig.create(policy="static:1"))
+    gate = FloorGate(FakeEngine(), GateConfig.create(policy="none", max_workers=1))
     pool = StillPool()
     assert type(gate._waiters) is WaiterQueue and type(pool._waiters) is WaiterQueue
 

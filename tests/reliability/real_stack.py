@@ -17,7 +17,8 @@ from mesh.a2a.config import CoordinatorConfig
 from mesh.api import SessionAPI, api_routes
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.types import EngineConfig
-from mesh.gate import FloorGate, GateConfig
+from mesh.gate.admission import FloorGate
+from mesh.gate.config import GateConfig
 from mesh.template import build_prefix, load_template
 from mesh.worker import AgentWorker, ProjectTools
 from tests.reliability.serve_proc import small_project
