@@ -38,9 +38,10 @@ from typing import Any
 import httpx
 
 from mesh.backends import BackendConfig, OpenAIEngine
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Session
 from mesh.engine.llama import LlamaModel
 from mesh.engine.models import resolve_model
-from mesh.engine.types import SamplingParams, Session
 
 KINDS = ("cold", "new session", "switch back", "same session")
 LINE = "courier/parcel.py:{n}: def route(parcel, depot): return depot.next_hop(parcel.zone)\n"

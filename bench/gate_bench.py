@@ -50,7 +50,8 @@ from typing import Any
 
 import anyio
 
-from mesh.engine.types import Engine, PoolLoad, SamplingParams, SessionLoad, SessionState
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Engine, PoolLoad, SessionLoad, SessionState
 from mesh.gate.admission import FloorGate
 from mesh.gate.calibrate import micro_benchmark
 from mesh.gate.config import POLICIES, GateConfig
@@ -104,9 +105,9 @@ def bench_latency(iterations: int) -> dict[str, Any]:
 
 
 async def open_pool(spec: str, slots: int, session_budget: int) -> Engine:
+    from mesh.engine.config import EngineConfig
     from mesh.engine.models import resolve_model
     from mesh.engine.pool import SharedKVPool
-    from mesh.engine.types import EngineConfig
 
     model = resolve_model(None if spec == "default" else spec)
     config = EngineConfig(model_path=str(model.path), max_sessions=slots,

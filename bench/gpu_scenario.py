@@ -38,11 +38,11 @@ import numpy as np
 
 from bench.gpu_scenario_report import Report
 from bench.gpu_scenario_server import AgentRun, LlamaServer, server_agent
+from mesh.engine.config import EngineConfig, KVShape, SamplingParams
+from mesh.engine.interface import ContextOverflow, PoolFull
 from mesh.engine.llama import LlamaModel
+from mesh.engine.models import vocabulary_size
 from mesh.engine.pool import MAX_SEQUENCES, SharedKVPool
-from mesh.engine.tiers import KVShape
-from mesh.engine.tiny import vocabulary_size
-from mesh.engine.types import ContextOverflow, EngineConfig, PoolFull, SamplingParams
 
 GIB = 1 << 30
 

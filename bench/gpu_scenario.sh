@@ -113,7 +113,7 @@ else
 fi
 if [ ! -f "$model" ]; then
     say "writing $model"
-    timeout "$(left)" "$py" -m mesh.engine.geometry "$geometry" "$model.tmp" --type "$weights" \
+    timeout "$(left)" "$py" -m mesh.sim.geometry "$geometry" "$model.tmp" --type "$weights" \
         --n-ctx-train 262144 "${geo_args[@]}" 2>&1 | tee -a "$log" && mv "$model.tmp" "$model"
 fi
 [ -f "$model" ] || { say "no model written; stopping"; exit 4; }

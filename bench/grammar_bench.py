@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mesh.engine.llama import Batch, LlamaContext, LlamaModel, Sampler
+from mesh.engine.llama import Batch, LlamaContext, LlamaModel
 from mesh.engine.models import resolve_model
+from mesh.engine.sampling import Sampler
 
 PROMPT = ("You answer questions about a Python project with its tools.\n"
           "Question: which file defines the class Parcel?\n")

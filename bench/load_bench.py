@@ -59,9 +59,9 @@ def serve_fake(port: int, data_dir: str, max_queue: int) -> None:
 
     from mesh.a2a import CoordinatorConfig, build_app
     from mesh.api import api_routes
-    from mesh.engine.fake import FakeEngine
     from mesh.gate.admission import FloorGate
     from mesh.gate.config import GateConfig
+    from mesh.sim.fake import FakeEngine
     from mesh.template import load_template, sample_project_dir
     from mesh.worker import AgentWorker, ProjectTools
 

@@ -43,11 +43,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.llama import LlamaModel
 from mesh.engine.models import resolve_model
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PooledSession
-from mesh.engine.types import EngineConfig, SamplingParams
 from mesh.template import build_prefix, load_template, sample_project_dir
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"

@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.park_llama_server import llama_server_slots, run_llama_server
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import PoolFull
 from mesh.engine.models import resolve_model
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PooledSession
-from mesh.engine.types import EngineConfig, PoolFull, SamplingParams
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "park.json"
 WORDS = ("agent", "tool", "file", "module", "test", "build", "cache", "index", "route",

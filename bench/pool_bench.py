@@ -24,7 +24,7 @@ What is measured, and how:
   after appending a 25-token suffix, on a pool that holds the prefix; vs the same call on
   a ``share_prefix=False`` pool, where the session prefills prefix + suffix itself (same
   engine, same step loop: "from scratch").
-* ``warm_start``: ``restore_s`` times ``mesh.engine.warm.restore`` of the snapshot that a
+* ``warm_start``: ``restore_s`` times ``mesh.engine.build.restore_snapshot`` of the snapshot that a
   cold pool saved, into a bare context shaped like the pool's; ``prefill_s`` times the same
   chunked prefill the pool does, on that context. Neither includes model loading. The
   end-to-end ``start()`` times of the cold and warm pools are reported beside them.
@@ -54,11 +54,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import PoolFull
 from mesh.engine.llama import LlamaContext, LlamaModel
 from mesh.engine.models import resolve_model
 from mesh.engine.pool import MAX_SEQUENCES, SharedKVPool
 from mesh.engine.session import PooledSession
-from mesh.engine.types import EngineConfig, PoolFull, SamplingParams
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pool.json"
 
@@ -459,7 +460,7 @@ class Bench:
             await warm_pool.aclose()
         # Model-load-free numbers on a bare context shaped like the pool's.
         info = cold.info
-        from mesh.engine import warm as warm_mod
+        from mesh.engine.build import restore_snapshot
         from mesh.engine.llama import Batch
 
         ctx = LlamaContext(self.tok, n_ctx=info.n_ctx, n_seq_max=info.n_seq_max,
@@ -481,7 +482,7 @@ class Bench:
                 self.live("warm start: bare restore", f"rep {r + 1}")
                 ctx.seq_remove(0)
                 t0 = time.perf_counter()
-                ok = warm_mod.restore(ctx, snap, 0, prefix)
+                ok = restore_snapshot(ctx, snap, 0, prefix)
                 restores.append(time.perf_counter() - t0)
                 assert ok, "the pool's snapshot did not restore"
         finally:
@@ -496,7 +497,7 @@ class Bench:
             "cold_start_s": round(cold_start_s, 3), "warm_start_s": round(warm_start_s, 3),
             "model_load_s": round(self.model_load_s, 3), "warm_started": warm_started,
             "tokens_match": cold_tokens == warm_tokens,
-            "method": "restore_s: median of warm.restore() of the cold pool's snapshot into a "
+            "method": "restore_s: median of restore_snapshot() of the cold pool's snapshot into a "
                       "bare context shaped like the pool's; prefill_s: the pool's chunked "
                       "prefix prefill on that context; neither includes model load",
         }

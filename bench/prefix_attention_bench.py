@@ -49,10 +49,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mesh.engine.geometry import Geometry, write_geometry_model
+from mesh.engine.interface import ModelError
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel
 from mesh.engine.models import resolve_model
-from mesh.engine.types import ModelError
+from mesh.sim.geometry import Geometry, write_geometry_model
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prefix_attention.json"
 QUICK_OUT = DEFAULT_OUT.with_name("prefix_attention_quick.json")

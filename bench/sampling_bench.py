@@ -3,7 +3,7 @@
 A greedy turn without repetition control is argmax over the logits row
 (:class:`~mesh.engine.sampling.GreedySampler`; the native step does it in C). A penalized
 turn samples its llama.cpp chain instead: every logit copied into a candidate array, then
-top-k 40 -> penalties/DRY -> greedy (:class:`~mesh.engine.llama.Sampler`), the native step
+top-k 40 -> penalties/DRY -> greedy (:class:`~mesh.engine.sampling.Sampler`), the native step
 included. This times both on random rows of each vocabulary size (SmolLM2: 49,152; Gemma 3:
 262,144), with a history of generated tokens for the penalties to look through::
 
@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from mesh.engine.llama import LlamaModel, Sampler, make_sampler
+from mesh.engine.config import SamplingParams
+from mesh.engine.llama import LlamaModel
 from mesh.engine.models import resolve_model
-from mesh.engine.types import SamplingParams
+from mesh.engine.sampling import Sampler, make_sampler
 from mesh.worker.text import prose_params
 
 VARIANTS: dict[str, SamplingParams] = {

@@ -121,14 +121,15 @@ from typing import Any
 import numpy as np
 
 from bench.prefix_attention_bench import fit_line
-from mesh.engine.llama import LlamaContext, LlamaModel, Sampler, make_sampler
-from mesh.engine.llama import prefix_attn as pa
-from mesh.engine.llama.backend import backend_init, ll
+from mesh.engine import llama as pa
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import ModelError
+from mesh.engine.llama import LlamaContext, LlamaModel, backend_init, ll
 from mesh.engine.models import resolve_model
 from mesh.engine.native import load as load_native
 from mesh.engine.pool import SharedKVPool
+from mesh.engine.sampling import Sampler, make_sampler
 from mesh.engine.session import PooledSession
-from mesh.engine.types import EngineConfig, ModelError, SamplingParams
 from mesh.template.manifest import ToolCallSyntax
 from mesh.worker.grammar import TOOL_ARGS, turn_grammar
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh.engine.tiny import write_tiny_model
+from mesh.engine.models import write_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_scenario, gpu_scenario_report
-from mesh.engine.geometry import GEOMETRIES, write_geometry_model
+from mesh.sim.geometry import GEOMETRIES, write_geometry_model
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from bench.prefix_attention_bench import (
     masked_cells_per_row,
     measure,
 )
-from mesh.engine.tiny import write_tiny_model
+from mesh.engine.models import write_tiny_model
 
 
 def test_fit_line_recovers_a_line() -> None:

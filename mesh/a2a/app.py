@@ -61,7 +61,7 @@ from mesh.a2a.store import TaskStores, open_stores
 from mesh.a2a.taskboard import TaskBoard
 from mesh.a2a.validation import CheckedContextBuilder, RequestGuard
 from mesh.agent.task import Agent
-from mesh.engine.types import PoolInfo
+from mesh.engine.interface import PoolInfo
 from mesh.gate.types import Admission, QueueCheck
 
 __all__ = ["AppParts", "Compose", "Coordinator", "build_app", "create_app", "run_server"]

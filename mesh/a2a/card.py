@@ -30,7 +30,7 @@ from starlette.routing import BaseRoute, Route
 
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a_names import CARD_PATH, LEGACY_CARD_PATH, POOL_EXTENSION_URI
-from mesh.engine.types import PoolInfo
+from mesh.engine.interface import PoolInfo
 
 __all__ = [
     "BEARER_SCHEME",

@@ -58,7 +58,8 @@ from mesh.agent.synthesis import (
     synthesis_answer,
     synthesis_prompt,
 )
-from mesh.engine.types import Engine, EngineError, SamplingParams, Session, TurnResult
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Engine, EngineError, Session, TurnResult
 from mesh.gate.hold import admitted
 from mesh.gate.types import Admission
 from mesh.worker.stream import WorkerFailed, release, stream_turn

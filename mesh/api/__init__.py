@@ -11,7 +11,7 @@ from starlette.routing import BaseRoute
 from mesh.api.capacity import CapacityCollector, capacity_routes
 from mesh.api.session_wire import AttachRequest, TurnRequest, error_response
 from mesh.api.sessions import SessionAPI
-from mesh.engine.types import Engine
+from mesh.engine.interface import Engine
 from mesh.gate.types import Admission
 
 __all__ = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from mesh.engine.types import EngineError, Session
+from mesh.engine.interface import EngineError, Session
 
 __all__ = ["Conversation", "ConversationCache"]
 

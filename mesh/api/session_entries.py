@@ -11,7 +11,7 @@ from typing import Any
 from starlette.responses import Response
 
 from mesh.api.session_wire import error_response
-from mesh.engine.types import (
+from mesh.engine.interface import (
     ContextOverflow,
     EngineError,
     Generation,

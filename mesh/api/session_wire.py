@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mesh.engine.types import SamplingParams, TurnResult
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import TurnResult
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

@@ -21,7 +21,7 @@ sessions, not the resident slots. Errors are JSON
 turn while one runs 409, a detached or failed session 404/410. A streamed turn whose
 client goes away is stopped with ``Generation.aclose()``; the tokens generated so far stay
 in the session. Nothing here touches the engine except through its
-:class:`~mesh.engine.types.Session` protocol, so no request can stop the pool.
+:class:`~mesh.engine.interface.Session` protocol, so no request can stop the pool.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from mesh.api.session_wire import (
     too_busy,
     turn_json,
 )
-from mesh.engine.types import ContextOverflow, Engine, EngineError, PoolFull, SessionFailed
+from mesh.engine.interface import ContextOverflow, Engine, EngineError, PoolFull, SessionFailed
 from mesh.gate.types import Admission
 
 __all__ = ["DEFAULT_IDLE_S", "SessionAPI", "attachable"]

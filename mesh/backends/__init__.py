@@ -1,4 +1,4 @@
-"""Engines that run sessions somewhere else: the :class:`~mesh.engine.types.Engine` seam
+"""Engines that run sessions somewhere else: the :class:`~mesh.engine.interface.Engine` seam
 over a serving cluster's OpenAI-compatible API (``mesh serve --engine openai:URL``).
 
 The engine package stays free of HTTP; this one may use an HTTP client (httpx) and

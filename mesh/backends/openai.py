@@ -1,18 +1,18 @@
 """The engine seam over an OpenAI-compatible ``/v1/completions`` API (``--engine openai:URL``).
 
 vLLM, SGLang, llama-server, llama-cpp-python's server and mesh's own ``/v1/completions``
-all serve it. :class:`OpenAIEngine` implements :class:`~mesh.engine.types.Engine` on top:
+all serve it. :class:`OpenAIEngine` implements :class:`~mesh.engine.interface.Engine` on top:
 
 * A session keeps its conversation **on mesh's side** (appended text plus generated text).
   Each turn sends one completion whose prompt is the immutable prefix text, byte-identical
   every time, then the session's history: exactly what those servers' prefix caches (vLLM's
   automatic prefix caching, SGLang's radix cache, llama.cpp's slot cache) need to hit.
 * Streaming (SSE); stop strings are cut on mesh's side by the local pool's own
-  :class:`~mesh.engine.output.TurnOutput` (they are not sent to the backend, whose rules
+  :class:`~mesh.engine.session.TurnOutput` (they are not sent to the backend, whose rules
   differ), and the stream is closed at the match, which aborts the request there.
 * ``load()`` is built from the streamed tokens: per-session decode tokens/s (EWMA of the
   gaps between chunks, first chunk excluded: that gap is the prefill) and one
-  :class:`~mesh.engine.types.StepSample` per gap (rows = sessions decoding then), so the
+  :class:`~mesh.engine.interface.StepSample` per gap (rows = sessions decoding then), so the
   gate's throughput model learns this backend as it learns the local pool. When the backend
   exposes ``/metrics`` (vLLM, llama-server, mesh), it is polled and
   :meth:`OpenAIEngine.backend_metrics` reports running/waiting requests, inter-token
@@ -51,8 +51,7 @@ from mesh.backends.remote_wire import (
     grammar_fields,
     parse_prometheus,
 )
-from mesh.engine.protocols import TurnAdmission, TurnLine
-from mesh.engine.types import (
+from mesh.engine.interface import (
     AttachCheck,
     ModelError,
     PoolFull,
@@ -61,6 +60,8 @@ from mesh.engine.types import (
     PrefillBudget,
     SessionState,
     StepSample,
+    TurnAdmission,
+    TurnLine,
 )
 
 __all__ = ["BackendConfig", "OpenAIEngine"]
@@ -94,7 +95,7 @@ class BackendConfig:
 
 
 class OpenAIEngine:
-    """:class:`~mesh.engine.types.Engine` over a remote completions API (module docstring).
+    """:class:`~mesh.engine.interface.Engine` over a remote completions API (module docstring).
 
     ``tokenize`` (the same model's tokenizer, no BOS) counts tokens for budgets and the
     prefix hash; without it a token is estimated as 4 characters and the hash is taken over

@@ -1,12 +1,12 @@
 """A remote session: its conversation kept on mesh's side, one streamed completion a turn.
 
 See :mod:`mesh.backends.openai` for the wire contract. The rules mirror the local pool's
-(:mod:`mesh.engine.types`): ``append`` never waits on the backend and raises
-:class:`~mesh.engine.types.ContextOverflow` past the budget; a turn that runs out of budget
-ends ``context_full``; stop strings are cut by :class:`~mesh.engine.output.TurnOutput`
+(:mod:`mesh.engine.interface`): ``append`` never waits on the backend and raises
+:class:`~mesh.engine.interface.ContextOverflow` past the budget; a turn that runs out of budget
+ends ``context_full``; stop strings are cut by :class:`~mesh.engine.session.TurnOutput`
 and, as in the pool, the stop string stays in the session's context (its text is kept in
 the history, not in the turn's text); a backend that fails mid-turn detaches the session
-and the generation raises :class:`~mesh.engine.types.SessionFailed` naming the backend.
+and the generation raises :class:`~mesh.engine.interface.SessionFailed` naming the backend.
 
 A stream that ends (``[DONE]``, or the body closes) without a ``finish_reason`` was cut
 by the backend, not finished: llama-cpp-python's server does that to a running stream the
@@ -27,18 +27,18 @@ from typing import Any, Protocol
 import httpx
 
 from mesh.backends.remote_wire import sse_data
-from mesh.engine.output import TurnOutput
-from mesh.engine.protocols import TurnLine
-from mesh.engine.types import (
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import (
     ContextOverflow,
     Piece,
     PoolInfo,
-    SamplingParams,
     SessionFailed,
     SessionLoad,
     SessionState,
+    TurnLine,
     TurnResult,
 )
+from mesh.engine.session import TurnOutput
 
 
 class SessionHost(Protocol):

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from mesh.engine.errors import ModelError
+from mesh.engine.interface import ModelError
 
 __all__ = ["backend_counters", "backend_gauges", "check_context", "grammar_fields",
            "parse_engine_spec", "parse_prometheus", "sse_data"]

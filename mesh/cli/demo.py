@@ -7,7 +7,7 @@ import asyncio
 import sys
 import time
 
-from mesh.engine.types import EngineConfig, SamplingParams
+from mesh.engine.config import EngineConfig, SamplingParams
 
 _PREFIX = (
     "You are a courier dispatcher for a city logistics company. Every package has an id, "

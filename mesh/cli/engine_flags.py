@@ -12,10 +12,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mesh.engine.config import PREFIX_ATTENTION
+from mesh.engine.config import (
+    FLASH_ATTN,
+    GIB,
+    KV_TYPES,
+    PREFIX_ATTENTION,
+    EngineConfig,
+    KVShape,
+    Tier,
+    choose_tier,
+)
 from mesh.engine.llama import LlamaModel
-from mesh.engine.tiers import GIB, KVShape, Tier, choose_tier
-from mesh.engine.types import FLASH_ATTN, KV_TYPES, EngineConfig
 
 __all__ = ["add_engine_flags", "apply_engine_flags", "engine_options", "free_gpu_bytes",
            "kv_memory_bytes", "pick_tier"]

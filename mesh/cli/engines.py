@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mesh.engine.types import EngineConfig
+from mesh.engine.config import EngineConfig
 
 __all__ = ["add_engine_args", "build_engine"]
 

@@ -137,7 +137,7 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     from mesh.api.openai import OpenAIAPI
     from mesh.cli.engine_flags import apply_engine_flags
     from mesh.cli.engines import build_engine, prefix_cache_dir
-    from mesh.engine.types import EngineConfig
+    from mesh.engine.config import EngineConfig
     from mesh.fleet.peers import PeerClient
     from mesh.gate.admission import FloorGate
     from mesh.gate.projection import lone_worker_tps

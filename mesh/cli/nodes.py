@@ -62,7 +62,7 @@ async def compose_nodes(args: argparse.Namespace, coord: CoordinatorConfig,
     from mesh.a2a.taskboard import TaskBoard
     from mesh.api.capacity import capacity_routes
     from mesh.api.dashboard import DashboardHistory, dashboard_routes, poll_nodes
-    from mesh.engine.types import PoolInfo
+    from mesh.engine.interface import PoolInfo
     from mesh.fleet.node_worker import NodeClient, NodeWorker
     from mesh.fleet.nodes import NodePool, read_node_cards
 

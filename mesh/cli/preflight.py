@@ -174,7 +174,7 @@ class _StderrLine(logging.Handler):
 
 # Loggers whose warnings an operator must see at start-up (a warm start that became a
 # cold one, and why).
-_START_UP_LOGGERS = ("mesh.engine.warm",)
+_START_UP_LOGGERS = ("mesh.engine.build",)
 
 
 def print_cache_warnings() -> None:

@@ -17,7 +17,7 @@ from mesh.cli.engines import add_engine_args
 from mesh.cli.local import local_app
 from mesh.cli.nodes import nodes_app
 from mesh.cli.preflight import floor_arg, preflight, print_cache_warnings
-from mesh.engine.types import EngineError
+from mesh.engine.interface import EngineError
 
 __all__ = ["auth_line", "plan_actions", "register", "run"]
 

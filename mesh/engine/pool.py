@@ -8,19 +8,19 @@ The engine reads in three places:
 
 * the **scheduler** (:mod:`mesh.engine.scheduler`) owns the sessions (through the
   :class:`~mesh.engine.registry.SessionRegistry`: attach, park, resume, release), the
-  :class:`~mesh.engine.ledger.CellLedger` (cell promises, free sequence ids), the turns and
+  :class:`~mesh.engine.session.CellLedger` (cell promises, free sequence ids), the turns and
   their outbox, and the load snapshots; it plans each step with the pure
-  :mod:`mesh.engine.planner`;
+  :mod:`mesh.engine.scheduler`;
 * the **runner** (:mod:`mesh.engine.step`) writes the plan into the batch, runs one
   ``llama_decode`` and samples every session that asked for logits right away (the next
   decode overwrites them), its text going through its turn output
-  (:mod:`mesh.engine.output`: stop strings);
+  (:mod:`mesh.engine.session`: stop strings);
 * the **pool**: this facade, whose commands run on the engine thread
   (:mod:`mesh.engine.thread`: the thread, its command queue and the
-  :mod:`~mesh.engine.poster` that hands each step's items to the consumers' loops).
+  :mod:`~mesh.engine.thread` that hands each step's items to the consumers' loops).
 
-Start-up wires the scheduler and the runner (:mod:`mesh.engine.parts`, whose
-:meth:`~mesh.engine.parts.Parts.step` is one step: schedule → decode → sample → record).
+Start-up wires the scheduler and the runner (:mod:`mesh.engine.thread`, whose
+:meth:`~mesh.engine.thread.Parts.step` is one step: schedule → decode → sample → record).
 """
 
 from __future__ import annotations
@@ -36,24 +36,20 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 from mesh.engine.build import Progress, Tokenizer, build, open_tokenizer
-from mesh.engine.native import resolve
-from mesh.engine.parts import Parts, assemble
-from mesh.engine.scheduler import StepLimits
-from mesh.engine.session import PooledSession, SeqState, Turn
-from mesh.engine.snapshots import SNAPSHOT_INTERVAL_S, Snapshots
-from mesh.engine.stats import StepStats
-from mesh.engine.thread import EngineThread
-from mesh.engine.types import (
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import (
     AttachCheck,
-    EngineConfig,
     PoolInfo,
     PoolLoad,
     PrefillBudget,
-    SamplingParams,
     SessionFailed,
     SessionState,
     TurnAdmission,
 )
+from mesh.engine.native import resolve
+from mesh.engine.scheduler import SNAPSHOT_INTERVAL_S, Snapshots, StepLimits, StepStats
+from mesh.engine.session import PooledSession, SeqState, Turn
+from mesh.engine.thread import EngineThread, Parts, assemble
 
 __all__ = ["MAX_SEQUENCES", "SNAPSHOT_INTERVAL_S", "SharedKVPool", "Tokenizer",
            "open_tokenizer"]

@@ -29,10 +29,10 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
 from mesh.engine.build import PREFIX_SEQ, Built
-from mesh.engine.ledger import CellLedger
-from mesh.engine.session import SeqState
+from mesh.engine.config import EngineConfig
+from mesh.engine.interface import AttachCheck, ContextOverflow, PoolFull, SessionFailed
+from mesh.engine.session import CellLedger, SeqState
 from mesh.engine.turns import Turns
-from mesh.engine.types import AttachCheck, ContextOverflow, EngineConfig, PoolFull, SessionFailed
 
 __all__ = ["SessionRegistry"]
 

@@ -1,9 +1,51 @@
-"""The scheduler: the one owner of a pool's sessions, cell ledger, turns and snapshots.
+"""What runs in the next step and what the pool reports: the pure step planner, the batch
+it becomes, step timing and the published load snapshot, and the scheduler that owns the
+sessions, ledger, turns and snapshots. Read top to bottom:
+
+**The planner.** The step planner: which sessions decode and which queued text is prefilled in
+one step.
+
+Pure: it reads plain numbers and returns a plan, so it is tested without llama.cpp. The
+pool's engine thread builds the batch from the plan, decodes, samples and publishes.
+
+Rules:
+
+* a turn runs once the decode gate has let it in: turns that wait are let in in
+  completion order (lowest ``priority`` first — the agent's task start time, so turns of
+  tasks already running go before a new task's first turn — then oldest ``asked``), at
+  most ``turn_room`` of them this step (None: all); a waiting turn is neither decoded nor
+  prefilled;
+* a negative ``turn_room`` sheds: that many running turns are paused between steps (the
+  last in completion order first; one always keeps running), keeping their cells and
+  carry token, and wait again at their place in the order;
+* every decoding session of a running turn gets its one row (``n_batch`` exceeds
+  ``max_sessions``);
+* queued text of sessions in a turn is prefilled oldest session first, under the token
+  budget left; while sessions decode, a :class:`~mesh.engine.interface.PrefillBudget` caps the
+  prefill tokens of the step (chunked prefill: the rest waits for later steps); with nothing
+  decoding a step takes the full ``n_batch``;
+* the chunk that empties a session's queue asks for logits (its first sample), if an output
+  row is left; otherwise its last token waits for the next step.
+
+**Batching.** From sessions to a plan, and from a plan to a ``llama_batch`` (engine thread only).
+
+**Step statistics.** Step timing and the pool's load snapshot (pure bookkeeping; no llama.cpp).
+
+**Snapshots.** The pool's published load snapshot: when the engine thread rebuilds it, and reads
+of it.
+
+Every command that changes the pool publishes; a step publishes when a turn started or
+ended (``Turns.changes`` moved) or when the last snapshot is older than
+:data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last published
+:class:`~mesh.engine.scheduler.Capture`, so ``load()`` never waits on the engine thread.
+
+**The scheduler.** The scheduler: the one owner of a pool's sessions, cell ledger, turns and
+snapshots.
 
 It answers the engine thread's two questions, *what runs next* and *what changed*:
 :meth:`Scheduler.schedule` ends cancelled turns, resumes parked sessions whose turn was
-asked for and plans the step (:mod:`mesh.engine.batching` over the pure
-:mod:`mesh.engine.planner`); after the runner decoded and sampled,
+asked for and plans the step (:mod:`mesh.engine.scheduler` over the pure
+:mod:`mesh.engine.scheduler`); after the runner decoded and sampled,
 :meth:`Scheduler.stepped` (or :meth:`Scheduler.decode_failed`) republishes the load
 snapshot when it is due. The pool's commands (attach, open a turn, park, release) go
 through it too, each publishing a fresh snapshot.
@@ -17,28 +59,389 @@ ledger holds the cell promises. Engine thread only, except :meth:`check_attach`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
-from mesh.engine import batching
 from mesh.engine.build import Built
-from mesh.engine.ledger import CellLedger
-from mesh.engine.planner import StepPlan
-from mesh.engine.registry import SessionRegistry
-from mesh.engine.session import SeqState, Turn
-from mesh.engine.snapshots import Snapshots
-from mesh.engine.stats import StepStats
-from mesh.engine.turns import Outbox, Turns
-from mesh.engine.types import (
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import (
     AttachCheck,
-    EngineConfig,
+    PoolLoad,
     PrefillBudget,
-    SamplingParams,
+    SessionLoad,
+    StepSample,
     TurnAdmission,
 )
+from mesh.engine.registry import SessionRegistry
+from mesh.engine.session import CellLedger, SeqState, Turn, duty_cycle
+from mesh.engine.turns import Outbox, Turns
 
-__all__ = ["Scheduler", "StepLimits"]
+__all__ = [
+    "SNAPSHOT_INTERVAL_S", "BatchWriter", "Candidate", "Capture", "Chunk", "Parking", "Scheduler",
+    "Snapshots", "StepBudget", "StepLimits", "StepPlan", "StepStats", "admit_turns", "candidates",
+    "fill_batch", "order", "plan_sessions", "plan_step", "step_budget"
+]
 
+
+# -------------------- the planner ---------------------------------------------
+
+class Candidate(NamedTuple):
+    """One session as the planner sees it (a tuple: one is built per session per step)."""
+
+    seq: int
+    created: float  # attach time: older sessions' text is prefilled first
+    decoding: bool  # in a turn, with a carry token and nothing queued
+    ready: int  # queued tokens it may prefill now (0 unless in a turn)
+    running: bool = True  # False: its turn waits for the decode gate
+    asked: float = 0.0  # when its turn was asked for: waiting turns run oldest first
+    priority: float = 0.0  # completion order: lower runs first and is paused last
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """What one step may carry: ``tokens`` in the batch, ``output_rows`` logits rows and
+    ``prefill_tokens`` of queued text (None: no cap beyond ``tokens``); at most
+    ``turn_room`` waiting turns start running (None: every one)."""
+
+    tokens: int
+    output_rows: int
+    prefill_tokens: int | None = None
+    turn_room: int | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq: int
+    tokens: int
+    logits: bool  # the chunk ends the session's queue: sample after it
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    decode: tuple[int, ...]  # sequence ids with one decode row each
+    prefill: tuple[Chunk, ...]
+    started: tuple[int, ...] = ()  # sequence ids whose waiting turn runs from this step
+    paused: tuple[int, ...] = ()  # sequence ids whose running turn the gate paused (shed)
+
+    @property
+    def num_prefill(self) -> int:
+        return sum(c.tokens for c in self.prefill)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+def step_budget(
+    *, n_batch: int, output_rows: int, num_decode: int, cells_used: int,
+    prefill_budget: PrefillBudget | None, turn_room: int | None = None,
+) -> StepBudget:
+    """The budget of the next step; ``prefill_budget`` is asked only while sessions decode."""
+    cap = None
+    if prefill_budget is not None and num_decode > 0:
+        cap = max(0, int(prefill_budget(num_decode, cells_used)))
+    return StepBudget(tokens=n_batch, output_rows=output_rows, prefill_tokens=cap,
+                      turn_room=turn_room)
+
+
+def order(c: Candidate) -> tuple[float, float]:
+    """Completion order: the candidate's priority, then when its turn was asked for."""
+    return c.priority, c.asked
+
+
+def admit_turns(sessions: Sequence[Candidate], room: int | None) -> list[Candidate]:
+    """The candidates that run this step: the running ones, plus up to ``room`` waiting
+    turns in completion order (:func:`order`), marked running; with a negative ``room``,
+    the running ones less ``-room`` of them, the last in that order (one always runs)."""
+    if room is not None and room < 0:
+        running = sorted((c for c in sessions if c.running), key=order)
+        keep = {c.seq for c in running[:max(1, len(running) + room)]}
+        return [c for c in sessions if c.seq in keep]
+    waiting = [c for c in sessions if not c.running]
+    if not waiting:
+        return list(sessions)
+    if room is not None and room < len(waiting):
+        waiting.sort(key=order)
+        waiting = waiting[:max(0, room)]
+    let_in = {c.seq for c in waiting}
+    return [c._replace(running=True) if c.seq in let_in else c
+            for c in sessions if c.running or c.seq in let_in]
+
+
+def plan_step(sessions: Sequence[Candidate], budget: StepBudget) -> StepPlan:
+    """Plan one step over ``sessions`` within ``budget``; see the module docstring."""
+    started = tuple(c.seq for c in sessions if not c.running)
+    was_running = tuple(c.seq for c in sessions if c.running)
+    sessions = admit_turns(sessions, budget.turn_room)
+    running = {c.seq for c in sessions}
+    started = tuple(seq for seq in started if seq in running)
+    paused = tuple(seq for seq in was_running if seq not in running)
+    decode = tuple(c.seq for c in sessions if c.decoding)
+    tokens = budget.tokens - len(decode)
+    rows = budget.output_rows - len(decode)
+    if tokens < 0 or rows < 0:
+        raise ValueError(f"{len(decode)} decoding sessions do not fit {budget}")
+    prefill_left = tokens if budget.prefill_tokens is None else min(tokens,
+                                                                    budget.prefill_tokens)
+    chunks: list[Chunk] = []
+    waiting = [c for c in sessions if not c.decoding and c.ready > 0]
+    for c in sorted(waiting, key=lambda s: s.created) if len(waiting) > 1 else waiting:
+        if prefill_left <= 0:
+            break
+        take = min(c.ready, prefill_left)
+        ends = take == c.ready
+        if ends and rows <= 0:
+            take -= 1  # no logits row left: the last token waits for a later step
+            ends = False
+        if take <= 0:
+            continue
+        if ends:
+            rows -= 1
+        chunks.append(Chunk(seq=c.seq, tokens=take, logits=ends))
+        prefill_left -= take
+    return StepPlan(decode=decode, prefill=tuple(chunks), started=started, paused=paused)
+
+# -------------------- batching ------------------------------------------------
+
+logger = logging.getLogger(__name__)
+
+
+class BatchWriter(Protocol):
+    """Where a step's tokens go: :class:`mesh.engine.llama.Batch` (the Python step) or
+    :class:`mesh.engine.native.NativeBatch` (the native step)."""
+
+    def clear(self) -> None: ...
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int: ...
+
+    def add_rows(self, tokens: list[int], pos: list[int], seqs: list[int]) -> int: ...
+
+
+def candidates(sessions: Iterable[SeqState], ledger: CellLedger) -> list[Candidate]:
+    """The planner's view of every session in a turn."""
+    out = []
+    for st, ready in ledger.pending_in_turns(sessions):
+        turn = st.turn
+        assert turn is not None
+        out.append(Candidate(st.seq, st.created, st.carry is not None and not ready, ready,
+                             turn.admitted_at is not None, turn.started, turn.priority))
+    return out
+
+
+def plan_sessions(sessions: Iterable[SeqState], ledger: CellLedger, *, n_batch: int,
+                  output_rows: int, cells_used: int, prefill_budget: PrefillBudget | None,
+                  turn_admission: TurnAdmission | None = None,
+                  recent: Sequence[StepSample] = ()) -> StepPlan:
+    """The next step's plan over the live sessions (the planner's budget from the pool's;
+    the decode gate is asked while a turn waits or more than one runs — it may start
+    waiting turns, or shed running ones — and one turn always runs)."""
+    cands = candidates(sessions, ledger)
+    room = None
+    num_running = sum(c.running for c in cands)
+    if turn_admission is not None and (num_running < len(cands) or num_running > 1):
+        try:
+            room = int(turn_admission.turn_room(num_running, cells_used, recent))
+        except Exception:  # a broken gate must not fail the turns: hold the rows as they are
+            logger.exception("the decode gate failed; this step keeps the running turns")
+            room = 0
+        room = max(room, 1 - num_running)  # never shed the last one; with none, start one
+    num_decode = sum(c.decoding for c in admit_turns(cands, room))
+    budget = step_budget(n_batch=n_batch, output_rows=output_rows, num_decode=num_decode,
+                         cells_used=cells_used, prefill_budget=prefill_budget, turn_room=room)
+    return plan_step(cands, budget)
+
+
+def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLedger,
+               batch: BatchWriter) -> tuple[list[tuple[SeqState, int]], dict[int, int], int]:
+    """Write the plan into ``batch`` (decode rows first, in one call, then prefill chunks,
+    taking the queued tokens from the ledger). Returns the sessions to sample with their
+    logits row, the tokens each sequence gets in this step, and the decode rows' summed
+    context (positions + 1)."""
+    batch.clear()
+    states = [sessions[seq] for seq in plan.decode]
+    carries = [st.carry for st in states]
+    if None in carries:
+        raise AssertionError("a decoding session has no carry token")
+    pos = [st.prefix_len + st.private for st in states]
+    first = batch.add_rows(carries, pos, list(plan.decode))  # type: ignore[arg-type]
+    rows = [(st, first + i) for i, st in enumerate(states)]
+    # Every token written for a sequence is recorded in its suffix (a parked session
+    # re-prefills it on resume); a failed decode releases the session, so after a step
+    # ``len(suffix) == private`` holds.
+    for st, tok in zip(states, carries, strict=True):
+        st.suffix.append(tok)  # type: ignore[arg-type]
+    counts = dict.fromkeys(plan.decode, 1)
+    for chunk in plan.prefill:
+        st = sessions[chunk.seq]
+        toks = ledger.take(st, chunk.tokens)
+        st.suffix.extend(toks)
+        for i, tok in enumerate(toks):
+            is_out = chunk.logits and i == len(toks) - 1
+            idx = batch.add(tok, st.pos + i, st.seq, is_out)
+            if is_out:
+                rows.append((st, idx))
+        counts[chunk.seq] = len(toks)
+    return rows, counts, sum(pos) + len(pos)
+
+# -------------------- step statistics -----------------------------------------
+
+_RATE_WINDOW_S = 5.0
+
+
+class Parking(NamedTuple):
+    """The parking side of a snapshot (see the PoolLoad fields of the same names)."""
+
+    max_attached: int = 0
+    parked_tokens: int = 0
+    parks: int = 0
+    resumes: int = 0
+    resume_tokens: int = 0
+    parked_bytes: int = 0
+    swaps: int = 0
+    park_memory: int = 0
+
+
+NO_PARKING = Parking()
+
+
+class StepStats:
+    """What the engine thread measured: step times (EWMA and recent samples), decode rate."""
+
+    def __init__(self) -> None:
+        self.step_ms: float | None = None
+        self.recent: deque[StepSample] = deque(maxlen=64)
+        self._rate_window: deque[tuple[float, int]] = deque()
+        self.num_steps = 0
+        self.prefill_tokens = 0  # suffix tokens prefilled since start (PoolLoad.prefill_tokens)
+        self.host_s = 0.0  # time per step outside llama_decode, summed (for the bench)
+        self.decode_s = 0.0
+
+    def record(self, sample: StepSample, *, decode_s: float, now: float) -> None:
+        self._rate_window.append((now, sample.num_decode))
+        self.num_steps += 1
+        self.prefill_tokens += sample.num_prefill_tokens
+        self.decode_s += decode_s
+        self.host_s += sample.step_s - decode_s
+        ms = sample.step_s * 1000
+        self.step_ms = ms if self.step_ms is None else self.step_ms + 0.2 * (ms - self.step_ms)
+        self.recent.append(sample)
+
+    def agg_tps(self, now: float) -> float:
+        while self._rate_window and self._rate_window[0][0] < now - _RATE_WINDOW_S:
+            self._rate_window.popleft()
+        span = (now - self._rate_window[0][0]) if len(self._rate_window) > 1 else 0.0
+        return sum(n for _, n in self._rate_window) / span if span > 0 else 0.0
+
+    def snapshot(self, states: Iterable[SeqState], *, prefix_cells: int, prefix_len: int,
+                 n_ctx: int, free_seq_ids: int, max_sessions: int,
+                 session_budget: int, sessions_attached: int = 0,
+                 sessions_reaped: int = 0, parking: Parking = NO_PARKING) -> Capture:
+        """Capture the pool between steps (engine thread): plain tuples, cheap; the
+        :class:`PoolLoad` is built from them when someone reads it."""
+        now = time.monotonic()
+        rows = tuple((st.id, st.state, st.private, st.pos, st.step_ewma_s, st.created,
+                      st.busy_s, st._busy_since, st.num_generated, st.parked,
+                      st.context_len) for st in states)
+        return Capture(now, rows, self.step_ms, self.agg_tps(now), tuple(self.recent),
+                       prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
+                       session_budget,
+                       (sessions_attached, self.prefill_tokens, sessions_reaped), parking)
+
+
+class Capture:
+    """The pool's state at one moment; :meth:`load` builds (once) the :class:`PoolLoad`."""
+
+    def __init__(self, now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
+                 agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int,
+                 prefix_len: int, n_ctx: int, free_seq_ids: int, max_sessions: int,
+                 session_budget: int, totals: tuple[int, int, int] = (0, 0, 0),
+                 parking: Parking = NO_PARKING) -> None:
+        self._args = (now, rows, step_ms, agg_tps, recent, prefix_cells, prefix_len, n_ctx,
+                      free_seq_ids, max_sessions, session_budget, totals, parking)
+        self._load: PoolLoad | None = None
+
+    def load(self) -> PoolLoad:
+        """The snapshot (any thread; built on first use, then shared)."""
+        if self._load is None:
+            self._load = _build(*self._args)
+        return self._load
+
+
+def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
+           agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int, prefix_len: int,
+           n_ctx: int, free_seq_ids: int, max_sessions: int, session_budget: int,
+           totals: tuple[int, int, int], parking: Parking) -> PoolLoad:
+    sessions = tuple(
+        SessionLoad(id=sid, state=state, private_cells=private,
+                    context_len=ctx_len if parked else pos,
+                    decode_tps=(1.0 / ewma if ewma else None),
+                    duty_cycle=duty_cycle(now, created, busy_s, busy_since),
+                    age_s=now - created, num_generated=generated, parked=parked)
+        for (sid, state, private, pos, ewma, created, busy_s, busy_since, generated, parked,
+             ctx_len) in rows
+    )
+    private_sum = sum(s.private_cells for s in sessions)
+    return PoolLoad(
+        taken_at=now, sessions=sessions, step_ms=step_ms, agg_tps=agg_tps,
+        cells_used=prefix_cells + private_sum, cells_total=n_ctx, prefix_cells=prefix_cells,
+        naive_cells=(private_sum + prefix_len * len(sessions) if prefix_cells
+                     else private_sum),
+        free_seq_ids=free_seq_ids, max_sessions=max_sessions,
+        session_budget=session_budget, recent_steps=recent,
+        sessions_attached=totals[0], prefill_tokens=totals[1], sessions_reaped=totals[2],
+        max_attached=parking.max_attached, parked_tokens=parking.parked_tokens,
+        parks=parking.parks, resumes=parking.resumes, resume_tokens=parking.resume_tokens,
+        parked_bytes=parking.parked_bytes, swaps=parking.swaps,
+        park_memory=parking.park_memory,
+    )
+
+# -------------------- snapshots -----------------------------------------------
+
+# Between turn starts and ends, the load snapshot is rebuilt at most this often (building
+# it touches every session; a step at N = 255 can take a few milliseconds).
+SNAPSHOT_INTERVAL_S = 0.05
+
+
+class Snapshots:
+    """Builds (engine thread) and serves (any thread) the pool's load snapshot."""
+
+    def __init__(self, stats: StepStats) -> None:
+        self._stats = stats
+        self._capture: Capture | None = None
+        self._at = 0.0
+        self._changes = -1
+
+    def publish(self, registry: SessionRegistry, built: Built, ledger: CellLedger,
+                config: EngineConfig, changes: int | None) -> None:
+        """Rebuild the snapshot of every attached session (resident and parked);
+        ``changes`` is the turns' counter it reflects."""
+        self._at = time.monotonic()
+        if changes is not None:
+            self._changes = changes
+        self._capture = self._stats.snapshot(
+            registry.all_states(), prefix_cells=built.shared_cells,
+            prefix_len=len(built.prefix), n_ctx=built.info.n_ctx,
+            free_seq_ids=ledger.free_seq_ids, max_sessions=config.max_sessions,
+            session_budget=config.session_budget, sessions_attached=registry.attached,
+            sessions_reaped=registry.reaped,
+            parking=Parking(ledger.max_attached, registry.parked_tokens(), registry.parks,
+                            registry.resumes, registry.resume_tokens,
+                            registry.parked_bytes, registry.swaps, config.park_memory))
+
+    def due(self, changes: int, now: float) -> bool:
+        """Whether a step that ends at ``now`` publishes (see the module docstring)."""
+        return changes != self._changes or now - self._at >= SNAPSHOT_INTERVAL_S
+
+    def load(self) -> PoolLoad:
+        if self._capture is None:
+            raise RuntimeError("the pool is not started")
+        return self._capture.load()
+
+# -------------------- the scheduler -------------------------------------------
 
 @dataclass
 class StepLimits:
@@ -134,7 +537,7 @@ class Scheduler:
             reg.resume_waiting()
         cells = reg.cells_used()
         sessions = reg.resident()
-        plan = batching.plan(sessions.values(), self.ledger, n_batch=self._config.n_batch,
+        plan = plan_sessions(sessions.values(), self.ledger, n_batch=self._config.n_batch,
                              output_rows=self._built.ctx.n_outputs_max, cells_used=cells,
                              prefill_budget=self._limits.prefill_budget,
                              turn_admission=self._limits.turn_admission,
@@ -159,7 +562,7 @@ class Scheduler:
 
     def stepped(self, now: float) -> None:
         """A step ended at ``now``: publish if a turn started or ended, or the last
-        snapshot is old (see :mod:`mesh.engine.snapshots`)."""
+        snapshot is old (see :mod:`mesh.engine.scheduler`)."""
         if self._snapshots.due(self.turns.changes, now):
             self.publish()
 

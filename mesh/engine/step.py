@@ -1,7 +1,7 @@
 """The runner: one planned step on the engine thread, fill the batch, decode, sample.
 
 The scheduler plans (:meth:`mesh.engine.scheduler.Scheduler.schedule`);
-:meth:`mesh.engine.parts.Parts.step` hands the plan to :meth:`StepRunner.decode` (one
+:meth:`mesh.engine.thread.Parts.step` hands the plan to :meth:`StepRunner.decode` (one
 ``llama_decode``, through the native step when the library is loaded), then to
 :meth:`StepRunner.sample`, which books the decoded cells and samples every row that asked
 for logits before the next decode overwrites them (the step's pieces and results go to
@@ -16,15 +16,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mesh.engine.batching import fill_batch
 from mesh.engine.build import Built
-from mesh.engine.ledger import CellLedger
+from mesh.engine.interface import StepSample
 from mesh.engine.native import NativeBatch, NativeStepper
-from mesh.engine.planner import StepPlan
-from mesh.engine.session import SeqState
-from mesh.engine.stats import StepStats
+from mesh.engine.scheduler import StepPlan, StepStats, fill_batch
+from mesh.engine.session import CellLedger, SeqState
 from mesh.engine.turns import Turns
-from mesh.engine.types import StepSample
 
 __all__ = ["DecodeFailed", "Decoded", "StepRunner"]
 

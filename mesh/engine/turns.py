@@ -13,11 +13,11 @@ import hashlib
 import time
 from collections.abc import Iterable, Sequence
 
-from mesh.engine.ledger import CellLedger
-from mesh.engine.llama import LlamaContext, LlamaModel, make_sampler
-from mesh.engine.output import TurnOutput
-from mesh.engine.session import SeqState, Turn
-from mesh.engine.types import Piece, SamplingParams, SessionFailed, TurnResult
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Piece, SessionFailed, TurnResult
+from mesh.engine.llama import LlamaContext, LlamaModel
+from mesh.engine.sampling import make_sampler
+from mesh.engine.session import CellLedger, SeqState, Turn, TurnOutput
 
 __all__ = ["Outbox", "Turns"]
 

@@ -1,5 +1,5 @@
 """The floor-tps gate's async face: :class:`FloorGate` implements
-:class:`~mesh.gate.types.Admission` over an :class:`~mesh.engine.protocols.Engine`.
+:class:`~mesh.gate.types.Admission` over an :class:`~mesh.engine.interface.Engine`.
 
 Under policy ``floor`` it admits workers by memory and hands the engine a
 :class:`~mesh.gate.decode_gate.DecodeGate` that starts each *turn* only while every decoding
@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from mesh.engine.types import Engine, PoolLoad, PrefillBudget
+from mesh.engine.interface import Engine, PoolLoad, PrefillBudget
 from mesh.gate.budget import BudgetState, FloorBudget
 from mesh.gate.capacity_doc import capacity_doc
 from mesh.gate.config import POLICIES, GateConfig

@@ -5,7 +5,7 @@ prefilled whole (up to ``n_batch``), it stalls them all for that step. The budge
 gives a step only as many prefill tokens as keep its projected time within ``1/floor_tps``
 (chunked prefill, as in Sarathi-Serve's stall-free batching); the rest waits for later
 steps. Pure: the engine thread asks :func:`prefill_budget` through the
-:class:`~mesh.engine.types.PrefillBudget` closure that :meth:`FloorGate.pool_budget` hands
+:class:`~mesh.engine.interface.PrefillBudget` closure that :meth:`FloorGate.pool_budget` hands
 the pool, over a frozen :class:`BudgetState` the gate refreshes on its own event loop.
 """
 
@@ -86,7 +86,7 @@ def prefill_budget(
 
 
 class FloorBudget:
-    """A :class:`~mesh.engine.types.PrefillBudget` over the gate's latest
+    """A :class:`~mesh.engine.interface.PrefillBudget` over the gate's latest
     :class:`BudgetState`. Called on the engine thread; it only reads one reference
     (replaced whole by :meth:`update` on the gate's loop), so it needs no lock."""
 

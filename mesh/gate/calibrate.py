@@ -25,7 +25,8 @@ from pathlib import Path
 
 import anyio
 
-from mesh.engine.types import Engine, PoolInfo, SamplingParams, Session, StepSample
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Engine, PoolInfo, Session, StepSample
 from mesh.gate.model import ThroughputModel
 
 __all__ = ["QUICK_PRIVATE_TOKENS", "QUICK_SIZES", "QUICK_TOKENS", "SeedError", "load_seed",

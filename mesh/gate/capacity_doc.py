@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Protocol
 
-from mesh.engine.types import Engine, PoolLoad, SessionState
+from mesh.engine.interface import Engine, PoolLoad, SessionState
 from mesh.gate.config import GateConfig
 from mesh.gate.decide import Decision
 from mesh.gate.decode_gate import DecodeGate, TurnRoom

@@ -8,7 +8,7 @@ floor. A worker between turns (on a tool, a peer, a client) holds its cells but 
 tool-call idle is free capacity by construction, not by estimate.
 
 The engine thread asks :meth:`DecodeGate.turn_room` once per step while a turn waits or
-more than one runs (:class:`~mesh.engine.types.TurnAdmission`). The answer is a signed
+more than one runs (:class:`~mesh.engine.interface.TurnAdmission`). The answer is a signed
 count read off the steps just measured — a controller on the step the user's tokens come
 from, not a projection of a fitted model:
 
@@ -51,7 +51,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from mesh.engine.types import StepSample
+from mesh.engine.interface import StepSample
 from mesh.gate.budget import BudgetState, prefill_budget
 from mesh.gate.model import StepCost
 
@@ -262,8 +262,8 @@ def _knee_room(k: int, measured: dict[int, float], last: list[float],
 
 
 class DecodeGate:
-    """The engine's :class:`~mesh.engine.types.TurnAdmission` and
-    :class:`~mesh.engine.types.PrefillBudget` for the floor policy, over the gate's latest
+    """The engine's :class:`~mesh.engine.interface.TurnAdmission` and
+    :class:`~mesh.engine.interface.PrefillBudget` for the floor policy, over the gate's latest
     :class:`~mesh.gate.budget.BudgetState` (see the module docstring)."""
 
     def __init__(self, floor_tps: float, state: BudgetState, headroom: float = HEADROOM,

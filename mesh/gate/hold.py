@@ -26,7 +26,7 @@ from types import TracebackType
 
 import anyio
 
-from mesh.engine.types import Engine, EngineError, Session
+from mesh.engine.interface import Engine, EngineError, Session
 from mesh.gate.shares import ANONYMOUS
 from mesh.gate.types import Admission, OnPosition, Ticket
 

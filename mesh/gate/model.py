@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mesh.engine.types import PoolLoad, StepSample
+from mesh.engine.interface import PoolLoad, StepSample
 
 __all__ = ["DEFAULT_PRIOR", "StepCost", "ThroughputModel"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import NamedTuple
 
-from mesh.engine.types import PoolLoad, StepSample
+from mesh.engine.interface import PoolLoad, StepSample
 from mesh.gate.config import GateConfig
 from mesh.gate.model import StepCost, ThroughputModel
 

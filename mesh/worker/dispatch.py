@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mesh.engine.types import Engine
+from mesh.engine.interface import Engine
 from mesh.template.chat import ChatFormat
 from mesh.template.loader import Template
 from mesh.worker.grammar import ProjectPaths

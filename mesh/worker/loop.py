@@ -38,7 +38,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from mesh.engine.types import ContextOverflow, Engine, EngineError, SamplingParams, Session
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import ContextOverflow, Engine, EngineError, Session
 from mesh.template.chat import ChatFormat, ChatFormatError, Message
 from mesh.template.loader import Template
 from mesh.template.prefix import truncate

@@ -30,7 +30,8 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mesh.engine.types import ContextOverflow, Engine, EngineError, SamplingParams
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import ContextOverflow, Engine, EngineError
 from mesh.template.loader import Template
 from mesh.template.manifest import Distribution, FixedDist, LogNormalDist, UniformDist
 from mesh.worker.loop import WorkerFailed, release, stream_turn

@@ -16,8 +16,9 @@ from typing import Any
 
 import anyio
 
-from mesh.engine.types import SamplingParams, Session
-from mesh.engine.types import TurnResult as EngineTurn
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Session
+from mesh.engine.interface import TurnResult as EngineTurn
 from mesh.worker.text import LoopGuard
 from mesh.worker.types import Emit, EventKind, WorkerEvent, WorkerResult
 

@@ -6,7 +6,7 @@ and linear in the text's length:
 
 * :data:`PROSE` is the repetition control free text is sampled with (llama.cpp's DRY
   sampler through the engine's adapter; :func:`prose_params` adds it to a turn's
-  :class:`~mesh.engine.types.SamplingParams`, prose regions included under a grammar);
+  :class:`~mesh.engine.interface.SamplingParams`, prose regions included under a grammar);
 * :class:`LoopGuard` watches a streamed turn and says where to cut it once a phrase of
   :data:`LOOP_WORDS` words comes a :data:`LOOP_TIMES`-th time (:func:`cut_loop` on a
   whole text; :func:`has_loop` is the bench's measure of the same);
@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-from mesh.engine.types import SamplingParams
+from mesh.engine.config import SamplingParams
 from mesh.template.loader import Template
 
 __all__ = [

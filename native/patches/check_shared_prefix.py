@@ -122,8 +122,8 @@ async def _pool_run(path: Path, pre: list[int], prompts: list[list[int]], tokens
                     threads: int, patched: bool, fa: str) -> list[list[int]]:
     import dataclasses
 
+    from mesh.engine.config import EngineConfig, SamplingParams
     from mesh.engine.pool import SharedKVPool
-    from mesh.engine.types import EngineConfig, SamplingParams
 
     extra: dict[str, Any] = {}
     if "prefix_attention" in {f.name for f in dataclasses.fields(EngineConfig)}:
@@ -192,8 +192,7 @@ def _forced_logits(path: Path, pre: list[int], prompts: list[list[int]],
 
 def child(a: argparse.Namespace) -> int:
     from mesh.engine.llama import LlamaModel
-    from mesh.engine.models import resolve_model
-    from mesh.engine.tiny import tiny_model_path
+    from mesh.engine.models import resolve_model, tiny_model_path
 
     path = tiny_model_path() if a.model == "tiny" else resolve_model(a.model).path
     m = LlamaModel(Path(path))

@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
 from mesh.api import api_routes
-from mesh.engine.fake import FakeEngine
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio
 

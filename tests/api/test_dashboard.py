@@ -22,9 +22,9 @@ from mesh.a2a.taskboard import ObservedTaskStore, TaskBoard
 from mesh.api import api_routes
 from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes, finite, poll_nodes
 from mesh.api.dashboard_history import DashboardHistory, sample_of
-from mesh.engine.fake import FakeEngine
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from mesh.sim.fake import FakeEngine
 from mesh.sim.server import free_port
 
 pytestmark = pytest.mark.anyio

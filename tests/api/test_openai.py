@@ -13,8 +13,8 @@ import pytest
 from starlette.applications import Starlette
 
 from mesh.api.openai import OpenAIAPI
+from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.gate.types import QueueCheck

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mesh.api.openai.models import gguf_name, model_names
-from mesh.engine.fake import FakeEngine
+from mesh.sim.fake import FakeEngine
 
 
 def test_gguf_name_of_the_tiny_model_and_of_non_ggufs(tiny_model_path: Path,

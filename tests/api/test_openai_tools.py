@@ -18,8 +18,8 @@ from mesh.api.openai.tools import (
     render_calls,
     split_calls,
 )
+from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from tests.api.test_openai import CHAT, SYSTEM, Mesh, system

@@ -23,11 +23,12 @@ from starlette.applications import Starlette
 
 from mesh.a2a.auth import BearerAuth
 from mesh.api import SessionAPI
-from mesh.engine.fake import FakeEngine
+from mesh.engine.config import EngineConfig
+from mesh.engine.interface import Engine
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import Engine, EngineConfig
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from mesh.sim.fake import FakeEngine
 from tests.reliability.serve_proc import running, small_project
 
 pytestmark = pytest.mark.anyio

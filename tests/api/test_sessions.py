@@ -14,9 +14,9 @@ from starlette.applications import Starlette
 from starlette.types import Message
 
 from mesh.api import SessionAPI
-from mesh.engine.fake import FakeEngine
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,8 @@ import pytest
 
 from mesh.backends import BackendConfig, OpenAIEngine
 from mesh.backends.remote_wire import backend_counters, grammar_fields, parse_prometheus
-from mesh.engine.types import ModelError, SamplingParams
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import ModelError
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from mesh.cli.engine_flags import add_engine_flags, engine_options
-from mesh.engine.tiers import GIB
+from mesh.engine.config import GIB
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mesh.engine.interface import ModelError
 from mesh.engine.models import BUILTIN_NAMES, resolve_model
-from mesh.engine.types import ModelError
 from tests.reliability.serve_proc import free_port, serve_argv, serve_env, small_project
 
 FIX = "pass --model PATH or set MESH_MODEL"

@@ -16,8 +16,9 @@ from a2a.types import a2a_pb2 as pb
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
 from mesh.agent.task import Agent, AgentConfig
-from mesh.engine.fake import FakeEngine, FakeSession
-from mesh.engine.types import ContextOverflow, Piece, SamplingParams, SessionState, TurnResult
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import ContextOverflow, Piece, SessionState, TurnResult
+from mesh.sim.fake import FakeEngine, FakeSession
 from mesh.worker.types import Worker
 from tests.coordinator.coord_helpers import (
     POOL_INFO,

@@ -21,8 +21,8 @@ from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
 from mesh.agent.plans import parse_plan
 from mesh.agent.task import Agent, AgentConfig
+from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig, SamplingParams
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.template import build_prefix, load_template

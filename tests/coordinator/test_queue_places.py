@@ -11,9 +11,9 @@ from typing import Any
 import anyio
 import pytest
 
-from mesh.engine.fake import FakeEngine
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from mesh.sim.fake import FakeEngine
 from tests.coordinator.coord_helpers import TOKEN_A, TOKEN_B, await_for
 
 pytestmark = pytest.mark.anyio

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from mesh.engine import pool as pool_module
+from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import SeqState
-from mesh.engine.types import EngineConfig, SamplingParams
 
 PREFIX = "The shared project prefix: tools, files and notes for every agent. " * 4
 

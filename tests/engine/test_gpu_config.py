@@ -12,11 +12,10 @@ import pytest
 from mesh.cli import engine_flags
 from mesh.cli.engine_flags import apply_engine_flags, kv_memory_bytes
 from mesh.engine.build import check_context
+from mesh.engine.config import GIB, EngineConfig, KVShape, SamplingParams, choose_tier
 from mesh.engine.llama import LlamaModel
+from mesh.engine.models import write_tiny_model
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.tiers import GIB, KVShape, choose_tier
-from mesh.engine.tiny import write_tiny_model
-from mesh.engine.types import EngineConfig, SamplingParams
 from tests.engine.flag_args import parse
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh.engine.types import SamplingParams
+from mesh.engine.config import SamplingParams
 from tests.engine.test_pool import PREFIX, make_pool, run
 
 YES_NO = 'root ::= "yes" | "no"'
@@ -97,7 +97,8 @@ def test_a_grammar_longer_than_max_tokens_ends_by_length(tiny_model_path: Path) 
 def _generate(model_path: Path, grammar: str, first: bool, temperature: float, seed: int,
               n: int = 24) -> tuple[list[int], int]:
     """Tokens a lone sampler writes after a short prompt; and its redraw count."""
-    from mesh.engine.llama import Batch, LlamaContext, LlamaModel, Sampler
+    from mesh.engine.llama import Batch, LlamaContext, LlamaModel
+    from mesh.engine.sampling import Sampler
 
     model = LlamaModel(model_path)
     ctx = LlamaContext(model, n_ctx=256, n_seq_max=1, n_batch=64, n_outputs_max=1,

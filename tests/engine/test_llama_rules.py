@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from mesh.engine.llama_rules import batch_problem, kv_shape_from_meta, resolve_flash_attn
+from mesh.engine.config import batch_problem, kv_shape_from_meta, resolve_flash_attn
 from mesh.engine.sampling import REDRAW_TOP, Ids, Logits, redraw, token_data
 
 LIMITS = {"n_batch": 8, "n_outputs_max": 2, "n_seq_max": 4}

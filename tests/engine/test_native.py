@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from mesh.engine import native
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import EngineError, SessionFailed
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig, EngineError, SamplingParams, SessionFailed
 
 PREFIX = "The shared project prefix: tools, files and notes for every agent. " * 6
 LIB, WHY = native.load()

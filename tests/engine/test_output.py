@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.engine.output import TurnOutput
+from mesh.engine.session import TurnOutput
 
 
 def feed_all(out: TurnOutput, chunks: list[str]) -> list[str]:

@@ -9,15 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import ContextOverflow, PoolFull, SessionState
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PooledSession
-from mesh.engine.types import (
-    ContextOverflow,
-    EngineConfig,
-    PoolFull,
-    SamplingParams,
-    SessionState,
-)
 from tests.engine.test_pool import GREEDY, make_pool, run, tokens_of
 
 
@@ -228,7 +223,7 @@ def test_config_rejects_max_attached_below_max_sessions() -> None:
 
 
 def test_gate_hard_room_follows_max_attached_not_free_sequence_ids() -> None:
-    from mesh.engine.types import PoolLoad, SessionLoad
+    from mesh.engine.interface import PoolLoad, SessionLoad
     from mesh.gate.config import GateConfig
     from mesh.gate.model import StepCost, ThroughputModel
     from mesh.gate.projection import GateInput, project

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from mesh.engine.build import PREFIX_SEQ, build
+from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig, SamplingParams
 from tests.engine.test_pool import run
 
 PREFIX = ("<|im_start|>system\nYou are a coding agent. Tools: read_file, run_tests, grep. "

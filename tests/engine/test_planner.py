@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.engine.planner import Candidate, Chunk, StepBudget, plan_step, step_budget
+from mesh.engine.scheduler import Candidate, Chunk, StepBudget, plan_step, step_budget
 
 
 def dec(seq: int) -> Candidate:

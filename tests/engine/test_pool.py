@@ -9,17 +9,11 @@ from typing import Any
 
 import pytest
 
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import ContextOverflow, PoolFull, SessionFailed, SessionState
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PooledSession
-from mesh.engine.types import (
-    ContextOverflow,
-    EngineConfig,
-    PoolFull,
-    SamplingParams,
-    SessionFailed,
-    SessionState,
-)
 
 PREFIX = "The shared project prefix: tools, files and notes for every agent. " * 6
 GREEDY = SamplingParams(max_tokens=12, stop_at_eos=False)
@@ -433,7 +427,7 @@ def test_load_snapshot_reports_states_and_rates(tiny_model_path: Path) -> None:
 
 
 def test_missing_model_names_the_fix(tmp_path: Path) -> None:
-    from mesh.engine.types import ModelError
+    from mesh.engine.interface import ModelError
 
     cfg = EngineConfig(model_path=str(tmp_path / "nope.gguf"))
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mesh.engine.fake import FakeEngine
-from mesh.engine.types import Engine, SamplingParams
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Engine
+from mesh.sim.fake import FakeEngine
 from tests.engine.test_pool import make_pool
 
 PARAMS = SamplingParams(max_tokens=4, stop_at_eos=False)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Generation, StepSample
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import Generation, SamplingParams, StepSample
 from tests.engine.test_pool import make_pool, run
 
 LONG = "the water and the land of every house in the old city " * 10

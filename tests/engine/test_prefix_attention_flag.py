@@ -17,16 +17,17 @@ import pytest
 
 from mesh.cli.engine_flags import apply_engine_flags
 from mesh.engine import build as build_mod
-from mesh.engine.llama import prefix_attn
-from mesh.engine.llama_rules import (
+from mesh.engine import llama as prefix_attn
+from mesh.engine.config import (
     FLASH_ATTN_CONFLICT,
     PREFIX_ATTENTION_NOT_BUILT,
+    EngineConfig,
+    SamplingParams,
     fa_on_vs_off,
     resolve_flash_attn,
     resolve_prefix_attention,
 )
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig, SamplingParams
 from tests.engine.flag_args import parse
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "prefix_attention.json"

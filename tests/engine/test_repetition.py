@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from mesh.engine import native
-from mesh.engine.llama import GreedySampler, LlamaModel, Sampler, make_sampler
-from mesh.engine.sampling import ProseTracker
-from mesh.engine.types import SamplingParams
+from mesh.engine.config import SamplingParams
+from mesh.engine.llama import LlamaModel
+from mesh.engine.sampling import GreedySampler, ProseTracker, Sampler, make_sampler
 from tests.engine.test_pool import make_pool, run
 
 PROMPT = "a a a a a a a a"

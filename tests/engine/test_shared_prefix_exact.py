@@ -33,11 +33,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from mesh.engine.llama import Batch, LlamaContext, LlamaModel, prefix_attn
+from mesh.engine import llama as prefix_attn
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import PoolInfo
+from mesh.engine.llama import Batch, LlamaContext, LlamaModel
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.records import PoolInfo
 from mesh.engine.session import PooledSession
-from mesh.engine.types import EngineConfig, SamplingParams
 
 VOCABULARY_WORDS = """
 the of and to in is it you that he was for on are as with his they at be this have from

@@ -9,9 +9,13 @@ from typing import Any
 
 import pytest
 
-from mesh.engine import poster, session, stats
-from mesh.engine.pool import SNAPSHOT_INTERVAL_S, SharedKVPool
-from mesh.engine.types import EngineConfig, SamplingParams, SessionState
+from mesh.engine import scheduler as stats
+from mesh.engine import session
+from mesh.engine import thread as poster
+from mesh.engine.config import EngineConfig, SamplingParams
+from mesh.engine.interface import SessionState
+from mesh.engine.pool import SharedKVPool
+from mesh.engine.scheduler import SNAPSHOT_INTERVAL_S
 
 PREFIX = "The shared project prefix: tools, files and notes for every agent. " * 4
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Piece, TurnResult
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import Piece, SamplingParams, TurnResult
 from tests.engine.test_pool import make_pool, run
 
 PROMPT = "Tell me about the water and the land:"

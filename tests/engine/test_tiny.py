@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from mesh.engine import tiny
+from mesh.engine import models as tiny
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel
 
 N_CTX = 256

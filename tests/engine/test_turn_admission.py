@@ -6,9 +6,10 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Piece, SessionState, StepSample, TurnResult
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PoolGeneration
-from mesh.engine.types import Piece, SamplingParams, SessionState, StepSample, TurnResult
 from tests.engine.test_pool import make_pool, run
 
 

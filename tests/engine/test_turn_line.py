@@ -14,11 +14,10 @@ import pytest
 
 from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.config import SamplingParams
-from mesh.engine.fake import FakeEngine
-from mesh.engine.protocols import Engine, Session
-from mesh.engine.records import SessionState, StepSample
+from mesh.engine.interface import Engine, Session, SessionState, StepSample
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio
 

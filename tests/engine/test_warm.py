@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig
 from tests.engine.test_pool import PREFIX, make_pool, run
 
 
@@ -21,7 +21,7 @@ def _snapshot(cache: Path) -> Path:
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "mesh.engine.warm" and r.levelno == logging.WARNING]
+            if r.name == "mesh.engine.build" and r.levelno == logging.WARNING]
 
 
 def test_garbage_snapshot_is_reported_and_rebuilt(
@@ -32,7 +32,7 @@ def test_garbage_snapshot_is_reported_and_rebuilt(
         snap = _snapshot(tmp_path)
         good = snap.read_bytes()
         snap.write_bytes(b"garbage")
-        with caplog.at_level(logging.WARNING, logger="mesh.engine.warm"):
+        with caplog.at_level(logging.WARNING, logger="mesh.engine.build"):
             again = await make_pool(tiny_model_path, cache_dir=str(tmp_path))
         await again.aclose()
         assert not again.info.warm_started
@@ -61,7 +61,7 @@ def test_snapshot_of_another_prefix_is_reported_and_rebuilt(
         await other.aclose()
         snap = _snapshot(ours)
         shutil.copyfile(_snapshot(theirs), snap)  # a valid file, the wrong tokens
-        with caplog.at_level(logging.WARNING, logger="mesh.engine.warm"):
+        with caplog.at_level(logging.WARNING, logger="mesh.engine.build"):
             again = await make_pool(tiny_model_path, cache_dir=str(ours))
         await again.aclose()
         assert not again.info.warm_started

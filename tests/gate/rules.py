@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mesh.engine.protocols import Engine
+from mesh.engine.interface import Engine
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import POLICIES, GateConfig
 from mesh.gate.decide import WorkerRule

@@ -11,11 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.engine.fake import FakeEngine
-from mesh.engine.types import PoolLoad, SamplingParams, StepSample
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import PoolLoad, StepSample
 from mesh.gate.admission import FloorGate
 from mesh.gate.model import StepCost, ThroughputModel
 from mesh.gate.types import Admission, QueueFull, Ticket
+from mesh.sim.fake import FakeEngine
 from tests.gate.rules import floor_gate
 
 pytestmark = pytest.mark.anyio

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.engine.fake import FakeEngine
 from mesh.gate.admission import FloorGate
 from mesh.gate.budget import MIN_CHUNK, BudgetState, FloorBudget, prefill_budget
 from mesh.gate.config import GateConfig
 from mesh.gate.decode_gate import DecodeGate
 from mesh.gate.model import StepCost
+from mesh.sim.fake import FakeEngine
 from tests.gate.rules import floor_gate
 
 COST = StepCost(a=0.010, b=0.010, c=0.0, d=0.001, e=0.0)

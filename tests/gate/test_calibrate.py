@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh.engine.fake import FakeEngine
-from mesh.engine.types import StepSample
+from mesh.engine.interface import StepSample
 from mesh.gate.calibrate import (
     QUICK_PRIVATE_TOKENS,
     QUICK_SIZES,
@@ -22,6 +21,7 @@ from mesh.gate.calibrate import (
     seed_path,
 )
 from mesh.gate.model import ThroughputModel
+from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio
 

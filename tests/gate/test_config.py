@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from mesh.engine.fake import FakeEngine
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from mesh.sim.fake import FakeEngine
 from mesh.sim.policies import Legacy, ProjectionRule, Static, parse_rule
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mesh.engine.types import PoolLoad, SessionLoad, SessionState
+from mesh.engine.interface import PoolLoad, SessionLoad, SessionState
 from mesh.gate.config import GateConfig
 from mesh.gate.decide import Verdict, WorkerRule, decide
 from mesh.gate.model import StepCost, ThroughputModel
@@ -326,7 +326,7 @@ def test_projection_numbers_are_finite() -> None:
 
 def test_floor_above_solo_speed_still_admits_one_worker_when_none_runs() -> None:
     """A floor the hardware cannot reach even alone must not starve the queue."""
-    from mesh.engine.types import PoolLoad
+    from mesh.engine.interface import PoolLoad
     from mesh.gate.decide import Verdict, decide
     from mesh.gate.model import ThroughputModel
 
@@ -343,7 +343,7 @@ def test_floor_above_solo_speed_still_admits_one_worker_when_none_runs() -> None
 
 def test_live_scale_corrects_a_model_that_is_off() -> None:
     """Recent decode steps 2.5x faster than modelled pull the projection with them."""
-    from mesh.engine.types import PoolLoad, StepSample
+    from mesh.engine.interface import PoolLoad, StepSample
     from mesh.gate.decide import decide
     from mesh.gate.model import StepCost
     from mesh.gate.projection import live_scale
@@ -417,7 +417,7 @@ def test_young_sessions_count_as_always_decoding() -> None:
 
 def test_prefill_the_workers_bring_is_priced_per_worker() -> None:
     """Tool results prefilled alongside decoding lower every worker's projected rate."""
-    from mesh.engine.types import StepSample
+    from mesh.engine.interface import StepSample
     from mesh.gate.projection import prefill_ratio, project
 
     assert prefill_ratio([StepSample(4, 0, 4000, 0.05)] * 3) == 0.0, "too little data"

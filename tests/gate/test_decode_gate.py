@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.engine.types import StepSample
+from mesh.engine.interface import StepSample
 from mesh.gate.budget import BudgetState
 from mesh.gate.decode_gate import DecodeGate, measured_ratio, turn_room
 from mesh.gate.model import StepCost

@@ -5,12 +5,12 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from mesh.engine.fake import FakeEngine
-from mesh.engine.types import PoolFull
+from mesh.engine.interface import PoolFull
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.gate.hold import Hold, NotAdmitted, admitted
 from mesh.gate.types import QueueFull
+from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.engine.types import PoolLoad, StepSample
+from mesh.engine.interface import PoolLoad, StepSample
 from mesh.gate.model import DEFAULT_PRIOR, StepCost, ThroughputModel
 
 # The probe in DESIGN.md: Gemma 3 270M, 900-token prefix, 2 CPU threads.

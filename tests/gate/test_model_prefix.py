@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.engine.types import StepSample
+from mesh.engine.interface import StepSample
 from mesh.gate.budget import prefill_budget
 from mesh.gate.model import DEFAULT_PRIOR, StepCost, ThroughputModel
 

@@ -19,8 +19,8 @@ from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
 from mesh.api.openai import OpenAIAPI
+from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.integrations.langchain import MeshChat, MeshError

@@ -45,7 +45,7 @@ def llama_backend(tmp_path_factory: pytest.TempPathFactory,
     """A real third-party OpenAI-compatible server: ``llama_cpp.server`` on the tiny model,
     with its default settings (one context, requests serialized, a stream interrupted when
     another request arrives)."""
-    from mesh.engine.tiny import tiny_model_path
+    from mesh.engine.models import tiny_model_path
 
     model = tiny_model_path(cache / "mesh" / "models")  # the file `mesh serve` would use
     with llama_server(model, tmp_path_factory.mktemp("llama-server")) as served:
@@ -58,7 +58,7 @@ def llama_backend_serial(tmp_path_factory: pytest.TempPathFactory,
     """``llama_cpp.server`` as mesh's docs say to run it: ``--interrupt_requests False``
     (a request waits for the running one instead of cutting it); a small context (384
     tokens, less than a session may hold), so a long session overruns it."""
-    from mesh.engine.tiny import tiny_model_path
+    from mesh.engine.models import tiny_model_path
 
     model = tiny_model_path(cache / "mesh" / "models")
     with llama_server(model, tmp_path_factory.mktemp("llama-server-serial"),
@@ -68,7 +68,7 @@ def llama_backend_serial(tmp_path_factory: pytest.TempPathFactory,
 
 def tiny_path(cache: Path) -> Path:
     """The tiny GGUF the served processes wrote (same file, so the same tokenizer)."""
-    from mesh.engine.tiny import TINY_FORMAT_VERSION
+    from mesh.engine.models import TINY_FORMAT_VERSION
 
     path = cache / "mesh" / "models" / f"mesh-tiny-llama-v{TINY_FORMAT_VERSION}.gguf"
     assert path.is_file(), f"no tiny model at {path}"

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from mesh.backends import BackendConfig, OpenAIEngine
-from mesh.engine.types import SamplingParams, SessionFailed
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import SessionFailed
 
 pytestmark = pytest.mark.anyio
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from mesh.backends import OpenAIEngine
-from mesh.engine.types import SamplingParams, Session, SessionFailed, TurnResult
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Session, SessionFailed, TurnResult
 from tests.nodes.conftest import simulate
 from tests.nodes.llama_server import LlamaServer
 from tests.nodes.tiny_engine import tiny_openai_engine

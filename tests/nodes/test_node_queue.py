@@ -8,11 +8,11 @@ from typing import Any
 import anyio
 import pytest
 
-from mesh.engine.fake import FakeEngine
 from mesh.fleet.nodes import Node, NodePool
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.gate.waiters import WaiterQueue
+from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from mesh.backends import BackendConfig, OpenAIEngine
-from mesh.engine.types import SamplingParams
+from mesh.engine.config import SamplingParams
 from mesh.fleet.node_worker import NodeClient
 from mesh.fleet.nodes import Node, NodePool
 

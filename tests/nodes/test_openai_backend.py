@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from mesh.backends import BackendConfig, OpenAIEngine
-from mesh.engine.types import ContextOverflow, ModelError, SamplingParams, Session, SessionState
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import ContextOverflow, ModelError, Session, SessionState
 from tests.nodes.conftest import simulate
 from tests.nodes.tiny_engine import tiny_openai_engine
 from tests.reliability.serve_proc import ServeProc, free_port, message, running

@@ -15,9 +15,9 @@ from starlette.applications import Starlette
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
 from mesh.api import SessionAPI, api_routes
-from mesh.engine.fake import FakeEngine
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
+from mesh.sim.fake import FakeEngine
 from tests.coordinator.coord_helpers import Probe, ScriptedWorker
 
 

@@ -15,8 +15,8 @@ from starlette.applications import Starlette
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
 from mesh.api import SessionAPI, api_routes
+from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.template import build_prefix, load_template

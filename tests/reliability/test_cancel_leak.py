@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
+from mesh.engine.interface import ModelError
 from mesh.engine.models import smollm2_path
-from mesh.engine.types import ModelError
 from tests.reliability.serve_proc import (
     A2A_HEADERS,
     TERMINAL,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mesh.engine.fake import FakeEngine
+from mesh.sim.fake import FakeEngine
 from mesh.template import load_template
 from mesh.worker import DispatchWorker
 from mesh.worker.loop import WorkerFailed

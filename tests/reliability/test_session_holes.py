@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import SessionFailed
 from mesh.engine.session import PooledSession
-from mesh.engine.types import SamplingParams, SessionFailed
 from tests.reliability.fake_stack import fake_stack
 from tests.reliability.real_stack import RealStack, real_stack
 

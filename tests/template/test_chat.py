@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from mesh.engine.interface import ModelError
 from mesh.engine.llama import LlamaModel
 from mesh.engine.models import resolve_model, smollm2_path
-from mesh.engine.types import ModelError
 from mesh.template.chat import PLAIN_TEMPLATE, ChatFormat, ChatFormatError, read_gguf_chat
 
 HERE = Path(__file__).parent / "chat_templates"

@@ -9,9 +9,10 @@ from typing import Any
 import anyio
 import pytest
 
-from mesh.engine.fake import FakeEngine
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Engine, ModelError, Session
 from mesh.engine.models import smollm2_path
-from mesh.engine.types import Engine, ModelError, SamplingParams, Session
+from mesh.sim.fake import FakeEngine
 from mesh.template import load_template
 from mesh.template.chat import ChatFormat
 from mesh.worker import AgentWorker

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.engine.fake import FakeEngine
+from mesh.sim.fake import FakeEngine
 from mesh.template import load_template
 from mesh.worker import DispatchWorker
 from mesh.worker.types import EventKind, Subtask, WorkerEvent

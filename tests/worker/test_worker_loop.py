@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mesh.engine.fake import FakeEngine
+from mesh.sim.fake import FakeEngine
 from mesh.template import load_template
 from mesh.worker import AgentWorker, ProjectTools, WorkerFailed, WorkerLimits
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult

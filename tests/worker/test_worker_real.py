@@ -12,8 +12,8 @@ from typing import Any
 import anyio
 import pytest
 
+from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
-from mesh.engine.types import EngineConfig
 from mesh.template import load_template, sample_project_dir
 from mesh.template.chat import ChatFormat
 from mesh.template.loader import Template

@@ -7,7 +7,7 @@ import threading
 import anyio
 import pytest
 
-from mesh.engine.fake import FakeEngine
+from mesh.sim.fake import FakeEngine
 from mesh.template import load_template
 from mesh.worker import ScenarioParams, ScenarioWorker, WorkerFailed, plan_schedule
 from mesh.worker.simulated import simulated_output

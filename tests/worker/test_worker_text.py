@@ -6,8 +6,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from mesh.engine.fake import FakeEngine
-from mesh.engine.types import SamplingParams
+from mesh.engine.config import SamplingParams
+from mesh.sim.fake import FakeEngine
 from mesh.template import load_template
 from mesh.worker import AgentWorker, WorkerLimits
 from mesh.worker.text import (

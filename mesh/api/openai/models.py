@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import BinaryIO
 
-from mesh.engine.types import PoolInfo
+from mesh.engine.interface import PoolInfo
 
 __all__ = ["gguf_name", "model_names"]
 

@@ -14,7 +14,7 @@ from typing import Any
 from mesh.api.openai.schema import chunk_line, created, finish_reason, usage_json
 from mesh.api.openai.tools import split_calls
 from mesh.api.openai.turns import ChatTurn, error_code
-from mesh.engine.types import EngineError, TurnResult
+from mesh.engine.interface import EngineError, TurnResult
 
 __all__ = ["reply_body", "reply_stream", "usage"]
 

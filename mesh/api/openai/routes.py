@@ -71,7 +71,8 @@ from mesh.api.openai.schema import ChatRequest, CompletionRequest, SamplingField
 from mesh.api.openai.tools import ToolsError, ToolSpec, parse_tool_choice, parse_tools
 from mesh.api.openai.turns import Bad, OpenAITurns, engine_error
 from mesh.api.session_wire import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, TurnStream
-from mesh.engine.types import Engine, EngineError, SamplingParams
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import Engine, EngineError
 from mesh.gate.types import Admission, Ticket
 from mesh.template.chat import ChatFormat, ChatFormatError
 

@@ -21,13 +21,13 @@ from mesh.api.admit import Refusal, admit_within, release
 from mesh.api.conversations import Conversation, ConversationCache, discard
 from mesh.api.openai.schema import oa_error, too_busy
 from mesh.api.openai.tools import ToolSpec
-from mesh.engine.types import (
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import (
     ContextOverflow,
     Engine,
     EngineError,
     Generation,
     PoolFull,
-    SamplingParams,
     Session,
     SessionFailed,
 )

@@ -1,20 +1,20 @@
-"""An honest fake of :class:`~mesh.engine.types.Engine` for tests of the layers above it.
+"""An honest fake of :class:`~mesh.engine.interface.Engine` for tests of the layers above it.
 
 It keeps the same accounting rules as the real pool (cells, sequence ids, budgets, states)
 and "generates" a deterministic echo of the session's last input, one word per token, with
 an optional delay per step. It is for unit tests and for measuring the A2A layer's own
 overhead (``bench/a2a_bench.py``); ``mesh serve`` never uses it.
 
-The decode gate holds its turns in a :class:`~mesh.engine.protocols.TurnLine` (a turn waits
+The decode gate holds its turns in a :class:`~mesh.engine.interface.TurnLine` (a turn waits
 in state ``waiting`` as on the pool); its prefill is instant, so a prefill budget is taken
 and has nothing to cap. ``SamplingParams.grammar`` is accepted and ignored: the fake cannot
 enforce GBNF (its echo is not sampled from logits). Grammar behaviour is tested on the real
 pool only.
 
 Turn endings follow the pool's: stop strings go through the same
-:class:`~mesh.engine.output.TurnOutput` (cut exactly, named in ``TurnResult.stop``), and a
+:class:`~mesh.engine.session.TurnOutput` (cut exactly, named in ``TurnResult.stop``), and a
 session that runs out of budget mid-turn ends the turn with ``context_full`` (appending text
-that does not fit raises :class:`~mesh.engine.types.ContextOverflow`, as the pool does).
+that does not fit raises :class:`~mesh.engine.interface.ContextOverflow`, as the pool does).
 """
 
 from __future__ import annotations
@@ -25,21 +25,23 @@ import itertools
 import time
 from collections.abc import AsyncIterator
 
-from mesh.engine.output import TurnOutput
-from mesh.engine.protocols import PrefillBudget, TurnAdmission, TurnLine
-from mesh.engine.types import (
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import (
     AttachCheck,
     ContextOverflow,
     Piece,
     PoolFull,
     PoolInfo,
     PoolLoad,
-    SamplingParams,
+    PrefillBudget,
     SessionFailed,
     SessionLoad,
     SessionState,
+    TurnAdmission,
+    TurnLine,
     TurnResult,
 )
+from mesh.engine.session import TurnOutput
 
 __all__ = ["FakeEngine", "FakeSession"]
 

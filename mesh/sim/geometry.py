@@ -20,11 +20,11 @@ The weights: 2-D matrices in Q4_0, Q8_0 or F16, elements of standard deviation
 To write 8B parameters quickly, one pool of ~16.8M random values is quantized once (valid
 block scales, no NaN or Inf: ``gguf.quants.quantize``) and every tensor is that pool
 tiled from a random block offset, its block scales multiplied by the tensor's gain. The
-tokenizer is the tiny models' SentencePiece vocabulary (:func:`mesh.engine.tiny.
+tokenizer is the tiny models' SentencePiece vocabulary (:func:`mesh.engine.models.
 add_vocabulary`) padded to the geometry's size. Same arguments, same bytes.
 
-    python -m mesh.engine.geometry llama-3.1-8b /tmp/llama8b.gguf [--type q4_0]
-    python -m mesh.engine.geometry gemma-3-270m /tmp/g.gguf --scale-down 4   # a twin
+    python -m mesh.sim.geometry llama-3.1-8b /tmp/llama8b.gguf [--type q4_0]
+    python -m mesh.sim.geometry gemma-3-270m /tmp/g.gguf --scale-down 4   # a twin
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ import gguf
 import numpy as np
 from numpy.typing import NDArray
 
-from mesh.engine.tiers import KVShape
-from mesh.engine.tiny import add_vocabulary, vocabulary_size
+from mesh.engine.config import KVShape
+from mesh.engine.models import add_vocabulary, vocabulary_size
 
 __all__ = ["GEOMETRIES", "QTYPES", "Geometry", "TensorPlan", "plan", "write_geometry_model"]
 
@@ -293,7 +293,7 @@ def _add_metadata(w: gguf.GGUFWriter, g: Geometry, qtype: str, file_type: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mesh.engine.geometry",
+    p = argparse.ArgumentParser(prog="python -m mesh.sim.geometry",
                                 description="Write a random-weight GGUF of a real model's "
                                 "geometry.")
     p.add_argument("name", help=f"one of {', '.join(sorted(GEOMETRIES))}")

@@ -12,9 +12,9 @@ import gguf
 import numpy as np
 import pytest
 
-from mesh.engine import geometry as geo
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel
 from mesh.engine.models import resolve_model
+from mesh.sim import geometry as geo
 
 TWINS = [("llama-3.1-8b", 16), ("gemma-3-270m", 8), ("llama-3.2-1b", 8)]
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from mesh.engine.fake import FakeEngine
-from mesh.engine.types import ContextOverflow, Piece, SamplingParams, TurnResult
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import ContextOverflow, Piece, TurnResult
+from mesh.sim.fake import FakeEngine
 
 
 def turn(engine: FakeEngine, text: str, **params: Any) -> tuple[list[Piece], TurnResult]:

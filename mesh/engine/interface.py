@@ -1,0 +1,402 @@
+"""What the engine offers the layers above it: its errors, the records it hands back, and
+the seams (protocols) every engine implements, the local pool, the OpenAI backend and the
+fake alike. Nothing here touches llama.cpp, so the gate, the worker and the HTTP layers
+import these names without loading a model. Read top to bottom:
+
+**Errors.** The errors the engine raises on purpose (all :class:`EngineError`).
+
+**Records.** What the engine hands back: a turn's pieces and result, an attach answer, the pool's
+facts, and the load snapshot (sessions, step samples) the gate and ``/capacity`` read.
+Pure data.
+
+**The seams.** The engine's seams, as protocols: :class:`Engine` and :class:`Session` (what the
+worker and the HTTP layers call), :class:`Generation` (a turn's stream), and the two
+budgets the gate hands the pool (:class:`PrefillBudget`, :class:`TurnAdmission`).
+
+The seam itself is two protocols, :class:`Engine` and :class:`Session`:
+
+* ``Engine.check_attach()`` answers whether a session can be attached *now* without
+  mutating anything; ``Engine.attach()`` commits (check, then commit).
+* ``Session.append(text)`` queues suffix text for prefill; it never blocks on the model.
+* ``Session.generate(params)`` prefills whatever was appended, then streams the generated
+  pieces. The returned :class:`Generation` is an async iterator of :class:`Piece`; when it
+  is exhausted, ``Generation.result`` holds the :class:`TurnResult`. Generated tokens stay
+  in the session's context, so the next ``append`` continues the conversation.
+* ``Session.detach()`` frees the session's private KV cells; the shared prefix stays.
+  Detaching twice is a no-op. A session whose decode failed is detached by the engine and
+  its generation raises :class:`SessionFailed`.
+* ``Engine.set_prefill_budget`` / ``Engine.set_turn_admission`` take the gate's two budgets.
+  Every engine takes both: the local pool asks them on its engine thread each step; an
+  engine that runs turns on the event loop (a remote backend, the fake) holds its turns in
+  a :class:`TurnLine`, and a backend that schedules its own prefill says so and ignores
+  the prefill budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from mesh.engine.config import SamplingParams
+
+__all__ = [
+    "AttachCheck", "ContextOverflow", "Engine", "EngineError", "Generation", "ModelError", "Piece",
+    "PoolFull", "PoolInfo", "PoolLoad", "PrefillBudget", "Session", "SessionFailed", "SessionLoad",
+    "SessionState", "StepSample", "TurnAdmission", "TurnLine", "TurnResult"
+]
+
+
+# -------------------- errors --------------------------------------------------
+
+class EngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class ModelError(EngineError):
+    """The model file is missing, unreadable or not a GGUF llama.cpp can load."""
+
+
+class PoolFull(EngineError):
+    """No sequence id or not enough free KV cells for another session."""
+
+
+class ContextOverflow(EngineError):
+    """A session would grow past its context budget."""
+
+
+class SessionFailed(EngineError):
+    """The session cannot go on (a decode failed, it was detached, or the pool closed)."""
+
+# -------------------- records -------------------------------------------------
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token and the text it released.
+
+    ``text`` may be empty (mid-UTF-8 character, or held back as a possible start of a stop
+    string). Held text released when a turn ends without a token of its own (``eos``,
+    ``context_full``, ``cancelled``) comes as a last piece with ``token == -1``. The pieces'
+    texts always join to ``TurnResult.text``. A turn the decode gate paused (shed, to keep
+    the floor) gets, when it runs again, a piece with ``token == -1``, no text and
+    ``paused_s``: how long it waited, so a client can tell a pause from slow decoding.
+    """
+
+    token: int
+    text: str
+    paused_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """How a turn ended.
+
+    ``finish_reason`` is one of ``stop`` (a stop string matched: ``stop`` names it, and no
+    part of it is in ``text``), ``eos`` (the model ended its turn), ``length``
+    (``max_tokens`` reached), ``context_full`` (the session's budget or the KV buffer has no
+    room for another token) or ``cancelled`` (the consumer stopped early). Only ``stop`` and
+    ``eos`` are turns the model finished; the others were cut.
+    """
+
+    text: str
+    num_prompt_tokens: int
+    num_generated: int
+    finish_reason: str
+    decode_s: float
+    stop: str | None = None
+    # Seconds the turn waited for the decode gate before its first step (turn-start
+    # latency; 0.0 where no gate runs or the turn was admitted at once).
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class AttachCheck:
+    """Answer of :meth:`Engine.check_attach`: ``ok`` or the reason it would be refused."""
+
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """Facts learned when the pool was built; immutable for the pool's life."""
+
+    model_path: str
+    model_name: str
+    n_ctx: int
+    n_seq_max: int
+    max_sessions: int
+    session_budget: int
+    n_vocab: int
+    prefix_tokens: int
+    prefix_hash: str  # sha256 of the prefix token ids
+    warm_started: bool
+    build_s: float
+    # Which engine runs the sessions: "llama.cpp" (the local pool) or "openai:URL" (a
+    # serving cluster behind an OpenAI-compatible API, mesh.backends.openai).
+    engine: str = "llama.cpp"
+    n_params: int = 0  # the model's parameter count; 0 where the engine cannot tell
+    # The attention path the pool resolved (llama.cpp pools; "" where it does not apply):
+    # the flash-attention mode handed to llama.cpp (on | off | auto: llama.cpp's choice) and
+    # shared-prefix attention (shared | off).
+    flash_attn: str = ""
+    prefix_attention: str = ""
+
+
+# --------------------------------------------------------------------------- load
+
+
+class SessionState(enum.StrEnum):
+    PREFILLING = "prefilling"  # has appended text not yet decoded
+    DECODING = "decoding"  # generating tokens
+    IDLE = "idle"  # waiting for input (a tool call, the next turn)
+    WAITING = "waiting"  # a turn was asked for; the decode gate has not let it run yet
+
+
+@dataclass(frozen=True)
+class SessionLoad:
+    """One session in a :class:`PoolLoad` snapshot."""
+
+    id: str
+    state: SessionState
+    private_cells: int  # suffix cells this session owns (appended + generated)
+    context_len: int  # prefix + private cells: what attention reads per token
+    decode_tps: float | None  # EWMA of this session's decode tokens/s; None until measured
+    duty_cycle: float | None  # observed share of wall time spent prefilling or decoding
+    age_s: float
+    num_generated: int
+    parked: bool = False  # its private cells are off the cache (re-prefilled on resume)
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """Timing of one engine step, for the gate's online throughput model."""
+
+    num_decode: int  # sessions that decoded a token in the step
+    num_prefill_tokens: int
+    sum_context: int  # Σ context_len of the decoding sessions
+    step_s: float  # wall time of the whole step (host work + llama_decode)
+    # Cells in use in the whole cache during the step (prefix + every session's private
+    # cells, idle sessions' included): with one unified cache every decoding row attends
+    # over all of them (masked), so step time grows with num_decode × cells_used.
+    cells_used: int = 0
+
+
+@dataclass(frozen=True)
+class PoolLoad:
+    """A consistent snapshot of the pool, taken between steps. Pure data."""
+
+    taken_at: float  # time.monotonic() of the snapshot
+    sessions: tuple[SessionLoad, ...]
+    step_ms: float | None  # EWMA of step wall time
+    agg_tps: float  # decode tokens/s over the recent window, all sessions
+    cells_used: int  # prefix + Σ private cells
+    cells_total: int  # n_ctx
+    prefix_cells: int
+    naive_cells: int  # what the same sessions would hold with a private prefix copy each
+    free_seq_ids: int
+    max_sessions: int
+    session_budget: int
+    recent_steps: tuple[StepSample, ...] = field(default_factory=tuple)
+    # Totals since the pool started (0 where an engine does not count them): sessions that
+    # attached, and suffix tokens prefilled in steps (appended text, tool results; with a
+    # private prefix per session, the prefix copies too). Deltas of the two, with
+    # prefix_cells, say what the shared prefix saved: prefix × sessions not prefilled.
+    sessions_attached: int = 0
+    prefill_tokens: int = 0
+    # Sessions the pool released because no handle held them any more (an owner that was
+    # cancelled or crashed without detaching): the safety net's count; 0 when nothing leaks.
+    sessions_reaped: int = 0
+    # Parking (0 where an engine does not park): attached sessions allowed at once
+    # (resident + parked), the suffix tokens parked sessions hold off the cache, and since
+    # start: parks, resumes and the suffix tokens resumes re-prefilled (their recompute;
+    # a swapped resume re-prefills none).
+    max_attached: int = 0
+    parked_tokens: int = 0
+    parks: int = 0
+    resumes: int = 0
+    resume_tokens: int = 0
+    parked_bytes: int = 0  # host RAM held by swapped suffixes (at most park_memory)
+    swaps: int = 0  # parks that swapped (the rest recompute on resume)
+    park_memory: int = 0  # the host RAM swapped suffixes may hold (--park-memory, bytes)
+
+    @property
+    def num_parked(self) -> int:
+        return sum(1 for s in self.sessions if s.parked)
+
+    @property
+    def num_resident(self) -> int:
+        """Attached sessions whose cells are in the cache (they hold a sequence id)."""
+        return len(self.sessions) - self.num_parked
+
+    @property
+    def attach_room(self) -> int:
+        """Sessions that may still attach: free sequence ids, or with parking on, the
+        attached limit left (cells aside)."""
+        if self.max_attached > self.max_sessions:
+            return max(0, self.max_attached - len(self.sessions))
+        return self.free_seq_ids
+
+    @property
+    def reduction(self) -> float:
+        """naive / pooled cell count (1.0 with no sessions)."""
+        if not self.sessions or not self.cells_used:
+            return 1.0
+        return self.naive_cells / self.cells_used
+
+    @property
+    def cells_free(self) -> int:
+        return self.cells_total - self.cells_used
+
+    def count(self, state: SessionState) -> int:
+        return sum(1 for s in self.sessions if s.state is state)
+
+# -------------------- the seams -----------------------------------------------
+
+logger = logging.getLogger(__name__)
+
+
+class PrefillBudget(Protocol):
+    """How many prefill tokens a step may carry next to ``num_decode`` decoding rows while
+    ``cells_used`` cells are in use, so the step stays within what the floor allows.
+
+    Pure and cheap: the engine thread calls it once per step. The pool never asks it when
+    nothing is decoding (such a step takes the full ``n_batch``).
+    """
+
+    def __call__(self, num_decode: int, cells_used: int) -> int: ...
+
+
+class TurnAdmission(Protocol):
+    """The decode gate: how many more turns may start running in the next step.
+
+    A turn *runs* from the first step that prefills or decodes for it until it ends; a
+    turn that was asked for (``generate``) but does not run yet *waits*, first come first
+    served, with its session's cells kept. ``num_running`` turns run now, over
+    ``cells_used`` cells; ``recent`` are the last measured steps (oldest first). Pure and
+    cheap: the engine thread asks it once per step while a turn waits. The pool always
+    lets one turn run when none does (progress).
+    """
+
+    def turn_room(self, num_running: int, cells_used: int,
+                  recent: Sequence[StepSample]) -> int: ...
+
+
+class TurnLine:
+    """The decode gate's line for an engine whose turns run on the event loop.
+
+    Turns ``enter`` first come first served and run once the gate has room for one more;
+    ``leave`` when they end. As the pool's planner does: one turn always runs when none
+    does, and a gate that raises holds the turns as they are. Room is asked again when a
+    turn leaves, when the engine measures a step (``poke``) and every ``recheck_s``. Such
+    an engine cannot pause a turn between its steps, so a negative room (shed) only keeps
+    the waiting turns waiting. ``cells_used`` and ``recent`` read the engine's own figures.
+    """
+
+    def __init__(self, cells_used: Callable[[], int],
+                 recent: Callable[[], Sequence[StepSample]], *, recheck_s: float = 0.05) -> None:
+        self.gate: TurnAdmission | None = None
+        self.running = 0
+        self._line: list[object] = []
+        self._changed = asyncio.Event()
+        self._cells_used = cells_used
+        self._recent = recent
+        self._recheck_s = recheck_s
+
+    @property
+    def waiting(self) -> int:
+        return len(self._line)
+
+    def _may_start(self) -> bool:
+        if self.gate is None or self.running == 0:
+            return True
+        try:
+            return int(self.gate.turn_room(self.running, self._cells_used(),
+                                           self._recent())) > 0
+        except Exception:  # a broken gate must not fail the turns
+            logger.exception("the decode gate failed; the waiting turns keep waiting")
+            return False
+
+    async def enter(self) -> None:
+        """Wait for this turn's place, then count it running. Cancelling the wait leaves
+        the line (nothing held)."""
+        me = object()
+        self._line.append(me)
+        try:
+            while not (self._line[0] is me and self._may_start()):
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), self._recheck_s)
+        finally:
+            self._line.remove(me)
+            self.poke()  # the next one in line looks again
+        self.running += 1
+
+    def leave(self) -> None:
+        """A running turn ended (whatever way)."""
+        self.running = max(0, self.running - 1)
+        self.poke()
+
+    def poke(self) -> None:
+        """Something changed (a step measured, a turn left): the head looks again."""
+        self._changed.set()
+
+
+@runtime_checkable
+class Generation(Protocol):
+    """Async iterator of :class:`Piece`; ``result`` is set once it is exhausted."""
+
+    result: TurnResult | None
+
+    def __aiter__(self) -> AsyncIterator[Piece]: ...
+
+    async def aclose(self) -> None:
+        """Stop generating early (the tokens so far stay in the session)."""
+
+
+@runtime_checkable
+class Session(Protocol):
+    id: str
+
+    @property
+    def context_len(self) -> int: ...
+
+    def append(self, text: str) -> None:
+        """Queue suffix text; raises ContextOverflow if it cannot fit the budget."""
+
+    def generate(self, params: SamplingParams) -> Generation:
+        """Prefill what was appended, then stream up to ``params.max_tokens`` pieces."""
+
+    async def detach(self) -> None:
+        """Free this session's private cells. Idempotent."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    @property
+    def info(self) -> PoolInfo: ...
+
+    def check_attach(self) -> AttachCheck:
+        """Would ``attach`` succeed now? Pure read; mutates nothing."""
+
+    async def attach(self) -> Session:
+        """Share the prefix with a new session; raises PoolFull with the reason."""
+
+    def load(self) -> PoolLoad:
+        """A snapshot for the gate and ``/capacity``."""
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens ``text`` is (no BOS), for budgeting."""
+
+    def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
+        """Cap the prefill a step carries beside decoding rows (None: no cap)."""
+
+    def set_turn_admission(self, gate: TurnAdmission | None) -> None:
+        """The decode gate: each turn runs once it has room (None: turns run as asked)."""
+
+    async def aclose(self) -> None:
+        """Stop the engine thread and free every native handle."""
