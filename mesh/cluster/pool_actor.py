@@ -1,0 +1,205 @@
+"""One pool in a Ray actor: the process that owns a :class:`~mesh.engine.pool.SharedKVPool`
+(its model, its prefix, its sessions, its engine thread and the decode gate's copy that
+the thread asks each step) on whichever node Ray placed it.
+
+:class:`PoolActor` is a plain class; :mod:`mesh.cluster.pools` makes it a Ray actor
+(``ray.remote(PoolActor).options(num_gpus=..., memory=...)``), so this module imports no
+Ray and the actor's contract can be read, and tested, without a cluster.
+
+Contract (what a caller may assume; every method runs on the actor's one event loop):
+
+* ``start()`` builds the pool (model loaded, prefix decoded or restored) and returns its
+  :class:`~mesh.engine.interface.PoolInfo`. Nothing else is called before it returns.
+* ``attach()`` returns a session id of this pool (``PoolFull`` when it has no room);
+  ``generate(sid, text, params)`` appends ``text`` (``ContextOverflow`` past the budget)
+  and runs one turn, streaming lists of :class:`~mesh.engine.interface.Piece` (every piece
+  that arrived since the last list: one Ray object per step, not per token) and, last,
+  one :class:`TurnEnd`; ``stop(sid)`` ends a running turn early (``cancelled``);
+  ``detach(sid)`` frees the session (idempotent, unknown ids ignored).
+* ``report()`` is the pool's load for the coordinator that started the actor: the
+  snapshot without its step window, the attach check, and the steps not sent before
+  (each step is sent once, by a report or a :class:`TurnEnd`, so the gate's model
+  counts each once).
+* ``set_budgets((prefill, turns))`` installs the gate's prefill budget and decode gate.
+  They come as one pickled pair: the floor policy's :class:`~mesh.gate.decode_gate.DecodeGate`
+  is both, and the pair keeps it one object here, as it is in a local pool. Each pool
+  holds its own copy: its decode gate decides on its own pool's measured steps.
+* A session handle is held here until ``detach``: the pool's orphan reaper never sees one
+  drop. The coordinator detaches the sessions whose handles it lost
+  (:class:`~mesh.cluster.pools.RayPools`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import (
+    AttachCheck,
+    Engine,
+    Generation,
+    Piece,
+    PoolInfo,
+    PoolLoad,
+    PrefillBudget,
+    Session,
+    SessionFailed,
+    StepSample,
+    TurnAdmission,
+    TurnResult,
+)
+
+__all__ = ["Budgets", "HostedPool", "PoolActor", "PoolReport", "TurnEnd"]
+
+Budgets = tuple[PrefillBudget | None, TurnAdmission | None]
+
+
+class HostedPool(Engine, Protocol):
+    """What the actor hosts: an engine that starts (the local pool; the fake in tests)."""
+
+    async def start(self, progress: Callable[[int, int], None] | None = None) -> PoolInfo: ...
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """The last item of a ``generate`` stream: how the turn ended, how long it took here
+    (from the call's arrival to its end: what the coordinator's wall time is compared
+    with to measure the hop), and the pool's report as the turn ended."""
+
+    result: TurnResult
+    turn_s: float
+    report: PoolReport
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """The pool's load as the coordinator reads it (see the module docstring)."""
+
+    load: PoolLoad  # its ``recent_steps`` empty: the new ones are in ``new_steps``
+    check: AttachCheck
+    new_steps: tuple[StepSample, ...]
+
+
+class PoolActor:
+    """A pool hosted in a Ray actor (see the module docstring). ``make`` builds the pool
+    in the actor's process (a picklable callable: ``functools.partial(SharedKVPool,
+    config, prefix)``)."""
+
+    def __init__(self, make: Callable[[], HostedPool]) -> None:
+        self._make = make
+        self._pool: HostedPool | None = None
+        self._sessions: dict[str, Session] = {}
+        self._turns: dict[str, Generation] = {}
+        self._last_sent: StepSample | None = None  # the last step a report carried
+
+    @property
+    def pool(self) -> HostedPool:
+        if self._pool is None:
+            raise SessionFailed("the pool actor is not started; call start() first")
+        return self._pool
+
+    async def start(self) -> PoolInfo:
+        pool = self._make()
+        info = await pool.start(None)
+        self._pool = pool
+        return info
+
+    def pid(self) -> int:
+        """The actor's process id (what a test kills to kill the pool)."""
+        return os.getpid()
+
+    def set_budgets(self, budgets: Budgets) -> None:
+        prefill, turns = budgets
+        self.pool.set_prefill_budget(prefill)
+        self.pool.set_turn_admission(turns)
+
+    async def attach(self) -> str:
+        session = await self.pool.attach()
+        self._sessions[session.id] = session
+        return session.id
+
+    def _session(self, sid: str) -> Session:
+        session = self._sessions.get(sid)
+        if session is None:
+            raise SessionFailed(f"session {sid} is not attached to this pool (detached, or "
+                                "its pool was restarted)")
+        return session
+
+    async def generate(self, sid: str, text: str,
+                       params: SamplingParams) -> AsyncIterator[list[Piece] | TurnEnd]:
+        started = time.perf_counter()
+        session = self._session(sid)
+        if text:
+            session.append(text)
+        gen = session.generate(params)
+        self._turns[sid] = gen
+        arrived: asyncio.Queue[Piece | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for piece in gen:
+                    arrived.put_nowait(piece)
+            finally:
+                arrived.put_nowait(None)
+
+        task = asyncio.get_running_loop().create_task(pump())
+        try:
+            done = False
+            while not done:
+                batch = [await arrived.get()]
+                while not arrived.empty():
+                    batch.append(arrived.get_nowait())
+                done = batch[-1] is None
+                pieces = [p for p in batch if p is not None]
+                if pieces:
+                    yield pieces
+            await task  # the turn's error, if it failed
+            result = gen.result
+            if result is None:
+                raise SessionFailed(f"session {sid}'s turn ended without a result")
+            yield TurnEnd(result, time.perf_counter() - started, self.report())
+        finally:
+            self._turns.pop(sid, None)
+            if not task.done():  # the caller went away: end the turn, nobody reads it
+                await gen.aclose()
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def stop(self, sid: str) -> None:
+        gen = self._turns.get(sid)
+        if gen is not None:
+            await gen.aclose()
+
+    async def detach(self, sid: str) -> None:
+        session = self._sessions.pop(sid, None)
+        if session is not None:
+            await session.detach()
+
+    def report(self) -> PoolReport:
+        load = self.pool.load()
+        steps = load.recent_steps
+        start = 0  # a last-sent step no longer in the window: the whole window is new
+        if self._last_sent is not None:
+            for i in range(len(steps) - 1, -1, -1):
+                if steps[i] is self._last_sent:
+                    start = i + 1
+                    break
+        if steps:
+            self._last_sent = steps[-1]
+        return PoolReport(replace(load, recent_steps=()), self.pool.check_attach(),
+                          tuple(steps[start:]))
+
+    async def close(self) -> None:
+        for sid in list(self._sessions):
+            with contextlib.suppress(Exception):
+                await self.detach(sid)
+        if self._pool is not None:
+            await self._pool.aclose()
+            self._pool = None

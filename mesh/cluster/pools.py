@@ -1,0 +1,610 @@
+"""Pools as Ray actors behind the one engine interface: :class:`RayPools` is an
+:class:`~mesh.engine.interface.Engine` over N :class:`~mesh.cluster.pool_actor.PoolActor`
+actors, so the gate, the worker and the A2A layers run on it as on a local pool.
+
+Why Ray Core, not Ray Serve: a session is state (its KV cells) that must stay on the pool
+that holds it, turn after turn, and a turn is a stream the gate holds per step. Serve's
+unit is a stateless request load-balanced over replicas, with its own queueing and
+autoscaling in front: it would route a session's second turn anywhere and queue turns the
+floor gate already holds. An actor is exactly one pool: placed once by the resources it
+asks for (``num_gpus``, ``memory``), addressed by handle, and its death is reported to
+whoever calls it. Routing and recovery are mesh's (they need the prefix, the floor and the
+session's history), so they live here, over plain handles.
+
+Contract (beyond :class:`~mesh.engine.interface.Engine`'s):
+
+* ``start()`` places ``num_pools`` actors (``ValueError`` naming ``--ray-gpus`` /
+  ``--ray-pools`` when the cluster cannot hold them) and builds every pool; it returns
+  the pools' :class:`~mesh.engine.interface.PoolInfo` summed (sessions, cells) under
+  ``engine="ray:N"``.
+* ``attach()`` routes by :func:`~mesh.cluster.routing.route` (prefix, then room at the
+  floor) and tries the next pool when one refuses; the session then **stays on its pool**.
+* ``load()`` and ``check_attach()`` read the pools' latest reports (each actor is asked
+  every ``poll_s``, and sends one with every turn's end), never Ray inline: the gate reads
+  them often. Every step a pool measured reaches ``load().recent_steps`` once.
+* The gate's budgets (``set_prefill_budget``/``set_turn_admission``) are shipped to every
+  pool as one pair (:meth:`PoolActor.set_budgets`): each pool's engine thread asks its own
+  copy per step, as a local pool asks the gate's.
+* **A pool actor that dies** (its process killed, its node lost) is marked dead and never
+  routed to again. Each of its sessions **moves** at its next use, or at once if a turn is
+  streaming: it attaches to another pool and recomputes its context from the text it holds
+  (every appended text and every generated piece, in order: the prefix is the new pool's
+  own), then the turn goes on for the tokens it has left. Where no pool can take it, the
+  turn raises :class:`~mesh.engine.interface.SessionFailed` naming the dead pool and why
+  none could (the worker fails its task with it). Nothing is retried twice on one pool,
+  and the coordinator's event loop never waits on a dead actor: Ray reports the death.
+  Recompute is of text: a model's own output re-tokenized may not give the same ids, so
+  the resumed context is the same text, not always the same tokens; held-back text (a
+  possible stop string's start) dies with its pool.
+* A session whose handle is dropped without ``detach`` is detached on its pool by the
+  next poll (the pool's own reaper cannot see a coordinator's handles).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from mesh.cluster.pool_actor import HostedPool, PoolActor, PoolReport, TurnEnd
+from mesh.cluster.routing import PoolView, Route, route
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import (
+    AttachCheck,
+    ContextOverflow,
+    Piece,
+    PoolFull,
+    PoolInfo,
+    PoolLoad,
+    PrefillBudget,
+    SessionFailed,
+    SessionLoad,
+    SessionState,
+    StepSample,
+    TurnAdmission,
+    TurnResult,
+)
+
+__all__ = ["PoolHandle", "PoolPlacement", "RayGeneration", "RayPools", "RaySession"]
+
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+STEP_WINDOW = 64  # the merged step window load() carries (the pools' newest steps)
+CLOSE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class PoolPlacement:
+    """What each pool actor asks Ray for: it is placed on a node that has it free."""
+
+    num_cpus: float = 1.0  # the pool's threads (the engine thread, llama.cpp's workers)
+    num_gpus: float = 0.0  # 1 for a pool on its own GPU
+    memory: int = 0  # bytes of RAM reserved for the actor (0: none reserved)
+
+    def options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.memory > 0:
+            out["memory"] = self.memory
+        return out
+
+
+@dataclass(eq=False)
+class PoolHandle:
+    """One pool actor as the coordinator sees it."""
+
+    name: str
+    actor: Any  # a Ray actor handle of PoolActor
+    info: PoolInfo | None = None
+    report: PoolReport | None = None
+    is_alive: bool = True
+    error: str = ""
+    attaching: int = 0  # attaches in flight to it
+    num_sessions: int = 0  # this coordinator's sessions on it now (exact, unlike a report)
+    num_routed: int = 0
+
+    def view(self) -> PoolView:
+        rep = self.report
+        load = rep.load if rep is not None else None
+        return PoolView(
+            name=self.name, is_alive=self.is_alive,
+            prefix_hash=self.info.prefix_hash if self.info is not None else "",
+            can_attach=rep is not None and rep.check.ok,
+            attach_reason=(rep.check.reason if rep is not None else "no report yet"),
+            # Counted here: a pool's report lags its attaches (its snapshot is taken
+            # between steps).
+            attach_room=(max(load.max_attached, load.max_sessions) if load is not None else 0)
+            - self.num_sessions - self.attaching,
+            waiting_turns=load.count(SessionState.WAITING) if load is not None else 0,
+            running_turns=(load.count(SessionState.DECODING)
+                           + load.count(SessionState.PREFILLING)) if load is not None else 0,
+            cells_free=load.cells_free if load is not None else 0)
+
+
+async def _get(ref: Any) -> Any:
+    """Await a Ray call; an error the actor raised comes back as itself (``PoolFull``,
+    ``ContextOverflow``...), not wrapped in Ray's task error."""
+    try:
+        return await ref
+    except RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, Exception) and not isinstance(cause, RayTaskError):
+            raise cause from None
+        raise
+
+
+def _attached(h: PoolHandle, _: asyncio.Future[Any]) -> None:
+    h.attaching -= 1
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+class RayPools:
+    """Pools as Ray actors, one engine (see the module docstring). ``make`` builds one
+    pool in an actor's process (picklable); ``tokenize`` is the model's vocabulary here,
+    for ``count_tokens`` and the session budgets."""
+
+    def __init__(self, make: Callable[[], HostedPool], *, num_pools: int,
+                 tokenize: Callable[[str], list[int]],
+                 placement: PoolPlacement | None = None, prefix_hash: str | None = None,
+                 poll_s: float = 0.05, start_timeout_s: float = 900.0) -> None:
+        if num_pools < 1:
+            raise ValueError(f"--ray-pools must be at least 1, got {num_pools}")
+        self._make = make
+        self.num_pools = num_pools
+        self.placement = placement or PoolPlacement()
+        self.prefix_hash = prefix_hash or ""
+        self.poll_s = poll_s
+        self._start_timeout_s = start_timeout_s
+        self._tokenize = tokenize
+        self._tag = uuid.uuid4().hex[:8]
+        self.pools: list[PoolHandle] = []
+        self._info: PoolInfo | None = None
+        self._budgets: tuple[PrefillBudget | None, TurnAdmission | None] = (None, None)
+        self._steps: deque[StepSample] = deque(maxlen=STEP_WINDOW)
+        self._load: PoolLoad | None = None  # cached until a report arrives
+        self._poller: asyncio.Task[None] | None = None
+        self._closed = False
+        # Sessions by id: the handles callers hold (weak: a dropped one is detached by
+        # the poll) and where each one's pool-side session is.
+        self._handles: weakref.WeakValueDictionary[str, RaySession] = (
+            weakref.WeakValueDictionary())
+        self._where: dict[str, tuple[PoolHandle, str]] = {}
+        self._ids: dict[tuple[str, str], str] = {}  # (pool, pool-side id) -> session id
+        self.num_moved = 0  # sessions resumed on another pool after theirs died
+        self.num_lost = 0  # sessions whose pool died and that no pool could take
+        self.turn_overheads: deque[float] = deque(maxlen=4096)  # s per turn: wall - pool's
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, progress: Callable[[int, int], None] | None = None) -> PoolInfo:
+        """Place the pool actors and build every pool (see the module docstring)."""
+        self._check_resources()
+        cls = ray.remote(PoolActor)
+        for i in range(self.num_pools):
+            actor = cls.options(name=f"mesh-pool-{self._tag}-{i}", max_restarts=0,
+                                **self.placement.options()).remote(self._make)
+            self.pools.append(PoolHandle(name=f"p{i}", actor=actor))
+        try:
+            infos = await asyncio.wait_for(
+                asyncio.gather(*(_get(h.actor.start.remote()) for h in self.pools)),
+                self._start_timeout_s)
+        except TimeoutError:
+            await self.aclose()
+            raise ValueError(
+                f"the {self.num_pools} pool actors did not start within "
+                f"{self._start_timeout_s:.0f} s: the cluster may lack free resources for "
+                f"them ({self.placement}); lower --ray-pools or add nodes") from None
+        except BaseException:
+            await self.aclose()
+            raise
+        for h, info in zip(self.pools, infos, strict=True):
+            h.info = info
+        first: PoolInfo = infos[0]
+        self.prefix_hash = self.prefix_hash or first.prefix_hash
+        self._info = replace(
+            first, n_ctx=sum(i.n_ctx for i in infos), n_seq_max=sum(i.n_seq_max for i in infos),
+            max_sessions=sum(i.max_sessions for i in infos),
+            session_budget=min(i.session_budget for i in infos),
+            build_s=max(i.build_s for i in infos), engine=f"ray:{self.num_pools}")
+        if progress is not None:
+            progress(first.prefix_tokens, first.prefix_tokens)
+        self._ship()
+        await asyncio.gather(*(self._refresh(h) for h in self.pools))
+        self._poller = asyncio.get_running_loop().create_task(self._poll(), name="mesh-ray-poll")
+        return self._info
+
+    def _check_resources(self) -> None:
+        """ValueError naming the flag when the cluster has fewer GPUs or CPUs in all than
+        the pools ask for (they would wait for ever to be placed)."""
+        total: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        p = self.placement
+        for key, each, flag in (("GPU", p.num_gpus, "--ray-gpus"),
+                                ("CPU", p.num_cpus, "--threads")):
+            need = each * self.num_pools
+            if need > total.get(key, 0.0):
+                raise ValueError(
+                    f"{self.num_pools} pools x {each:g} {key} = {need:g} {key}, but the Ray "
+                    f"cluster has {total.get(key, 0.0):g}: lower --ray-pools or {flag}, "
+                    "or add nodes")
+
+    async def aclose(self) -> None:
+        """Stop polling, close every live pool (its sessions' cells freed), kill the
+        actors. Idempotent."""
+        self._closed = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        for h in self.pools:
+            if h.is_alive:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(_get(h.actor.close.remote()), CLOSE_TIMEOUT_S)
+            with contextlib.suppress(Exception):
+                ray.kill(h.actor)
+            h.is_alive = False
+
+    @property
+    def info(self) -> PoolInfo:
+        if self._info is None:
+            raise RuntimeError("the Ray pools are not started; await pools.start() first")
+        return self._info
+
+    # ------------------------------------------------------------------ the gate's budgets
+
+    def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
+        self._budgets = (budget, self._budgets[1])
+        self._ship()
+
+    def set_turn_admission(self, gate: TurnAdmission | None) -> None:
+        self._budgets = (self._budgets[0], gate)
+        self._ship()
+
+    def _ship(self) -> None:
+        for h in self.pools:
+            if h.is_alive and h.info is not None:
+                h.actor.set_budgets.remote(self._budgets)  # ordered before later calls
+
+    # ------------------------------------------------------------------ reports
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            await asyncio.gather(*(self._refresh(h) for h in self.pools if h.is_alive))
+            self._detach_dropped()
+
+    async def _refresh(self, h: PoolHandle) -> None:
+        try:
+            self.take_report(h, await _get(h.actor.report.remote()))
+        except RayActorError as exc:
+            self.pool_died(h, exc)
+        except Exception as exc:  # the pool answered with an error: keep its last report
+            h.error = _first_line(exc)
+
+    def take_report(self, h: PoolHandle, report: PoolReport) -> None:
+        h.report = report
+        self._steps.extend(report.new_steps)
+        self._load = None
+
+    def pool_died(self, h: PoolHandle, exc: BaseException) -> None:
+        """Ray reported ``h``'s actor dead: route nothing to it again."""
+        if not h.is_alive:
+            return
+        h.is_alive = False
+        h.error = _first_line(exc)
+        self._load = None
+        logger.warning("pool %s died (%s); its %d sessions move to the other pools at their "
+                       "next turn", h.name, h.error, h.num_sessions)
+        with contextlib.suppress(Exception):
+            ray.kill(h.actor)
+
+    def _detach_dropped(self) -> None:
+        for sid in [s for s in self._where if s not in self._handles]:
+            h, rid = self._where.pop(sid)
+            self._ids.pop((h.name, rid), None)
+            h.num_sessions -= 1
+            if h.is_alive:
+                logger.warning("session %s was dropped without a detach; detaching it on %s",
+                               sid, h.name)
+                h.actor.detach.remote(rid)
+
+    def views(self) -> list[PoolView]:
+        return [h.view() for h in self.pools]
+
+    # ------------------------------------------------------------------ Engine
+
+    def check_attach(self) -> AttachCheck:
+        r = route(self.views(), self.prefix_hash)
+        return AttachCheck(r.pool is not None, "" if r.pool is not None else r.reason)
+
+    async def attach(self) -> RaySession:
+        if self._closed:
+            raise SessionFailed("the Ray pools are closed")
+        h, rid = await self.attach_on_pool(exclude=())
+        session = RaySession(self, h, rid, f"{h.name}/{rid}")
+        self._handles[session.id] = session
+        self._place(session.id, h, rid)
+        return session
+
+    def _place(self, sid: str, h: PoolHandle, rid: str) -> None:
+        self._where[sid] = (h, rid)
+        self._ids[(h.name, rid)] = sid
+        h.num_sessions += 1
+
+    def _unplace(self, sid: str) -> None:
+        where = self._where.pop(sid, None)
+        if where is not None:
+            h, rid = where
+            self._ids.pop((h.name, rid), None)
+            h.num_sessions -= 1
+
+    async def attach_on_pool(self, exclude: Sequence[str]) -> tuple[PoolHandle, str]:
+        """A new pool-side session on the pool :func:`route` names (the next one when a
+        pool refuses or dies meanwhile); ``PoolFull`` with every pool's reason."""
+        tried = set(exclude)
+        while True:
+            r: Route = route(self.views(), self.prefix_hash, tried)
+            if r.pool is None:
+                raise PoolFull(r.reason)
+            h = next(p for p in self.pools if p.name == r.pool)
+            h.attaching += 1
+            pending = asyncio.ensure_future(_get(h.actor.attach.remote()))
+            pending.add_done_callback(functools.partial(_attached, h))
+            try:
+                rid: str = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                # The pool may still attach it: detach it there once it has.
+                def undo(fut: asyncio.Future[Any], h: PoolHandle = h) -> None:
+                    if not fut.cancelled() and fut.exception() is None and h.is_alive:
+                        h.actor.detach.remote(fut.result())
+                pending.add_done_callback(undo)
+                raise
+            except PoolFull:
+                tried.add(h.name)
+                continue
+            except RayActorError as exc:
+                self.pool_died(h, exc)
+                continue
+            h.num_routed += 1
+            return h, rid
+
+    def load(self) -> PoolLoad:
+        if self._load is None:
+            self._load = self._merge()
+        return self._load
+
+    def _merge(self) -> PoolLoad:
+        reps = [(h, h.report) for h in self.pools if h.is_alive and h.report is not None]
+        loads = [(h, rep.load) for h, rep in reps]
+        sessions: list[SessionLoad] = []
+        for h, load in loads:
+            for s in load.sessions:
+                sid = self._ids.get((h.name, s.id), f"{h.name}/{s.id}")
+                sessions.append(replace(s, id=sid))
+        steps_ms = [ld.step_ms for _, ld in loads if ld.step_ms is not None]
+        info = self._info
+        return PoolLoad(
+            taken_at=time.monotonic(), sessions=tuple(sessions),
+            step_ms=sum(steps_ms) / len(steps_ms) if steps_ms else None,
+            agg_tps=sum(ld.agg_tps for _, ld in loads),
+            cells_used=sum(ld.cells_used for _, ld in loads),
+            cells_total=sum(ld.cells_total for _, ld in loads),
+            prefix_cells=sum(ld.prefix_cells for _, ld in loads),
+            naive_cells=sum(ld.naive_cells for _, ld in loads),
+            free_seq_ids=sum(ld.free_seq_ids for _, ld in loads),
+            max_sessions=sum(ld.max_sessions for _, ld in loads),
+            session_budget=info.session_budget if info is not None else 0,
+            recent_steps=tuple(self._steps),
+            sessions_attached=sum(ld.sessions_attached for _, ld in loads),
+            prefill_tokens=sum(ld.prefill_tokens for _, ld in loads),
+            sessions_reaped=sum(ld.sessions_reaped for _, ld in loads),
+            max_attached=sum(ld.max_attached for _, ld in loads),
+            parked_tokens=sum(ld.parked_tokens for _, ld in loads),
+            parks=sum(ld.parks for _, ld in loads),
+            resumes=sum(ld.resumes for _, ld in loads),
+            resume_tokens=sum(ld.resume_tokens for _, ld in loads),
+            parked_bytes=sum(ld.parked_bytes for _, ld in loads),
+            swaps=sum(ld.swaps for _, ld in loads),
+            park_memory=sum(ld.park_memory for _, ld in loads))
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenize(text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenize(text))
+
+    def backend_metrics(self) -> dict[str, Any]:
+        """Each pool for ``/capacity``'s engine block: where it runs, alive or why not."""
+        rows = []
+        for h in self.pools:
+            load = h.report.load if h.report is not None else None
+            rows.append({"name": h.name, "alive": h.is_alive, "error": h.error or None,
+                         "sessions": h.num_sessions, "routed": h.num_routed,
+                         "cellsUsed": load.cells_used if load is not None else None,
+                         "cellsTotal": load.cells_total if load is not None else None})
+        overheads = sorted(self.turn_overheads)
+        p50 = overheads[len(overheads) // 2] * 1e3 if overheads else None
+        return {"pools": rows, "sessionsMoved": self.num_moved, "sessionsLost": self.num_lost,
+                "turnOverheadMsP50": p50}
+
+    # ------------------------------------------------------------------ sessions
+
+    async def stream(self, h: PoolHandle, rid: str, text: str,
+                     params: SamplingParams) -> AsyncGenerator[list[Piece] | TurnEnd]:
+        """One turn on pool ``h``: its pieces, then its :class:`TurnEnd` (the report it
+        carries is taken; the hop's overhead recorded)."""
+        started = time.perf_counter()
+        gen = h.actor.generate.options(num_returns="streaming").remote(rid, text, params)
+        async for ref in gen:
+            item = await _get(ref)
+            if isinstance(item, TurnEnd):
+                self.take_report(h, item.report)
+                self.turn_overheads.append(max(0.0, time.perf_counter() - started
+                                               - item.turn_s))
+            yield item
+
+    async def move(self, session: RaySession, why: str) -> None:
+        """``session``'s pool died: attach it to another (its context is recomputed by its
+        next turn), or raise SessionFailed naming why none could take it."""
+        old = session.pool
+        self._unplace(session.id)
+        try:
+            h, rid = await self.attach_on_pool(exclude=(old.name,))
+        except PoolFull as exc:
+            self.num_lost += 1
+            session.is_detached = True
+            raise SessionFailed(f"pool {old.name} died ({why}) and session {session.id} "
+                                f"could not move to another pool: {exc}") from None
+        session.pool, session.remote_id, session.on_pool = h, rid, 0
+        self._place(session.id, h, rid)
+        self.num_moved += 1
+        logger.warning("session %s moved from dead pool %s to %s (%d characters to "
+                       "recompute)", session.id, old.name, h.name, len(session.history))
+
+    async def detach_on_pool(self, session: RaySession) -> None:
+        h, rid = session.pool, session.remote_id
+        self._unplace(session.id)
+        self._handles.pop(session.id, None)
+        if h.is_alive:
+            try:
+                await _get(h.actor.detach.remote(rid))
+            except RayActorError as exc:
+                self.pool_died(h, exc)
+
+
+@dataclass(eq=False)
+class RaySession:
+    """A caller's handle on a session of a pool actor (see
+    :class:`~mesh.engine.interface.Session`). ``history`` is every text the session's
+    context holds past the prefix, in order; the first ``on_pool`` characters of it are on
+    its pool now (all of them, unless it just moved)."""
+
+    pools: RayPools
+    pool: PoolHandle
+    remote_id: str
+    id: str
+    history: str = ""
+    on_pool: int = 0
+    pending: str = ""
+    num_tokens: int = 0  # tokens of ``history`` (counted here)
+    num_pending: int = 0
+    is_detached: bool = False
+
+    @property
+    def context_len(self) -> int:
+        return self.pools.info.prefix_tokens + self.num_tokens + self.num_pending
+
+    def append(self, text: str) -> None:
+        if self.is_detached:
+            raise SessionFailed(f"session {self.id} is detached")
+        n = self.pools.count_tokens(text)
+        budget = self.pools.info.session_budget
+        if self.num_tokens + self.num_pending + n > budget:
+            raise ContextOverflow(f"appending {n} tokens would exceed session {self.id}'s "
+                                  f"budget of {budget} tokens")
+        self.pending += text
+        self.num_pending += n
+
+    def generate(self, params: SamplingParams) -> RayGeneration:
+        params.validate()
+        return RayGeneration(self, params)
+
+    async def detach(self) -> None:
+        if not self.is_detached:
+            self.is_detached = True
+            await self.pools.detach_on_pool(self)
+
+
+class RayGeneration:
+    """One turn of a :class:`RaySession`, moved to another pool if its pool dies (see the
+    module docstring)."""
+
+    def __init__(self, session: RaySession, params: SamplingParams) -> None:
+        self._session = session
+        self._params = params
+        self._closed = False
+        self._iterated = False
+        self.result: TurnResult | None = None
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        if self._iterated:
+            raise RuntimeError("a generation can be iterated once")
+        self._iterated = True
+        return self._run()
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def _run(self) -> AsyncIterator[Piece]:
+        s, params = self._session, self._params
+        if s.is_detached:
+            raise SessionFailed(f"session {s.id} is detached")
+        started = time.monotonic()
+        prompt_tokens = s.num_pending
+        s.history += s.pending
+        s.num_tokens += s.num_pending
+        s.pending, s.num_pending = "", 0
+        texts: list[str] = []
+        generated, before, wait_s = 0, 0, 0.0  # tokens so far; before this attempt
+        end: TurnEnd | None = None
+        while end is None:
+            if not s.pool.is_alive:
+                await s.pools.move(s, s.pool.error or "its actor died")
+            left = params.max_tokens - generated
+            if left <= 0:
+                break
+            h, rid, before = s.pool, s.remote_id, generated
+            send = s.history[s.on_pool:]
+            s.on_pool = len(s.history)
+            stream = s.pools.stream(h, rid, send, replace(params, max_tokens=left))
+            try:
+                async with contextlib.aclosing(stream) as items:
+                    async for item in items:
+                        if isinstance(item, TurnEnd):
+                            end = item
+                            break
+                        for piece in item:
+                            generated += piece.token >= 0
+                            texts.append(piece.text)
+                            s.history += piece.text
+                            s.on_pool = len(s.history)
+                            yield piece
+                        if self._closed:
+                            h.actor.stop.remote(rid)
+            except RayActorError as exc:
+                s.pools.pool_died(h, exc)
+            except SessionFailed:
+                await s.detach()
+                raise
+            except BaseException:
+                if h.is_alive:  # the consumer left mid-turn: end it on the pool too
+                    h.actor.stop.remote(rid)
+                raise
+        last = end.result if end is not None else None
+        if last is not None:
+            generated = before + last.num_generated
+            if last.stop:  # the stop string stays in the context, as in a pool
+                s.history += last.stop
+                s.on_pool = len(s.history)
+            wait_s += last.wait_s
+        s.num_tokens += generated
+        self.result = TurnResult(
+            text="".join(texts), num_prompt_tokens=prompt_tokens, num_generated=generated,
+            finish_reason=last.finish_reason if last is not None else "length",
+            decode_s=time.monotonic() - started, stop=last.stop if last is not None else None,
+            wait_s=wait_s)
