@@ -57,7 +57,7 @@ class _OpenGate:
     """Admits everything at once (the bench measures the A2A layer, not the gate)."""
 
     def check_queue(self, *, places: int = 1, caller: str = "") -> Any:
-        from mesh.gate.types import QueueCheck
+        from mesh.gate.queue import QueueCheck
 
         return QueueCheck(ok=True, queue_len=0, retry_after_s=0.0)
 
@@ -82,7 +82,8 @@ def serve(port: int, data_dir: str) -> None:
 
     import uvicorn
 
-    from mesh.a2a import CoordinatorConfig, build_app
+    from mesh.a2a.app import build_app
+    from mesh.a2a.config import CoordinatorConfig
 
     logging.disable(logging.WARNING)
     app = build_app(

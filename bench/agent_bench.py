@@ -193,7 +193,7 @@ def prompt_sentences(template: str) -> tuple[str, ...]:
     prompt (free and guided) and the synthesis prompt."""
     from mesh.agent.plans import plan_prompt
     from mesh.agent.synthesis import SYNTHESIS_INSTRUCTIONS
-    from mesh.template import load_template
+    from mesh.template.loader import load_template
     from mesh.worker.text import template_texts
 
     t = load_template(template)
@@ -341,7 +341,7 @@ def _template_copy(name: str, dest: Path, args: argparse.Namespace) -> str:
     """The shipped template, or a copy with the run's turn limits."""
     if args.max_turns is None and args.max_tokens_per_turn is None:
         return name
-    from mesh.template import export_template
+    from mesh.template.loader import export_template
 
     root = export_template(name, dest / name)
     toml = (root / "template.toml").read_text()

@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from mesh.backends import BackendConfig, OpenAIEngine
+from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Session
 from mesh.engine.llama import LlamaModel

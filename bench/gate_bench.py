@@ -53,11 +53,9 @@ import anyio
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Engine, PoolLoad, SessionLoad, SessionState
 from mesh.gate.admission import FloorGate
-from mesh.gate.calibrate import micro_benchmark
 from mesh.gate.config import POLICIES, GateConfig
-from mesh.gate.decide import decide
-from mesh.gate.model import ThroughputModel
-from mesh.gate.projection import GateInput
+from mesh.gate.decide import GateInput, decide
+from mesh.gate.model import ThroughputModel, micro_benchmark
 from mesh.sim.flags import add_neighbour_args, neighbour_config
 from mesh.sim.goals import goals, goals_markdown
 from mesh.sim.measure import percentile

@@ -39,7 +39,7 @@ PROMPT = ("You answer questions about a Python project with its tools.\n"
 
 
 def tool_grammar() -> str:
-    from mesh.template import load_template
+    from mesh.template.loader import load_template
     from mesh.worker.grammar import turn_grammar
 
     template = load_template("light")
@@ -48,8 +48,9 @@ def tool_grammar() -> str:
 
 
 def plan_grammar() -> str:
-    from mesh.agent.plans import plan_schema, schema_to_gbnf
-    from mesh.agent.task import AgentConfig
+    from mesh.agent.config import AgentConfig
+    from mesh.agent.plan_grammar import schema_to_gbnf
+    from mesh.agent.plans import plan_schema
 
     cfg = AgentConfig()
     return schema_to_gbnf(plan_schema(cfg.max_subtasks, ("list_files", "read_file", "grep"),

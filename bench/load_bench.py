@@ -57,13 +57,15 @@ def serve_fake(port: int, data_dir: str, max_queue: int) -> None:
 
     import uvicorn
 
-    from mesh.a2a import CoordinatorConfig, build_app
+    from mesh.a2a.app import build_app
+    from mesh.a2a.config import CoordinatorConfig
     from mesh.api import api_routes
     from mesh.gate.admission import FloorGate
     from mesh.gate.config import GateConfig
     from mesh.sim.fake import FakeEngine
-    from mesh.template import load_template, sample_project_dir
-    from mesh.worker import AgentWorker, ProjectTools
+    from mesh.template.loader import load_template, sample_project_dir
+    from mesh.worker.loop import AgentWorker
+    from mesh.worker.tools import ProjectTools
 
     logging.disable(logging.WARNING)
     engine = FakeEngine(max_sessions=16, session_budget=1024, step_delay_s=0.0005)

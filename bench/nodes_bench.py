@@ -263,7 +263,7 @@ def text_of_status(doc: dict[str, Any]) -> str:
 def prefix_cache_phase(root: Path, args: argparse.Namespace,
                        env: dict[str, str]) -> dict[str, Any]:
     shared = root / "shared-prefix-cache"
-    from mesh.template import sample_project_dir
+    from mesh.template.loader import sample_project_dir
 
     # The template's own sample project: the same prefix whatever the working directory.
     common = ["--template", args.prefix_template, "--prefix-tokens", str(args.prefix_tokens),

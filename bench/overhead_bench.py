@@ -48,7 +48,8 @@ from mesh.engine.llama import LlamaModel
 from mesh.engine.models import resolve_model
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PooledSession
-from mesh.template import build_prefix, load_template, sample_project_dir
+from mesh.template.loader import load_template, sample_project_dir
+from mesh.template.prefix import build_prefix
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
 BEFORE_TPS_128 = 6820.0  # tiny, N = 128, before the native step (issue 13)

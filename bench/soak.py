@@ -282,7 +282,7 @@ class Soak:
     # ------------------------------------------------------------------ server
 
     def serve_argv(self) -> list[str]:
-        from mesh.template import sample_project_dir
+        from mesh.template.loader import sample_project_dir
 
         a = self.args
         return [sys.executable, "-m", "mesh", "serve", "--model", a.model,

@@ -52,7 +52,8 @@ def serve(port: int, data_dir: str, task_store: str | None) -> None:
     import uvicorn
 
     from bench.a2a_bench import _InstantWorker, _OpenGate
-    from mesh.a2a import CoordinatorConfig, build_app
+    from mesh.a2a.app import build_app
+    from mesh.a2a.config import CoordinatorConfig
 
     logging.disable(logging.WARNING)
     app = build_app(CoordinatorConfig(port=port, data_dir=data_dir, task_store=task_store),

@@ -6,11 +6,15 @@ for parts built beforehand), serve it with :func:`run_server`; talk to other A2A
 agents with :class:`PeerClient`.
 """
 
-from mesh.a2a.app import AppParts, Compose, Coordinator, build_app, create_app, run_server
-from mesh.a2a.card import POOL_EXTENSION_URI, Skill, build_agent_card
+from mesh.a2a.app import AppParts, Compose, Coordinator, build_app, create_app
+from mesh.a2a.card import Skill, build_agent_card
 from mesh.a2a.config import CoordinatorConfig
-from mesh.a2a.executor import ANSWER_ARTIFACT, CoordinatorExecutor, WorkerFactory
+from mesh.a2a.executor import CoordinatorExecutor
+from mesh.a2a.serving import run_server
 from mesh.a2a.store import INTERRUPTED_REASON
+from mesh.a2a_names import POOL_EXTENSION_URI
+from mesh.agent.events import ANSWER_ARTIFACT
+from mesh.agent.fanout import WorkerFactory
 from mesh.fleet.peers import PeerClient, PeerError, PeerInfo, answer_text
 
 __all__ = [

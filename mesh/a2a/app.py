@@ -51,18 +51,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from mesh.a2a.auth import BearerAuth
-from mesh.a2a.card import CARD_PATH, LEGACY_CARD_PATH, Skill, build_agent_card, card_routes
+from mesh.a2a.card import Skill, build_agent_card, card_routes
 from mesh.a2a.config import CoordinatorConfig
-from mesh.a2a.executor import CoordinatorExecutor, WorkerFactory
+from mesh.a2a.executor import CoordinatorExecutor
 from mesh.a2a.postgres import check_postgres, open_postgres_stores
 from mesh.a2a.push import BackgroundPushSender, build_push_sender, make_push_url_validator
 from mesh.a2a.serving import run_server
 from mesh.a2a.store import TaskStores, open_stores
 from mesh.a2a.taskboard import TaskBoard
-from mesh.a2a.validation import CheckedContextBuilder, RequestGuard
+from mesh.a2a.validation.checked import CheckedContextBuilder
+from mesh.a2a.validation.guard import RequestGuard
+from mesh.a2a_names import CARD_PATH, LEGACY_CARD_PATH
+from mesh.agent.fanout import WorkerFactory
 from mesh.agent.task import Agent
 from mesh.engine.interface import PoolInfo
-from mesh.gate.types import Admission, QueueCheck
+from mesh.gate.queue import Admission, QueueCheck
 
 __all__ = ["AppParts", "Compose", "Coordinator", "build_app", "create_app", "run_server"]
 

@@ -46,7 +46,7 @@ from mesh.a2a.validation.checked import checked_message
 from mesh.agent.events import ANSWER_ARTIFACT, TextSink
 from mesh.agent.fanout import WorkerFactory
 from mesh.agent.task import Agent, AgentTask
-from mesh.gate.types import Admission, QueueFull
+from mesh.gate.queue import Admission, QueueFull
 from mesh.worker.types import EventKind, WorkerEvent
 
 __all__ = ["ANSWER_ARTIFACT", "CoordinatorExecutor", "WorkerFactory"]

@@ -19,8 +19,7 @@ from a2a.types import a2a_pb2 as pb
 
 from mesh.agent.events import TaskEvents
 from mesh.agent.subtasks import local_id
-from mesh.gate.hold import admitted
-from mesh.gate.types import Admission, QueueFull
+from mesh.gate.queue import Admission, QueueFull, admitted
 from mesh.worker.types import Subtask, Worker, WorkerEvent, WorkerResult
 
 __all__ = ["SubtaskFailed", "WorkerFactory", "fan_out", "run_subtask"]

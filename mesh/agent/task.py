@@ -36,16 +36,8 @@ from mesh.agent.config import PLAN_MODES, PLAN_STYLES, AgentConfig
 from mesh.agent.events import ANSWER_ARTIFACT, PLAN_ARTIFACT, TaskEvents, TextSink
 from mesh.agent.fanout import SubtaskFailed, WorkerFactory, fan_out, run_subtask
 from mesh.agent.history import Conversations
-from mesh.agent.plans import (
-    Plan,
-    PlanError,
-    explicit_plan,
-    fallback_plan,
-    max_plan_chars,
-    parse_plan,
-    plan_prompt,
-    schema_to_gbnf,
-)
+from mesh.agent.plan_grammar import max_plan_chars, schema_to_gbnf
+from mesh.agent.plans import Plan, PlanError, explicit_plan, fallback_plan, parse_plan, plan_prompt
 from mesh.agent.request_parts import request_parts
 from mesh.agent.subtasks import SubtaskSpec
 from mesh.agent.synthesis import (
@@ -60,8 +52,7 @@ from mesh.agent.synthesis import (
 )
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Engine, EngineError, Session, TurnResult
-from mesh.gate.hold import admitted
-from mesh.gate.types import Admission
+from mesh.gate.queue import Admission, admitted
 from mesh.worker.stream import WorkerFailed, release, stream_turn
 from mesh.worker.text import prose_params
 from mesh.worker.types import NO_HOPS, EventKind, Hops, Subtask, WorkerEvent, WorkerResult

@@ -12,7 +12,7 @@ from mesh.api.capacity import CapacityCollector, capacity_routes
 from mesh.api.session_wire import AttachRequest, TurnRequest, error_response
 from mesh.api.sessions import SessionAPI
 from mesh.engine.interface import Engine
-from mesh.gate.types import Admission
+from mesh.gate.queue import Admission
 
 __all__ = [
     "AttachRequest",

@@ -3,8 +3,8 @@
 Who the caller is, :func:`caller_of` (the bearer token's caller; the anonymous caller when
 auth is off), is asked here by every API of this package (the dashboard's stream limit
 too): that name is whose share of the gate's queue a request takes
-(:mod:`mesh.gate.shares`) and whose sessions, conversations or streams it counts against.
-Both APIs hold their workers with :class:`~mesh.gate.hold.Hold` (admit, attach, release:
+(:mod:`mesh.gate.queue`) and whose sessions, conversations or streams it counts against.
+Both APIs hold their workers with :class:`~mesh.gate.queue.Hold` (admit, attach, release:
 the one helper every caller of the gate uses) and turn the gate's refusals into a 429 with
 ``Retry-After`` (each in its own error shape, so a refusal here is a :class:`Refusal` the
 API renders). Both run one background task in the serving loop that retires idle holders
@@ -21,9 +21,7 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
-from mesh.gate.hold import Hold, NotAdmitted
-from mesh.gate.shares import ANONYMOUS
-from mesh.gate.types import Admission, QueueFull, Ticket
+from mesh.gate.queue import ANONYMOUS, Admission, Hold, NotAdmitted, QueueFull, Ticket
 
 __all__ = [
     "Periodic", "Refusal", "admit", "admit_within", "caller_of", "queue_refusal", "release",

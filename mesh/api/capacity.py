@@ -1,6 +1,6 @@
 """``GET /capacity`` (JSON) and ``GET /metrics`` (Prometheus text) over an Admission.
 
-Both read only :meth:`~mesh.gate.types.Admission.capacity`, so they work with any gate.
+Both read only :meth:`~mesh.gate.queue.Admission.capacity`, so they work with any gate.
 The metrics registry is built per call of :func:`capacity_routes` (no global registry):
 each scrape asks the gate for a fresh document.
 """
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from mesh.gate.types import Admission
+from mesh.gate.queue import Admission
 
 __all__ = ["CapacityCollector", "capacity_routes"]
 

@@ -40,7 +40,7 @@ from starlette.types import Receive, Scope, Send
 
 from mesh.api.admit import caller_of
 from mesh.api.dashboard_history import DashboardHistory
-from mesh.gate.types import Admission
+from mesh.gate.queue import Admission
 
 __all__ = [
     "DASHBOARD_PUBLIC_PATHS",

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mesh.api.admit import Periodic
-from mesh.gate.types import Admission
+from mesh.gate.queue import Admission
 
 __all__ = ["DashboardHistory", "sample_of"]
 

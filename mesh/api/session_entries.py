@@ -19,7 +19,7 @@ from mesh.engine.interface import (
     SessionFailed,
     SessionLoad,
 )
-from mesh.gate.hold import Hold
+from mesh.gate.queue import Hold
 
 __all__ = ["Entry", "describe", "engine_error", "start_error"]
 

@@ -51,7 +51,7 @@ from mesh.api.session_wire import (
     turn_json,
 )
 from mesh.engine.interface import ContextOverflow, Engine, EngineError, PoolFull, SessionFailed
-from mesh.gate.types import Admission
+from mesh.gate.queue import Admission
 
 __all__ = ["DEFAULT_IDLE_S", "SessionAPI", "attachable"]
 

@@ -92,7 +92,7 @@ async def _seed_gate(gate: FloorGate, pool: Any, cache: Path) -> str:
     so the first turns are gated on this hardware's step shape, not a prior; it learns
     the rest online. The seed lives beside the prefix snapshots: a shared --prefix-cache
     shares it too. Policies that read no model (``none``, ``static:N``) seed nothing."""
-    from mesh.gate.calibrate import seed_model
+    from mesh.gate.model import seed_model
 
     if gate.config.policy == "none" or (gate.rule is not None and not gate.rule.needs_seed):
         return "its prior, learned online (this policy needs no seed)"
@@ -131,19 +131,23 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     from mesh.a2a.app import AppParts
     from mesh.a2a.push import make_push_url_validator
     from mesh.a2a.taskboard import TaskBoard
-    from mesh.agent.task import Agent, AgentConfig
-    from mesh.api import SessionAPI, api_routes
-    from mesh.api.dashboard import DashboardHistory, dashboard_routes
-    from mesh.api.openai import OpenAIAPI
+    from mesh.agent.config import AgentConfig
+    from mesh.agent.task import Agent
+    from mesh.api import api_routes
+    from mesh.api.dashboard import dashboard_routes
+    from mesh.api.dashboard_history import DashboardHistory
+    from mesh.api.openai.routes import OpenAIAPI
+    from mesh.api.sessions import SessionAPI
     from mesh.cli.engine_flags import apply_engine_flags
     from mesh.cli.engines import build_engine, prefix_cache_dir
     from mesh.engine.config import EngineConfig
     from mesh.fleet.peers import PeerClient
     from mesh.gate.admission import FloorGate
-    from mesh.gate.projection import lone_worker_tps
-    from mesh.worker import DispatchWorker, ProjectTools, delegate_tool
+    from mesh.gate.decide import lone_worker_tps
+    from mesh.worker.dispatch import DispatchWorker
     from mesh.worker.grammar import ProjectPaths
     from mesh.worker.text import template_texts
+    from mesh.worker.tools import ProjectTools, delegate_tool
 
     template, project, model = built.template, built.project, built.model
     prefix, chat = built.prefix, built.chat

@@ -61,10 +61,12 @@ async def compose_nodes(args: argparse.Namespace, coord: CoordinatorConfig,
     from mesh.a2a.app import AppParts
     from mesh.a2a.taskboard import TaskBoard
     from mesh.api.capacity import capacity_routes
-    from mesh.api.dashboard import DashboardHistory, dashboard_routes, poll_nodes
+    from mesh.api.dashboard import dashboard_routes, poll_nodes
+    from mesh.api.dashboard_history import DashboardHistory
     from mesh.engine.interface import PoolInfo
+    from mesh.fleet.node_cards import read_node_cards
     from mesh.fleet.node_worker import NodeClient, NodeWorker
-    from mesh.fleet.nodes import NodePool, read_node_cards
+    from mesh.fleet.nodes import NodePool
 
     template, model, ids = built.template, built.model, built.ids
     assert ids is not None

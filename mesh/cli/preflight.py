@@ -66,8 +66,7 @@ def check_data_dir(path: Path, flag: str = "--data-dir") -> Path:
 def check_template(name: str) -> None:
     """Load the template once (cheap: a TOML file and a dry render); ValueError naming
     ``--template`` and the valid names if it is neither a shipped name nor a good folder."""
-    from mesh.template import load_template
-    from mesh.template.loader import BUILTIN_TEMPLATES
+    from mesh.template.loader import BUILTIN_TEMPLATES, load_template
 
     names = " or ".join(BUILTIN_TEMPLATES)
     if name not in BUILTIN_TEMPLATES and not Path(name).expanduser().is_dir():

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mesh.engine.models import ResolvedModel
-    from mesh.template import Prefix, Template
     from mesh.template.chat import ChatFormat
+    from mesh.template.loader import Template
+    from mesh.template.prefix import Prefix
 
 __all__ = ["ProjectPrefix", "build_project_prefix"]
 
@@ -40,8 +41,9 @@ def build_project_prefix(args: argparse.Namespace, *, want_ids: bool = False) ->
     ``--session-budget``); raises ValueError naming the fix."""
     from mesh.engine.llama import LlamaModel
     from mesh.engine.models import resolve_model
-    from mesh.template import build_prefix, default_project_dir, load_template
     from mesh.template.chat import ChatFormat
+    from mesh.template.loader import default_project_dir, load_template
+    from mesh.template.prefix import build_prefix
 
     template = load_template(args.template)
     project = Path(args.project) if args.project else default_project_dir()

@@ -29,7 +29,8 @@ from google.protobuf.json_format import MessageToDict
 from mesh.agent.events import ANSWER_ARTIFACT
 from mesh.agent.subtasks import local_id
 from mesh.fleet.hops import hops_metadata
-from mesh.fleet.nodes import Node, NodePool
+from mesh.fleet.node_cards import Node
+from mesh.fleet.nodes import NodePool
 from mesh.fleet.peer_guard import confine_card
 from mesh.fleet.peers import answer_text
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult

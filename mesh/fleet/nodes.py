@@ -1,7 +1,7 @@
 """Pool nodes: a coordinator that routes subtasks to other ``mesh serve`` processes.
 
 ``mesh serve --node URL`` (repeatable) builds a :class:`NodePool` instead of a local pool.
-It is the coordinator's :class:`~mesh.gate.types.Admission`:
+It is the coordinator's :class:`~mesh.gate.queue.Admission`:
 
 * At start, :func:`~mesh.fleet.node_cards.read_node_cards` reads each node's card
   (``urn:mesh:pool:v1``: model, prefix hash, engine) and refuses a node whose prefix hash
@@ -13,7 +13,7 @@ It is the coordinator's :class:`~mesh.gate.types.Admission`:
   ``refuse`` is never chosen while another says ``admit``; subtasks given to a node since
   its last poll count against its headroom, so a burst is spread, not piled on one node.
 * When no node admits, subtasks wait at the coordinator in the one FIFO of
-  :mod:`mesh.gate.waiters` (its head given the node :meth:`NodePool.pick` chooses), of
+  :mod:`mesh.gate.queue` (its head given the node :meth:`NodePool.pick` chooses), of
   ``max_queue`` places; past it ``check_queue`` says no (the HTTP 429 at the door). Work
   is never pushed onto a full node.
 * A node that fails (transport error, vanished) is marked down (``node_failed``) and gets no
@@ -37,9 +37,15 @@ import anyio
 import httpx
 
 from mesh.fleet.node_cards import Node, read_node_cards
-from mesh.gate.shares import QueueShares
-from mesh.gate.types import OnPosition, QueueCheck, QueueFull
-from mesh.gate.waiters import Waiter, WaiterQueue, report_admitted
+from mesh.gate.queue import (
+    OnPosition,
+    QueueCheck,
+    QueueFull,
+    QueueShares,
+    Waiter,
+    WaiterQueue,
+    report_admitted,
+)
 
 __all__ = ["Node", "NodePool", "NodeTicket", "read_node_cards"]
 

@@ -3,7 +3,7 @@
 Pure parts (no I/O, no model): :class:`~mesh.gate.config.GateConfig`,
 :class:`~mesh.gate.model.ThroughputModel`, :func:`~mesh.gate.decide.decide`, the decode
 gate (:mod:`mesh.gate.decode_gate`). The async face over an engine:
-:class:`~mesh.gate.admission.FloorGate` (the :class:`~mesh.gate.types.Admission` protocol).
-Every caller holds an admission the same way (:mod:`mesh.gate.hold`); every admission
-queues in one FIFO (:mod:`mesh.gate.waiters`).
+:class:`~mesh.gate.admission.FloorGate` (the :class:`~mesh.gate.queue.Admission` protocol).
+Every caller holds an admission the same way (:mod:`mesh.gate.queue`); every admission
+queues in one FIFO (:mod:`mesh.gate.queue`).
 """

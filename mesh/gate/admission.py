@@ -1,5 +1,8 @@
-"""The floor-tps gate's async face: :class:`FloorGate` implements
-:class:`~mesh.gate.types.Admission` over an :class:`~mesh.engine.interface.Engine`.
+"""The floor gate over an engine and the ``/capacity`` document it writes. Read top to
+bottom:
+
+**The gate.** The floor-tps gate's async face: :class:`FloorGate` implements
+:class:`~mesh.gate.queue.Admission` over an :class:`~mesh.engine.interface.Engine`.
 
 Under policy ``floor`` it admits workers by memory and hands the engine a
 :class:`~mesh.gate.decode_gate.DecodeGate` that starts each *turn* only while every decoding
@@ -9,10 +12,10 @@ by memory and the engine runs turns as asked. A comparison policy
 
 Invariants:
 
-* The queue is the one FIFO of :mod:`mesh.gate.waiters`, its head let go while
+* The queue is the one FIFO of :mod:`mesh.gate.queue`, its head let go while
   :func:`decide` admits with nobody ahead (``_choose``). It is bounded in places (one per
   waiter) by ``config.max_queue``, and per caller by ``config.queue_share``
-  (:mod:`mesh.gate.shares`): a request of N places (a task's N subtasks) is checked for
+  (:mod:`mesh.gate.queue`): a request of N places (a task's N subtasks) is checked for
   all N at once, at the door (``check_queue``/``_door``).
 * The head re-checks every ``config.recheck_s`` while it waits (load changes as workers go
   idle on tool calls); every waiter is woken when a ticket is released or the queue moves.
@@ -22,30 +25,46 @@ Invariants:
 
 Everything runs on one event loop (asyncio or trio through anyio); the methods that do not
 await are atomic with respect to other tasks.
+
+**The /capacity document.** The floor gate's ``/capacity`` document: what the gate decides now,
+over what load.
+
+Pure builders over one snapshot (:meth:`FloorGate.capacity` takes it and decides on it):
+every number is finite or null, so the document is JSON as it stands.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
 
-from mesh.engine.interface import Engine, PoolLoad, PrefillBudget
-from mesh.gate.budget import BudgetState, FloorBudget
-from mesh.gate.capacity_doc import capacity_doc
+from mesh.engine.interface import Engine, PoolLoad, PrefillBudget, SessionState
 from mesh.gate.config import POLICIES, GateConfig
-from mesh.gate.decide import Decision, Verdict, WorkerRule, decide
-from mesh.gate.decode_gate import DecodeGate
+from mesh.gate.decide import Decision, GateInput, Verdict, WorkerRule, decide, live_scale
+from mesh.gate.decode_gate import BudgetState, DecodeGate, FloorBudget, TurnRoom
 from mesh.gate.model import StepCost, ThroughputModel
-from mesh.gate.projection import GateInput, live_scale
-from mesh.gate.shares import ANONYMOUS, QueueShares, places_needed
-from mesh.gate.types import OnPosition, QueueCheck, QueueFull, Ticket
-from mesh.gate.waiters import Waiter, WaiterQueue, report_admitted
+from mesh.gate.queue import (
+    ANONYMOUS,
+    OnPosition,
+    QueueCheck,
+    QueueFull,
+    QueueShares,
+    Ticket,
+    Waiter,
+    WaiterQueue,
+    places_needed,
+    report_admitted,
+)
 
-__all__ = ["FloorGate", "GateTicket"]
+__all__ = ["FloorGate", "GateTicket", "GateView", "capacity_doc"]
+
+
+# -------------------- the gate ------------------------------------------------
 
 _HOLD_EWMA = 0.2
 
@@ -211,7 +230,7 @@ class FloorGate:
         self, key: str, on_position: OnPosition | None = None, *, accepted: bool = False,
         caller: str = ANONYMOUS,
     ) -> Ticket:
-        """Wait until admitted (see :class:`~mesh.gate.types.Admission`); ``caller``'s
+        """Wait until admitted (see :class:`~mesh.gate.queue.Admission`); ``caller``'s
         place counts against its share of the queue."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         d = self.decide_now()
@@ -255,3 +274,162 @@ class FloorGate:
         d = decide(inp, self.config, self.model, self._clock(), self.rule)
         return capacity_doc(self, inp, load, d, self._decode_gate,
                             self._waiters.shares.num_callers)
+
+# -------------------- the /capacity document ----------------------------------
+
+class GateView(Protocol):
+    """What the document reads of the gate (:class:`~mesh.gate.admission.FloorGate`)."""
+
+    engine: Engine
+    config: GateConfig
+    model: ThroughputModel
+    num_admitted: int
+    num_refused: int
+
+    @property
+    def queue_len(self) -> int: ...
+
+    @property
+    def num_tickets(self) -> int: ...
+
+
+def capacity_doc(gate: GateView, inp: GateInput, load: PoolLoad, d: Decision,
+                 decode_gate: DecodeGate | None, queue_callers: int) -> dict[str, Any]:
+    """The ``/capacity`` document of ``gate`` from one snapshot (``inp``, ``load``) and the
+    decision ``d`` on it; ``decode_gate`` is the gate's running one (None: not built)."""
+    proj = d.projection
+    # Workers decoding now: an idle or waiting session's rate is from its last turn
+    # (stale: a worker on a tool call is not slowed by anything).
+    running = (SessionState.DECODING, SessionState.PREFILLING)
+    measured = sorted(s.decode_tps for s in load.sessions
+                      if s.decode_tps is not None and s.state in running)
+    return {
+        "engine": _engine_doc(gate.engine),
+        # the floor held now: --floor-tps, or under auto the per-row rate at the knee the
+        # decode gate chose (the configured value until it measured a step)
+        "floor_tps": _floor_now(gate.config.floor_tps, decode_gate),
+        "floor_mode": "auto" if gate.config.auto_floor else "fixed",
+        "policy": gate.config.policy,
+        "verdict": d.verdict.value,
+        "reasons": list(d.reasons),
+        "sessions": {
+            "total": len(load.sessions),
+            **{state.value: load.count(state) for state in SessionState},
+        },
+        # attached = resident (holding a sequence id and their cells) + parked (cells
+        # off the cache, re-prefilled before their next turn; 0 where none park)
+        "parking": {"max_attached": load.max_attached, "resident": load.num_resident,
+                    "parked": load.num_parked, "parked_tokens": load.parked_tokens,
+                    "parks": load.parks, "resumes": load.resumes,
+                    "resume_tokens": load.resume_tokens, "swaps": load.swaps,
+                    "parked_bytes": load.parked_bytes, "park_memory": load.park_memory},
+        "in_flight": inp.num_pending,
+        "tickets": gate.num_tickets,
+        "measured_tps": {
+            "count": len(measured),
+            "min": measured[0] if measured else None,
+            "p50": statistics.median(measured) if measured else None,
+        },
+        "projected_tps_next": proj.tps_next,
+        "projected_tps_now": proj.tps_now,
+        "projected_tps_next_by_worker": {w.id: w.tps for w in proj.per_worker_next},
+        "headroom": d.headroom,
+        "queue_len": gate.queue_len,
+        "max_queue": gate.config.max_queue,
+        # each authenticated caller's share of the queue, and how many callers wait
+        "max_queue_per_caller": gate.config.queue_share,
+        "queue_callers": queue_callers,
+        "kv_cells": {
+            "used": load.cells_used,
+            "total": load.cells_total,
+            "prefix": load.prefix_cells,
+            "naive_equivalent": load.naive_cells,
+            "reduction": load.reduction,
+        },
+        "retry_after_s": d.retry_after_s,
+        "projected_idle_estimate": proj.idle_estimate,
+        "model": {**gate.model.describe(), "live_scale": proj.scale},
+        "admitted_total": gate.num_admitted,
+        "refused_total": gate.num_refused,
+        # the pool's totals since start (0 where the engine does not count them)
+        "pool_totals": {"sessions_attached": load.sessions_attached,
+                        "prefill_tokens": load.prefill_tokens,
+                        "sessions_reaped": load.sessions_reaped},
+        "workers": _worker_rows(load),
+        "turns": _turns_doc(load, decode_gate, _floor_now(gate.config.floor_tps, decode_gate)),
+    }
+
+
+def _floor_now(floor_tps: float, decode_gate: DecodeGate | None) -> float:
+    floor = decode_gate.effective_floor() if decode_gate is not None else None
+    return floor_tps if floor is None else floor
+
+
+def _turns_doc(load: PoolLoad, decode_gate: DecodeGate | None, floor_tps: float
+               ) -> dict[str, Any]:
+    """The decode gate's side of ``/capacity``: turns running and waiting, and the
+    measured step its last answer was anchored to (null where no decode gate runs)."""
+    last = decode_gate.last if decode_gate is not None else None
+    recent = [s for s in load.recent_steps if s.num_decode > 0]
+    return {
+        "gated": decode_gate is not None,
+        "waiting": load.count(SessionState.WAITING),
+        "running": load.count(SessionState.DECODING) + load.count(SessionState.PREFILLING),
+        "measured_step_s": statistics.median(s.step_s for s in recent[-8:]) if recent
+        else None,
+        "floor_step_s": 1.0 / floor_tps,
+        "ratio": last.ratio if last is not None else None,
+        "projected_step_now_s": last.projected_now_s if last is not None else None,
+        "projected_step_next_s": last.projected_next_s if last is not None else None,
+        "room": last.room if last is not None else None,
+        "row_slope_s": last.slope_s if last is not None else None,
+        "shed_total": decode_gate.num_shed if decode_gate is not None else None,
+        "why": _why(last, decode_gate),
+        # measured / projected - 1 for one more turn, scored over the last minute
+        "projection_error": decode_gate.projection_error()
+        if decode_gate is not None else None,
+    }
+
+
+def _why(last: TurnRoom | None, gate: DecodeGate | None) -> str | None:
+    """The decode gate's last answer in words (the floor it held and what decided)."""
+    if gate is None or last is None:
+        return None
+    step = (f"{last.projected_now_s * 1e3:.0f} ms a step now, "
+            f"{last.projected_next_s * 1e3:.0f} ms with one more row")
+    if gate.auto:
+        rule = "auto: rows while one more adds >= 10 % to the aggregate tokens/s"
+    else:
+        rule = f"floor {gate.floor_tps:g} tok/s: a step within {1e3 / gate.floor_tps:.0f} ms"
+    if last.infeasible and not gate.auto:
+        rule = (f"floor {gate.floor_tps:g} tok/s is out of reach (one row alone is over "
+                f"it): rows at the knee until one fits again")
+    verb = ("start one more turn" if last.room > 0 else
+            f"pause {-last.room} running turn(s)" if last.room < 0 else "hold the rows")
+    return f"{verb} ({rule}; {step})"
+
+
+def _engine_doc(engine: Engine) -> dict[str, Any]:
+    """Which engine runs (``PoolInfo.engine``) and, for a remote backend, the metrics it
+    last exposed (``engine.backend_metrics()``, when the engine has one)."""
+    try:
+        name = engine.info.engine
+    except (AttributeError, RuntimeError):  # a stub, or a pool not started yet
+        name = None
+    metrics = getattr(engine, "backend_metrics", None)
+    return {"name": name, "backend": metrics() if callable(metrics) else None}
+
+
+def _worker_rows(load: PoolLoad) -> list[dict[str, Any]]:
+    """One row per pool session for ``capacity()["workers"]`` (the dashboard's chart)."""
+    return [
+        {
+            "id": s.id,
+            "state": s.state.value,
+            "decodeTps": s.decode_tps,
+            "dutyCycle": s.duty_cycle,
+            "privateCells": s.private_cells,
+            "ageS": round(s.age_s, 3),
+        }
+        for s in load.sessions
+    ]

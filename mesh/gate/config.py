@@ -17,7 +17,7 @@ and the pool's free sequence ids.
 The wait queue is bounded twice, in places (one per subtask or session waiting): ``max_queue``
 in all, and ``max_queue_per_caller`` per caller (default: half of ``max_queue``), so one
 caller filling its share leaves the rest of the queue to the others (see
-:mod:`mesh.gate.shares`). With auth off every request is the one anonymous caller, whose
+:mod:`mesh.gate.queue`). With auth off every request is the one anonymous caller, whose
 share is the whole queue.
 """
 

@@ -3,12 +3,12 @@
 Each is a :class:`~mesh.gate.decide.WorkerRule`: it admits a worker for its life on its own
 rule, and its workers' turns run as soon as they are asked for (no decode gate); a step
 beside decoding workers carries the prefill of a
-:class:`~mesh.gate.budget.FloorBudget`. ``mesh serve --policy NAME`` takes these names
+:class:`~mesh.gate.decode_gate.FloorBudget`. ``mesh serve --policy NAME`` takes these names
 only to run the simulation (``mesh simulate --compare policy=floor,legacy``) and the
 benches; the server imports this module only when one is named.
 
 * ``projection`` — the floor gate before the decode gate: admit a worker only if, with one
-  more, every worker's *projected* tokens/s (:func:`~mesh.gate.projection.project`) stays
+  more, every worker's *projected* tokens/s (:func:`~mesh.gate.decide.project`) stays
   at or above the floor, new workers joining at most as many at a time as are measured.
 * ``legacy`` — reactive: admit while the slowest currently *measured* worker is at or above
   the floor. It over-subscribes on bursts.
@@ -21,8 +21,7 @@ import math
 from dataclasses import dataclass
 
 from mesh.gate.config import GateConfig
-from mesh.gate.decide import WorkerRule
-from mesh.gate.projection import GateInput, Projection
+from mesh.gate.decide import GateInput, Projection, WorkerRule
 
 __all__ = ["COMPARISON_POLICIES", "Legacy", "ProjectionRule", "Static", "parse_rule"]
 

@@ -6,8 +6,9 @@ scripted tool calls). Both implement :class:`~mesh.worker.types.Worker`.
 """
 
 from mesh.worker.dispatch import DispatchWorker
-from mesh.worker.loop import AgentWorker, WorkerFailed, WorkerLimits
+from mesh.worker.loop import AgentWorker, WorkerLimits
 from mesh.worker.simulated import ScenarioParams, ScenarioWorker, StepPlan, plan_schedule
+from mesh.worker.stream import WorkerFailed
 from mesh.worker.toolcalls import ParsedTurn, ToolCall, parse_turn
 from mesh.worker.tools import ProjectTools, ToolError, ToolFn, delegate_tool
 

@@ -12,12 +12,12 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from mesh.api.openai import OpenAIAPI
+from mesh.api.openai.routes import OpenAIAPI
 from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
-from mesh.gate.types import QueueCheck
+from mesh.gate.queue import QueueCheck
 from mesh.template.chat import ChatFormat
 
 pytestmark = pytest.mark.anyio

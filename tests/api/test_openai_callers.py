@@ -23,10 +23,10 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from mesh.a2a.auth import BearerAuth, caller_name
-from mesh.api.openai import OpenAIAPI
+from mesh.api.openai.routes import OpenAIAPI
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
-from mesh.gate.hold import Hold
+from mesh.gate.queue import Hold
 from tests.api.test_openai import CHAT, SYSTEM, open_mesh, system
 
 pytestmark = pytest.mark.anyio

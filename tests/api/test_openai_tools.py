@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from mesh.api.openai.grammar import tools_grammar
+from mesh.api.openai.limits import ToolsError
 from mesh.api.openai.tools import (
     ToolChoice,
-    ToolsError,
     parse_tool_choice,
     parse_tools,
     render_calls,

@@ -22,7 +22,7 @@ import pytest
 from starlette.applications import Starlette
 
 from mesh.a2a.auth import BearerAuth
-from mesh.api import SessionAPI
+from mesh.api.sessions import SessionAPI
 from mesh.engine.config import EngineConfig
 from mesh.engine.interface import Engine
 from mesh.engine.pool import SharedKVPool

@@ -13,7 +13,7 @@ from httpx_sse import aconnect_sse
 from starlette.applications import Starlette
 from starlette.types import Message
 
-from mesh.api import SessionAPI
+from mesh.api.sessions import SessionAPI
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.sim.fake import FakeEngine

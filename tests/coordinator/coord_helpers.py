@@ -34,7 +34,7 @@ from starlette.applications import Starlette
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
 from mesh.engine.interface import PoolInfo
-from mesh.gate.types import OnPosition, QueueCheck, QueueFull
+from mesh.gate.queue import OnPosition, QueueCheck, QueueFull
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 
 S = pb.TaskState

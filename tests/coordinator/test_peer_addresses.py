@@ -238,8 +238,8 @@ def test_confine_card_keeps_the_binding_and_replaces_the_address() -> None:
 async def test_a_node_is_sent_work_at_its_configured_address() -> None:
     """The node coordinator's client had the same hole: the node token went where the
     node's card said."""
+    from mesh.fleet.node_cards import Node
     from mesh.fleet.node_worker import NodeClient
-    from mesh.fleet.nodes import Node
     from mesh.worker.types import Subtask, WorkerEvent
 
     async def emit(event: WorkerEvent) -> None:

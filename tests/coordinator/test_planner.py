@@ -7,18 +7,11 @@ from typing import Any
 
 import pytest
 
+from mesh.agent.config import AgentConfig
 from mesh.agent.history import Conversations
-from mesh.agent.plans import (
-    Plan,
-    PlanError,
-    PlannedSubtask,
-    max_plan_chars,
-    parse_plan,
-    plan_schema,
-    schema_to_gbnf,
-)
+from mesh.agent.plan_grammar import max_plan_chars, schema_to_gbnf
+from mesh.agent.plans import Plan, PlanError, PlannedSubtask, parse_plan, plan_schema
 from mesh.agent.synthesis import Outcome, missing_note, summary
-from mesh.agent.task import AgentConfig
 from mesh.worker.types import WorkerResult
 from tests.worker.test_worker_grammar import grammar_regex
 

@@ -19,14 +19,17 @@ import pytest
 
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
+from mesh.agent.config import AgentConfig
 from mesh.agent.plans import parse_plan
-from mesh.agent.task import Agent, AgentConfig
+from mesh.agent.task import Agent
 from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.pool import SharedKVPool
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
-from mesh.template import build_prefix, load_template
-from mesh.worker import AgentWorker, ProjectTools
+from mesh.template.loader import load_template
+from mesh.template.prefix import build_prefix
+from mesh.worker.loop import AgentWorker
+from mesh.worker.tools import ProjectTools
 from mesh.worker.types import Emit, Subtask, WorkerResult
 from tests.reliability.serve_proc import small_project
 

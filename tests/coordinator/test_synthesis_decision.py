@@ -89,7 +89,7 @@ def test_a_plans_own_answer_loses_loops_markup_and_the_planning_prompt() -> None
 
 
 def test_a_synthesis_or_direct_answer_restating_the_system_text_is_an_echo() -> None:
-    from mesh.template import load_template
+    from mesh.template.loader import load_template
     from mesh.worker.text import NO_ANSWER, template_texts
 
     system = tuple(template_texts(load_template("light")))

@@ -225,8 +225,8 @@ def test_config_rejects_max_attached_below_max_sessions() -> None:
 def test_gate_hard_room_follows_max_attached_not_free_sequence_ids() -> None:
     from mesh.engine.interface import PoolLoad, SessionLoad
     from mesh.gate.config import GateConfig
+    from mesh.gate.decide import GateInput, project
     from mesh.gate.model import StepCost, ThroughputModel
-    from mesh.gate.projection import GateInput, project
 
     idle = tuple(SessionLoad(id=f"s{i}", state=SessionState.IDLE, private_cells=10,
                              context_len=110, decode_tps=None, duty_cycle=0.01, age_s=60.0,

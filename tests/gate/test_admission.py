@@ -15,7 +15,7 @@ from mesh.engine.config import SamplingParams
 from mesh.engine.interface import PoolLoad, StepSample
 from mesh.gate.admission import FloorGate
 from mesh.gate.model import StepCost, ThroughputModel
-from mesh.gate.types import Admission, QueueFull, Ticket
+from mesh.gate.queue import Admission, QueueFull, Ticket
 from mesh.sim.fake import FakeEngine
 from tests.gate.rules import floor_gate
 

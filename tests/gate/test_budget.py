@@ -7,9 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mesh.gate.admission import FloorGate
-from mesh.gate.budget import MIN_CHUNK, BudgetState, FloorBudget, prefill_budget
 from mesh.gate.config import GateConfig
-from mesh.gate.decode_gate import DecodeGate
+from mesh.gate.decode_gate import MIN_CHUNK, BudgetState, DecodeGate, FloorBudget, prefill_budget
 from mesh.gate.model import StepCost
 from mesh.sim.fake import FakeEngine
 from tests.gate.rules import floor_gate

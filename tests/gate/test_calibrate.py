@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from mesh.engine.interface import StepSample
-from mesh.gate.calibrate import (
+from mesh.gate.model import (
     QUICK_PRIVATE_TOKENS,
     QUICK_SIZES,
     QUICK_TOKENS,
     SeedError,
+    ThroughputModel,
     load_seed,
     micro_benchmark,
     quick_probe,
@@ -20,7 +21,6 @@ from mesh.gate.calibrate import (
     seed_model,
     seed_path,
 )
-from mesh.gate.model import ThroughputModel
 from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio

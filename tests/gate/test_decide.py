@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from mesh.engine.interface import PoolLoad, SessionLoad, SessionState
 from mesh.gate.config import GateConfig
-from mesh.gate.decide import Verdict, WorkerRule, decide
+from mesh.gate.decide import GateInput, Verdict, WorkerRule, count_quantile, decide
 from mesh.gate.model import StepCost, ThroughputModel
-from mesh.gate.projection import GateInput, count_quantile
 from tests.gate.rules import config_and_rule
 
 # Without context cost a step takes 10 ms + 20 ms per decoding session:
@@ -344,9 +343,8 @@ def test_floor_above_solo_speed_still_admits_one_worker_when_none_runs() -> None
 def test_live_scale_corrects_a_model_that_is_off() -> None:
     """Recent decode steps 2.5x faster than modelled pull the projection with them."""
     from mesh.engine.interface import PoolLoad, StepSample
-    from mesh.gate.decide import decide
+    from mesh.gate.decide import decide, live_scale
     from mesh.gate.model import StepCost
-    from mesh.gate.projection import live_scale
 
     cost = StepCost(0.03, 0.02, 1e-5, 0.006)
     fast = [StepSample(num_decode=1, num_prefill_tokens=0, sum_context=1600,
@@ -418,7 +416,7 @@ def test_young_sessions_count_as_always_decoding() -> None:
 def test_prefill_the_workers_bring_is_priced_per_worker() -> None:
     """Tool results prefilled alongside decoding lower every worker's projected rate."""
     from mesh.engine.interface import StepSample
-    from mesh.gate.projection import prefill_ratio, project
+    from mesh.gate.decide import prefill_ratio, project
 
     assert prefill_ratio([StepSample(4, 0, 4000, 0.05)] * 3) == 0.0, "too little data"
     steps = [StepSample(4, 6, 4000, 0.05)] * 8  # 6 prefill tokens per 4 decoded

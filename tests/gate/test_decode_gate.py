@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.engine.interface import StepSample
-from mesh.gate.budget import BudgetState
-from mesh.gate.decode_gate import DecodeGate, measured_ratio, turn_room
+from mesh.gate.decode_gate import BudgetState, DecodeGate, measured_ratio, turn_room
 from mesh.gate.model import StepCost
 
 # 10 ms a step plus 20 ms a decoding row; nothing else.

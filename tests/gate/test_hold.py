@@ -1,4 +1,4 @@
-"""mesh.gate.hold: admit, attach and release in one place, whatever the exit."""
+"""mesh.gate.queue: admit, attach and release in one place, whatever the exit."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 from mesh.engine.interface import PoolFull
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
-from mesh.gate.hold import Hold, NotAdmitted, admitted
-from mesh.gate.types import QueueFull
+from mesh.gate.queue import Hold, NotAdmitted, QueueFull, admitted
 from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio

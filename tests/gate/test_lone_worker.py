@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from mesh.gate.decide import lone_worker_tps
 from mesh.gate.model import StepCost, ThroughputModel
-from mesh.gate.projection import lone_worker_tps
 
 
 def test_one_row_over_the_prefix_and_its_own_cells() -> None:

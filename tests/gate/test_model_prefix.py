@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mesh.engine.interface import StepSample
-from mesh.gate.budget import prefill_budget
+from mesh.gate.decode_gate import prefill_budget
 from mesh.gate.model import DEFAULT_PRIOR, StepCost, ThroughputModel
 
 ROWS = (1, 2, 4, 8, 16)

@@ -7,8 +7,7 @@ import anyio
 import pytest
 
 from mesh.gate.config import GateConfig
-from mesh.gate.shares import QueueShares
-from mesh.gate.types import QueueFull, Ticket
+from mesh.gate.queue import QueueFull, QueueShares, Ticket
 from tests.gate.test_admission import make_gate, wait_until
 
 pytestmark = pytest.mark.anyio

@@ -1,12 +1,11 @@
-"""mesh.gate.waiters: the one FIFO of waiters behind the floor gate and the node pool."""
+"""mesh.gate.queue: the one FIFO of waiters behind the floor gate and the node pool."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from mesh.gate.shares import QueueShares
-from mesh.gate.waiters import Waiter, WaiterQueue, report_admitted
+from mesh.gate.queue import QueueShares, Waiter, WaiterQueue, report_admitted
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from mesh.backends import BackendConfig, OpenAIEngine
+from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import SessionFailed
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.backends import OpenAIEngine
+from mesh.backends.openai import OpenAIEngine
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Session, SessionFailed, TurnResult
 from tests.nodes.conftest import simulate

@@ -11,8 +11,9 @@ from typing import Any
 import anyio
 import pytest
 
-from mesh.fleet.nodes import Node, NodePool
-from mesh.gate.types import QueueFull
+from mesh.fleet.node_cards import Node
+from mesh.fleet.nodes import NodePool
+from mesh.gate.queue import QueueFull
 
 pytestmark = pytest.mark.anyio
 

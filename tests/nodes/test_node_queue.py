@@ -1,4 +1,4 @@
-"""NodePool's queue is the gate's one FIFO of waiters (mesh.gate.waiters): positions,
+"""NodePool's queue is the gate's one FIFO of waiters (mesh.gate.queue): positions,
 cancellation, and room handed back when a chosen node is not taken."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from typing import Any
 import anyio
 import pytest
 
-from mesh.fleet.nodes import Node, NodePool
+from mesh.fleet.node_cards import Node
+from mesh.fleet.nodes import NodePool
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
-from mesh.gate.waiters import WaiterQueue
+from mesh.gate.queue import WaiterQueue
 from mesh.sim.fake import FakeEngine
 
 pytestmark = pytest.mark.anyio

@@ -17,10 +17,11 @@ import anyio
 import httpx
 import pytest
 
-from mesh.backends import BackendConfig, OpenAIEngine
+from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.config import SamplingParams
+from mesh.fleet.node_cards import Node
 from mesh.fleet.node_worker import NodeClient
-from mesh.fleet.nodes import Node, NodePool
+from mesh.fleet.nodes import NodePool
 
 pytestmark = pytest.mark.anyio
 

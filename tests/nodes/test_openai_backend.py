@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.backends import BackendConfig, OpenAIEngine
+from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import ContextOverflow, ModelError, Session, SessionState
 from tests.nodes.conftest import simulate

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from mesh.backends import BackendConfig, OpenAIEngine
+from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.llama import LlamaModel
 from tests.nodes.conftest import tiny_path
 

@@ -14,13 +14,16 @@ from starlette.applications import Starlette
 
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
-from mesh.api import SessionAPI, api_routes
+from mesh.api import api_routes
+from mesh.api.sessions import SessionAPI
 from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
-from mesh.template import build_prefix, load_template
-from mesh.worker import AgentWorker, ProjectTools
+from mesh.template.loader import load_template
+from mesh.template.prefix import build_prefix
+from mesh.worker.loop import AgentWorker
+from mesh.worker.tools import ProjectTools
 from tests.reliability.serve_proc import small_project
 
 

@@ -137,7 +137,7 @@ def test_binary_and_huge_project_files_are_skipped_not_fatal(tmp_path: Path) -> 
 
 
 def copy_template(tmp_path: Path) -> Path:
-    from mesh.template import export_template
+    from mesh.template.loader import export_template
 
     dest = tmp_path / "tpl"
     export_template("light", dest)

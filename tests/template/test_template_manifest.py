@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mesh.template import BUILTIN_TEMPLATES, TemplateError, export_template, load_template
+from mesh.template.loader import BUILTIN_TEMPLATES, export_template, load_template
+from mesh.template.manifest import TemplateError
 
 
 @pytest.mark.parametrize("name", BUILTIN_TEMPLATES)

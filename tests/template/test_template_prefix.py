@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from mesh.template import TemplateError, build_prefix, load_template, sample_project_dir
+from mesh.template.loader import load_template, sample_project_dir
+from mesh.template.manifest import TemplateError
 from mesh.template.outline import file_entry, reference_counts
+from mesh.template.prefix import build_prefix
 from mesh.template.project import glob_match
 
 
@@ -129,7 +131,7 @@ def test_missing_project_is_an_error(tmp_path: Path) -> None:
 
 
 def test_required_file_missing_is_an_error(tmp_path: Path, project: Path) -> None:
-    from mesh.template import export_template
+    from mesh.template.loader import export_template
 
     folder = export_template("light", tmp_path / "t")
     manifest = folder / "template.toml"

@@ -13,9 +13,9 @@ from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Engine, ModelError, Session
 from mesh.engine.models import smollm2_path
 from mesh.sim.fake import FakeEngine
-from mesh.template import load_template
 from mesh.template.chat import ChatFormat
-from mesh.worker import AgentWorker
+from mesh.template.loader import load_template
+from mesh.worker.loop import AgentWorker
 from mesh.worker.types import Subtask, WorkerEvent, WorkerResult
 
 LIGHT = load_template("light")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mesh.sim.fake import FakeEngine
-from mesh.template import load_template
-from mesh.worker import DispatchWorker
+from mesh.template.loader import load_template
+from mesh.worker.dispatch import DispatchWorker
 from mesh.worker.types import EventKind, Subtask, WorkerEvent
 
 pytestmark = pytest.mark.anyio

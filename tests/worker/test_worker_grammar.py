@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.template import load_template
+from mesh.template.loader import load_template
 from mesh.template.manifest import ToolCallSyntax
 from mesh.worker.grammar import PATHS_MAX, TOOL_ARGS, ProjectPaths, turn_grammar
 from mesh.worker.toolcalls import parse_turn

@@ -14,8 +14,10 @@ import anyio
 import pytest
 
 from mesh.sim.fake import FakeEngine
-from mesh.template import load_template
-from mesh.worker import AgentWorker, ProjectTools, WorkerFailed, WorkerLimits
+from mesh.template.loader import load_template
+from mesh.worker.loop import AgentWorker, WorkerLimits
+from mesh.worker.stream import WorkerFailed
+from mesh.worker.tools import ProjectTools
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 
 LIGHT = load_template("light")

@@ -14,10 +14,10 @@ import pytest
 
 from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
-from mesh.template import load_template, sample_project_dir
 from mesh.template.chat import ChatFormat
-from mesh.template.loader import Template
-from mesh.worker import AgentWorker, ProjectTools
+from mesh.template.loader import Template, load_template, sample_project_dir
+from mesh.worker.loop import AgentWorker
+from mesh.worker.tools import ProjectTools
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 
 CHAT = ChatFormat.plain()

@@ -8,9 +8,9 @@ import anyio
 import pytest
 
 from mesh.sim.fake import FakeEngine
-from mesh.template import load_template
-from mesh.worker import ScenarioParams, ScenarioWorker, WorkerFailed, plan_schedule
-from mesh.worker.simulated import simulated_output
+from mesh.template.loader import load_template
+from mesh.worker.simulated import ScenarioParams, ScenarioWorker, plan_schedule, simulated_output
+from mesh.worker.stream import WorkerFailed
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 
 HEAVY = load_template("heavy")

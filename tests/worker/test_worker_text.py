@@ -8,8 +8,8 @@ import pytest
 
 from mesh.engine.config import SamplingParams
 from mesh.sim.fake import FakeEngine
-from mesh.template import load_template
-from mesh.worker import AgentWorker, WorkerLimits
+from mesh.template.loader import load_template
+from mesh.worker.loop import AgentWorker, WorkerLimits
 from mesh.worker.text import (
     NO_ANSWER,
     LoopGuard,

@@ -47,14 +47,14 @@ from mesh.a2a.validation.checked import put_checked
 from mesh.a2a.validation.jsonrpc import RpcRefused, check_jsonrpc, rpc_error
 from mesh.a2a.validation.rest import RestInvalid, check_rest, rest_error
 from mesh.a2a.validation.shapes import SEND_METHODS, Shapes
-from mesh.gate.types import QueueCheck
+from mesh.gate.queue import QueueCheck
 
 __all__ = ["RequestGuard"]
 
 
 class RequestGuard:
     """See the module docstring. ``check_queue`` is the gate's pure queue check
-    (:meth:`~mesh.gate.types.Admission.check_queue`), asked for the request's places and
+    (:meth:`~mesh.gate.queue.Admission.check_queue`), asked for the request's places and
     its caller (``scope["user"]``, set by the auth middleware in front of this one)."""
 
     def __init__(

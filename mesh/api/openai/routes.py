@@ -64,16 +64,17 @@ from starlette.routing import BaseRoute, Route
 from mesh.api.admit import Periodic, caller_of, queue_refusal, release
 from mesh.api.conversations import ConversationCache
 from mesh.api.openai.grammar import cached_grammar
+from mesh.api.openai.limits import ToolsError
 from mesh.api.openai.models import model_names
 from mesh.api.openai.render import STRICT_SUFFIX, Prompter, is_strict, template_messages
 from mesh.api.openai.replies import reply_body, reply_stream
 from mesh.api.openai.schema import ChatRequest, CompletionRequest, SamplingFields, oa_error
-from mesh.api.openai.tools import ToolsError, ToolSpec, parse_tool_choice, parse_tools
+from mesh.api.openai.tools import ToolSpec, parse_tool_choice, parse_tools
 from mesh.api.openai.turns import Bad, OpenAITurns, engine_error
 from mesh.api.session_wire import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, TurnStream
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Engine, EngineError
-from mesh.gate.types import Admission, Ticket
+from mesh.gate.queue import Admission, Ticket
 from mesh.template.chat import ChatFormat, ChatFormatError
 
 __all__ = ["OpenAIAPI"]

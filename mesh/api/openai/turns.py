@@ -2,7 +2,7 @@
 and back into the conversation cache.
 
 A new conversation is a new worker: :meth:`OpenAITurns.admit` waits for the gate's ticket
-(a :class:`~mesh.gate.hold.Hold`, the helper every caller of the gate uses) in its caller's
+(a :class:`~mesh.gate.queue.Hold`, the helper every caller of the gate uses) in its caller's
 place in the queue while idle conversations give way (least recently used first, one per
 ``_EVICT_AFTER_S``; 429 past ``max_wait_s``), and :meth:`OpenAITurns.start` attaches a
 session (evicting idle ones while the pool is full), appends the new text and starts the
@@ -31,8 +31,7 @@ from mesh.engine.interface import (
     Session,
     SessionFailed,
 )
-from mesh.gate.hold import Hold
-from mesh.gate.types import Admission, Ticket
+from mesh.gate.queue import Admission, Hold, Ticket
 
 __all__ = ["Bad", "ChatTurn", "OpenAITurns", "engine_error", "error_code"]
 
