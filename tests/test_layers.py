@@ -98,6 +98,23 @@ RULES = (
         banned=(*WEB, "mesh.engine.pool", "mesh.engine.llama"),
     ),
     Rule(
+        "only the cluster package imports Ray (mesh serve --ray; nothing of Ray without it)",
+        scope=SCANNED,
+        banned=("ray",),
+        exempt=("mesh/cluster/", "tests/cluster/", "bench/cluster_bench.py"),
+    ),
+    Rule(
+        "only the CLI's --ray path reaches the cluster package",
+        scope=("mesh/",),
+        banned=("mesh.cluster",),
+        exempt=("mesh/cluster/", "mesh/cli/engines.py", "mesh/cli/preflight.py"),
+    ),
+    Rule(
+        "the cluster package is an engine: nothing of A2A, the web, workers or the gate",
+        scope=("mesh/cluster/",),
+        banned=(*WEB, "mesh.worker", "mesh.gate", "httpx"),
+    ),
+    Rule(
         "nothing below the CLI imports it",
         scope=("mesh/", "bench/"),
         banned=("mesh.cli",),
@@ -257,6 +274,35 @@ def test_importing_the_package_loads_no_llama_cpp(package: str) -> None:
     )
     assert done.returncode == 0, (
         f"import {package} loaded {done.stdout.strip() or '?'}; stderr: {done.stderr[-2000:]}"
+    )
+
+
+def test_serve_without_ray_loads_no_ray(tmp_path: Path) -> None:
+    """``mesh serve`` without ``--ray``: its flags checked, its engine built (not started):
+    no module of Ray is loaded."""
+    code = (
+        "import sys\n"
+        "from mesh.cli import build_parser\n"
+        "from mesh.cli.engines import build_engine\n"
+        "from mesh.cli.local import local_app\n"
+        "from mesh.cli.preflight import preflight\n"
+        "from mesh.engine.config import EngineConfig\n"
+        f"args = build_parser().parse_args(['serve', '--data-dir', {str(tmp_path)!r}, "
+        "'--port', '0'])\n"
+        "sock, checked = preflight(args)\n"
+        "sock.close()\n"
+        "build_engine(args, EngineConfig(model_path='unused'), 'prefix')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mesh.cluster')"
+        " or m.startswith('mesh.cluster'))\n"
+        "print(','.join(loaded))\n"
+        "sys.exit(1 if loaded else 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (
+        f"mesh serve without --ray loaded {done.stdout.strip() or '?'}; "
+        f"stderr: {done.stderr[-2000:]}"
     )
 
 

@@ -81,7 +81,7 @@ def local_app(args: argparse.Namespace, checked: Checked) -> Starlette:
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS
 
     coord, gate_cfg, rule = checked.coordinator, checked.gate, checked.rule
-    assert gate_cfg is not None, "preflight builds the gate's configuration without --node"
+    assert gate_cfg is not None, "preflight builds the gate's configuration"
     built = build_project_prefix(args)
     return create_app(coord, functools.partial(compose_local, args, coord, gate_cfg, rule, built),
                       public_paths=DASHBOARD_PUBLIC_PATHS)

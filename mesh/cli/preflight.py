@@ -131,8 +131,8 @@ def _flagged(message: str) -> str:
 @dataclass(frozen=True)
 class Checked:
     """The configuration ``mesh serve``'s flags make, built once by :func:`preflight`
-    and passed down: the coordinator's, and (not with ``--node``) the gate's with the rule
-    of a comparison policy."""
+    and passed down: the coordinator's, and the gate's with the rule of a comparison
+    policy."""
 
     coordinator: CoordinatorConfig
     gate: GateConfig | None = None
@@ -147,9 +147,9 @@ def preflight(args: argparse.Namespace) -> tuple[socket.socket, Checked]:
         print(f"warning: binding {args.host} without --auth-token: anyone who can reach "
               "this address can use the agent", file=sys.stderr)
     try:
-        checked = Checked(coordinator_config(args))
-        if not args.node:
-            checked = Checked(checked.coordinator, *gate_config(args))
+        checked = Checked(coordinator_config(args), *gate_config(args))
+        if args.ray:
+            check_ray(args)
     except ValueError as exc:
         raise ValueError(_flagged(str(exc))) from None
     check_data_dir(Path(args.data_dir))
@@ -159,6 +159,23 @@ def preflight(args: argparse.Namespace) -> tuple[socket.socket, Checked]:
         raise ValueError(f"project directory not found: {args.project}; pass --project DIR")
     check_template(args.template)
     return bind_listener(args.host, args.port), checked
+
+
+def check_ray(args: argparse.Namespace) -> None:
+    """``--ray`` and its companions, before anything is built (no I/O: the cluster is
+    reached when the pools are). Imports Ray only when ``--ray`` is given."""
+    if args.engine != "llama.cpp":
+        raise ValueError("--ray runs llama.cpp pools as Ray actors; it excludes "
+                         f"--engine {args.engine}")
+    if args.ray_pools < 1:
+        raise ValueError(f"--ray-pools must be at least 1, got {args.ray_pools}")
+    if args.ray_gpus < 0 or args.ray_memory < 0:
+        raise ValueError("--ray-gpus and --ray-memory must not be negative")
+    try:
+        from mesh.cluster.connect import parse_ray_address
+    except ImportError:
+        raise ValueError("--ray needs Ray: pip install 'mesh[cluster]'") from None
+    parse_ray_address(args.ray)
 
 
 class _StderrLine(logging.Handler):

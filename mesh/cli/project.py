@@ -1,6 +1,5 @@
 """The project prefix as ``mesh serve`` builds it: template, project folder, model,
-prefix size, chat format. A coordinator over ``--node`` servers builds it the same way
-(:mod:`mesh.cli.nodes`), so its hash matches theirs given the same flags.
+prefix size, chat format. With ``--ray`` every pool actor is handed this same prefix.
 
 Only the model's vocabulary is loaded (no weights). When the template's default prefix
 plus one session does not fit the context the model was trained for, the prefix is scaled

@@ -1,7 +1,7 @@
 """``mesh serve``: one process with the engine pool, the gate and the A2A coordinator.
 
 Here the flags are declared and checked; what they build is wired in :mod:`mesh.cli.local`
-(a pool of its own) or :mod:`mesh.cli.nodes` (``--node``), inside the app's lifespan. The
+(its pools, local or Ray actors: :mod:`mesh.cli.engines`), inside the app's lifespan. The
 library never imports the CLI.
 """
 
@@ -15,7 +15,6 @@ from mesh.a2a.config import CoordinatorConfig
 from mesh.cli.engine_flags import add_engine_flags
 from mesh.cli.engines import add_engine_args
 from mesh.cli.local import local_app
-from mesh.cli.nodes import nodes_app
 from mesh.cli.preflight import floor_arg, preflight, print_cache_warnings
 from mesh.engine.interface import EngineError
 
@@ -127,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the flags and folders and bind the port (fast, one line and exit 2 on a
     mistake), resolve the prefix (a bad ``--model`` fails here, the same way), then serve
     on that very socket: the app's lifespan builds the pool, the gate and the rest on the
-    loop that serves them (:mod:`mesh.cli.local`, :mod:`mesh.cli.nodes`), and closes them
+    loop that serves them (:mod:`mesh.cli.local`), and closes them
     there when a signal stops the server."""
     from mesh.a2a.serving import run_server
 
@@ -138,10 +137,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"mesh serve: {exc}", file=sys.stderr)
         return 2
     try:
-        # A start-up error (model, prefix, nodes' cards, engine) is one line and exit 2,
+        # A start-up error (model, prefix, Ray, engine) is one line and exit 2,
         # whether found here or in the lifespan before anything was served.
         try:
-            app = nodes_app(args) if args.node else local_app(args, checked)
+            app = local_app(args, checked)
             print(auth_line(args, checked.coordinator.tokens), file=sys.stderr)
             return run_server(app, args.host, args.port, sock=sock)
         except (EngineError, ValueError, OSError) as exc:

@@ -156,12 +156,13 @@ def _first_line(exc: BaseException) -> str:
 class RayPools:
     """Pools as Ray actors, one engine (see the module docstring). ``make`` builds one
     pool in an actor's process (picklable); ``tokenize`` is the model's vocabulary here,
-    for ``count_tokens`` and the session budgets."""
+    for ``count_tokens`` and the session budgets; ``on_close`` frees it."""
 
     def __init__(self, make: Callable[[], HostedPool], *, num_pools: int,
                  tokenize: Callable[[str], list[int]],
                  placement: PoolPlacement | None = None, prefix_hash: str | None = None,
-                 poll_s: float = 0.05, start_timeout_s: float = 900.0) -> None:
+                 poll_s: float = 0.05, start_timeout_s: float = 900.0,
+                 on_close: Callable[[], None] | None = None) -> None:
         if num_pools < 1:
             raise ValueError(f"--ray-pools must be at least 1, got {num_pools}")
         self._make = make
@@ -171,6 +172,7 @@ class RayPools:
         self.poll_s = poll_s
         self._start_timeout_s = start_timeout_s
         self._tokenize = tokenize
+        self._on_close = on_close
         self._tag = uuid.uuid4().hex[:8]
         self.pools: list[PoolHandle] = []
         self._info: PoolInfo | None = None
@@ -258,6 +260,9 @@ class RayPools:
             with contextlib.suppress(Exception):
                 ray.kill(h.actor)
             h.is_alive = False
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
     @property
     def info(self) -> PoolInfo:

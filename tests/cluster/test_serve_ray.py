@@ -1,0 +1,97 @@
+"""``mesh serve --ray ADDRESS`` on the two-node local cluster: tasks over A2A run on two
+pool actors; one pool's process is killed mid-run and every task still ends (its sessions
+resume on the other pool), nothing is left "working", and the coordinator stays up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+from ray.cluster_utils import Cluster
+
+from tests.reliability.serve_proc import (
+    ServeProc,
+    free_port,
+    message,
+    running,
+    serve_argv,
+    serve_env,
+    small_project,
+)
+
+
+def scenario_task(n: int, seed: int) -> dict[str, Any]:
+    """``n`` subtasks of real decoding (tiny model) with scripted tool latency."""
+    msg = message("cluster test")
+    msg["parts"].append({"data": {"subtasks": [
+        {"instructions": f"deliver {seed}-{i}",
+         "params": {"scenario": True, "steps": 3, "tokens_per_step": 8, "seed": seed * 10 + i,
+                    "tool_latency_s": {"dist": "fixed", "value": 0.3}}}
+        for i in range(n)]}})
+    return msg
+
+
+def send(coord: ServeProc, msg: dict[str, Any]) -> str:
+    doc = coord.rpc("SendMessage", {"message": msg, "configuration": {"returnImmediately": True}})
+    assert "result" in doc, doc
+    task_id: str = doc["result"]["task"]["id"]
+    return task_id
+
+
+def pool_pids() -> dict[str, int]:
+    """The pool actors' processes, by actor name (this test is a driver of the cluster)."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith("mesh-pool-")]
+    return {n: ray.get(ray.get_actor(n, namespace="mesh").pid.remote(), timeout=30)
+            for n in sorted(names)}
+
+
+def pool_rows(coord: ServeProc) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = httpx.get(coord.url + "/capacity", timeout=10).json()[
+        "engine"]["backend"]["pools"]
+    return rows
+
+
+def test_a_pool_killed_mid_run_loses_no_task(ray_cluster: Cluster, tmp_path: Path) -> None:
+    project = small_project(tmp_path / "project")
+    cache = tmp_path / "cache"
+    with running(tmp_path / "data", project, cache, "--simulation", "--policy", "none",
+                 "--ray", ray_cluster.address, "--ray-pools", "2",
+                 "--max-sessions", "4") as coord:
+        assert "Ray 2." in coord.stderr() and "engine: ray:2" in coord.stderr()
+        pids = pool_pids()
+        assert len(pids) == 2
+        tasks = [send(coord, scenario_task(2, seed)) for seed in range(4)]
+        deadline = time.monotonic() + 60
+        while not all(p["sessions"] for p in pool_rows(coord)):  # subtasks on both pools
+            assert time.monotonic() < deadline, coord.stderr()
+            time.sleep(0.05)
+        os.kill(pids[min(pids)], signal.SIGKILL)
+        states = [coord.wait_terminal(t, timeout=180)["status"] for t in tasks]
+        assert [s["state"] for s in states] == ["TASK_STATE_COMPLETED"] * 4, states
+        backend = httpx.get(coord.url + "/capacity", timeout=10).json()["engine"]["backend"]
+        assert sorted(p["alive"] for p in backend["pools"]) == [False, True]
+        assert backend["sessionsMoved"] >= 1 and backend["sessionsLost"] == 0
+        assert "died" in coord.stderr() and "moved from dead pool" in coord.stderr()
+        # the coordinator is up, and a new task runs on the pool left
+        after = send(coord, scenario_task(1, 9))
+        assert coord.wait_terminal(after, timeout=120)["status"]["state"] == (
+            "TASK_STATE_COMPLETED")
+        coord.stop()
+    assert not [n for n in pool_pids()], "the coordinator's pools outlived it"
+
+
+def test_an_unreachable_ray_address_fails_in_one_line(tmp_path: Path) -> None:
+    argv = serve_argv(tmp_path / "data", small_project(tmp_path / "p"), free_port(),
+                      "--ray", f"127.0.0.1:{free_port()}")
+    done = subprocess.run(argv, env=serve_env(tmp_path / "cache"), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("mesh serve: --ray 127.0.0.1:") and "no Ray cluster answers" in last
