@@ -1454,8 +1454,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         vals = np.array([d["parts"][part]["ms"] for d in decode])
         ax1.bar(labels, vals, bottom=bottom, label=part)
         bottom += vals
-    ax1.set_yscale("log")
-    ax1.set_ylabel("ms per decode step (log)")
+    ax1.set_ylabel("ms per decode step")
     ax1.set_title("one decode step by part")
     ax1.legend(fontsize=8)
     rated_parts = ("weights", "prefix_attn", "suffix_attn", "sampling")
