@@ -59,7 +59,7 @@ def serve_fake(port: int, data_dir: str, max_queue: int) -> None:
 
     from mesh.a2a.app import build_app
     from mesh.a2a.config import CoordinatorConfig
-    from mesh.api import api_routes
+    from mesh.api.sessions import api_routes
     from mesh.gate.admission import FloorGate
     from mesh.gate.config import GateConfig
     from mesh.sim.fake import FakeEngine

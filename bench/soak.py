@@ -106,7 +106,7 @@ QUESTIONS = (
 def _openai_idle_ttl_s() -> float:
     """The OpenAI API's idle-conversation TTL (``OpenAIAPI(idle_ttl_s=...)``'s default: a
     finished chat keeps its pool session that long for a follow-up)."""
-    from mesh.api.openai.routes import OpenAIAPI
+    from mesh.api.openai_api import OpenAIAPI
 
     default = inspect.signature(OpenAIAPI.__init__).parameters["idle_ttl_s"].default
     return float(default)

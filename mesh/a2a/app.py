@@ -1,4 +1,38 @@
-"""The coordinator's ASGI app, assembled from the SDK's route factories: the one
+"""The coordinator's Starlette app: bearer auth, the app built around the SDK's routes, and
+serving it on uvicorn. Read top to bottom:
+
+**Auth.** Bearer-token authentication and per-caller identity, as a pure ASGI middleware.
+
+The SDK declares security schemes on the card but enforces none; this middleware does.
+Every HTTP request except the public paths (the agent card, ``/healthz``) must carry
+``Authorization: Bearer TOKEN`` for one of the configured tokens, else it gets 401 with
+``WWW-Authenticate: Bearer``. Tokens are compared in constant time, and every configured
+token is compared on every request, so timing reveals neither the token nor which one
+matched.
+
+A matched token becomes ``scope["user"]`` (a Starlette ``SimpleUser`` named
+``caller-<sha256 prefix>``); the SDK turns it into ``ServerCallContext.user`` and the task
+store scopes every read and write by that name, so a caller sees only its own tasks.
+
+**Serving.** Serve an app on one event loop, from its start-up to its close.
+
+:func:`run_server` runs three things on one loop, in order: the app's lifespan start-up
+(which builds what the app serves, see :func:`mesh.a2a.app.create_app`), uvicorn on the
+socket, then the lifespan's shutdown. uvicorn's own lifespan and signal handling are off
+here: this module owns both, so every object is built, used and closed on the loop that
+serves it, and a signal closes everything once.
+
+A signal (SIGINT or SIGTERM), by phase:
+
+* start-up: the start-up is cancelled and what it built so far is closed; the exit status
+  is ``128 + signal`` (130 for Ctrl-C);
+* serving: uvicorn stops accepting, gives open streams ``graceful_s`` seconds, then the
+  app closes (running tasks are cancelled and recorded as failed "interrupted by
+  restart", sessions freed, the store closed); exit status 0. A second SIGINT cuts the
+  graceful wait short, as in uvicorn;
+* closing: ignored (closing is already under way and bounded).
+
+**The app.** The coordinator's ASGI app, assembled from the SDK's route factories: the one
 composition root of ``mesh serve``, its ``--node`` form, the tests and the benchmarks.
 
 :func:`create_app` takes the config and a *compose* step: an async function that builds
@@ -33,43 +67,252 @@ cover ``extra_routes`` too.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import signal
+import socket
+import sys
+import threading
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import uvicorn
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
 from a2a.types import a2a_pb2 as pb
 from starlette.applications import Starlette
+from starlette.authentication import AuthCredentials, SimpleUser
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mesh.a2a.auth import BearerAuth
 from mesh.a2a.card import Skill, build_agent_card, card_routes
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.executor import CoordinatorExecutor
 from mesh.a2a.postgres import check_postgres, open_postgres_stores
 from mesh.a2a.push import BackgroundPushSender, build_push_sender, make_push_url_validator
-from mesh.a2a.serving import run_server
-from mesh.a2a.store import TaskStores, open_stores
-from mesh.a2a.taskboard import TaskBoard
-from mesh.a2a.validation.checked import CheckedContextBuilder
-from mesh.a2a.validation.guard import RequestGuard
+from mesh.a2a.store import TaskBoard, TaskStores, open_stores
+from mesh.a2a.validation import CheckedContextBuilder, RequestGuard
 from mesh.a2a_names import CARD_PATH, LEGACY_CARD_PATH
 from mesh.agent.fanout import WorkerFactory
 from mesh.agent.task import Agent
 from mesh.engine.interface import PoolInfo
 from mesh.gate.queue import Admission, QueueCheck
 
-__all__ = ["AppParts", "Compose", "Coordinator", "build_app", "create_app", "run_server"]
+__all__ = [
+    "AppParts", "BearerAuth", "Compose", "Coordinator", "build_app", "caller_name", "create_app",
+    "run_server", "serve_app"
+]
+
+
+# -------------------- auth ----------------------------------------------------
+
+def caller_name(token: str) -> str:
+    """The stable, non-secret name of the caller holding ``token``."""
+    return "caller-" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:16]
+
+
+class BearerAuth:
+    """Reject requests without a valid bearer token; name the caller of those with one."""
+
+    def __init__(self, app: ASGIApp, tokens: Iterable[str], public_paths: Iterable[str]) -> None:
+        self.app = app
+        self._tokens = [(t.encode("utf-8"), caller_name(t)) for t in tokens]
+        self._public = frozenset(public_paths)
+
+    def _match(self, header: str | None) -> str | None:
+        if not header:
+            return None
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            return None
+        candidate = presented.strip().encode("utf-8")
+        found: str | None = None
+        for token, name in self._tokens:
+            # No early exit: each token is compared on every request.
+            if hmac.compare_digest(candidate, token):
+                found = name
+        return found
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self._tokens:
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] in self._public:
+            await self.app(scope, receive, send)
+            return
+        header: str | None = None
+        for key, value in scope.get("headers", ()):
+            if key == b"authorization":
+                header = value.decode("latin-1")
+                break
+        name = self._match(header)
+        if name is None:
+            await _unauthorized(send, header is not None)
+            return
+        scope["user"] = SimpleUser(name)
+        scope["auth"] = AuthCredentials(["authenticated"])
+        await self.app(scope, receive, send)
+
+
+async def _unauthorized(send: Send, had_header: bool) -> None:
+    message = (
+        "invalid bearer token" if had_header else "missing bearer token"
+    ) + "; send 'Authorization: Bearer TOKEN' (mesh commands: --token or MESH_TOKEN)"
+    body = json.dumps(
+        {"error": {"code": 401, "status": "UNAUTHENTICATED", "message": message}}
+    ).encode("utf-8")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode("ascii")),
+                (b"www-authenticate", b'Bearer realm="mesh"'),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+# -------------------- serving -------------------------------------------------
 
 logger = logging.getLogger(__name__)
+# uvicorn's own lifespan lines, written where it would write them (operators and tests read
+# "Application startup complete." and "Application shutdown complete."); none before the
+# start-up, whose error is then the only line.
+lifespan_log = logging.getLogger("uvicorn.error")
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling: :class:`_Stop` handles the signals
+    for the whole life (uvicorn's would re-raise a signal after serving, before the app
+    is closed: a SIGTERM then killed the process with the pool still open)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _Stop:
+    """What a signal does in the current phase (see the module docstring)."""
+
+    def __init__(self, server: uvicorn.Server, task: asyncio.Task[Any]) -> None:
+        self.server = server
+        self.task = task
+        self.phase = "starting"
+        self.signal: int | None = None
+        self.cancelled = False
+
+    def __call__(self, sig: int) -> None:
+        if self.signal is None:
+            self.signal = sig
+        if self.phase == "starting":
+            if not self.cancelled:
+                self.cancelled = True
+                self.task.cancel()
+        elif self.phase == "serving":
+            self.server.handle_exit(sig, None)
+        else:
+            logger.info("signal %d while closing: already stopping", sig)
+
+
+@contextlib.contextmanager
+def _handlers(loop: asyncio.AbstractEventLoop, stop: _Stop) -> Iterator[None]:
+    """Route SIGINT/SIGTERM to ``stop`` while serving (main thread only; elsewhere, e.g. a
+    test's server thread, the caller stops the server through ``should_exit``)."""
+    before: dict[signal.Signals, Any] = {}
+    # asyncio routes signals only on a Unix loop in the main thread.
+    routable = sys.platform != "win32" and threading.current_thread() is threading.main_thread()
+    try:
+        for sig in HANDLED_SIGNALS if routable else ():
+            previous = signal.getsignal(sig)
+            loop.add_signal_handler(sig, stop, sig)
+            before[sig] = previous
+        yield
+    finally:
+        for sig, previous in before.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, previous)  # the caller's handler, not asyncio's default
+
+
+async def serve_app(app: Any, config: uvicorn.Config,
+                    sock: socket.socket | None = None) -> int:
+    """Start ``app``'s lifespan, serve it with uvicorn (``config.lifespan`` must be
+    ``"off"``: the lifespan runs here), close it; on the running loop. Returns the exit
+    status (see the module docstring; 1 if uvicorn could not start). Exceptions of the
+    app's start-up propagate (the CLI turns them into one line)."""
+    if config.lifespan != "off":
+        raise ValueError("serve_app runs the app's lifespan itself: pass "
+                         "uvicorn.Config(..., lifespan='off')")
+    server = _Server(config)
+    task = asyncio.current_task()
+    assert task is not None
+    stop = _Stop(server, task)
+    with _handlers(asyncio.get_running_loop(), stop):
+        try:
+            async with app.router.lifespan_context(app):
+                lifespan_log.info("Application startup complete.")
+                stop.phase = "serving"
+                try:
+                    await server.serve(sockets=[sock] if sock is not None else None)
+                finally:
+                    stop.phase = "closing"
+                    lifespan_log.info("Waiting for application shutdown.")
+            lifespan_log.info("Application shutdown complete.")
+        except asyncio.CancelledError:
+            if not stop.cancelled:
+                raise
+            task.uncancel()
+            assert stop.signal is not None
+            return 128 + stop.signal
+    return 0 if server.started else 1
+
+
+def run_server(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "info",
+    graceful_s: int = 5,
+    sock: socket.socket | None = None,
+) -> int:
+    """Serve ``app`` until SIGINT/SIGTERM on a new event loop (:func:`serve_app`);
+    returns an exit status.
+
+    ``sock``: an already bound, listening socket to serve on (``mesh serve`` binds the port
+    before its slow start-up, so a port in use fails at once); without it uvicorn binds
+    ``host:port`` itself.
+    """
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
+                            timeout_graceful_shutdown=graceful_s)
+    factory = getattr(config, "get_loop_factory", None)  # uvicorn >= 0.36
+    with asyncio.Runner(loop_factory=factory() if factory is not None else None) as runner:
+        return runner.run(serve_app(app, config, sock))
+
+# -------------------- the app -------------------------------------------------
+
 
 HEALTH_PATH = "/healthz"
 

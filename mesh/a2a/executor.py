@@ -42,7 +42,7 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2 as pb
 
 from mesh.a2a.store import owner_of
-from mesh.a2a.validation.checked import checked_message
+from mesh.a2a.validation import checked_message
 from mesh.agent.events import ANSWER_ARTIFACT, TextSink
 from mesh.agent.fanout import WorkerFactory
 from mesh.agent.task import Agent, AgentTask

@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
 
     from mesh.a2a.push import PushUrlValidator
-    from mesh.a2a.taskboard import TaskBoard
+    from mesh.a2a.store import TaskBoard
 
 __all__ = [
     "LOCK_SPACE",

@@ -1,11 +1,78 @@
-"""Task persistence: SQLite stores under the data dir, and the restart sweep.
+"""Task persistence: the task table's schema, the coalescing write-behind store, the
+dashboard's task board over it, and the stores as the app opens them. Read top to bottom:
+
+**The task table.** The SDK's tasks table spoken over raw ``sqlite3``: one writer thread, inline
+point reads.
+
+Rows are exactly what the SDK's ``DatabaseTaskStore`` writes through SQLAlchemy (same
+columns, protobuf JSON in the JSON columns, SQLAlchemy's text format for ``last_updated``),
+so the SDK's own code can list and read them, and rows written by older versions of the
+coordinator read back unchanged.
+
+Threads: :meth:`TaskTable.write` runs on the table's one writer thread, on a connection
+that only that thread touches (WAL, ``synchronous=NORMAL``, explicit transactions of at
+most ``_ROWS_PER_TRANSACTION`` rows). :meth:`TaskTable.read` runs inline on the caller's
+(the event loop's) thread on a read-only connection: a primary-key lookup takes tens of
+microseconds, less than a hop to another thread would.
+
+**Write-behind.** A write-behind SQLite ``TaskStore``: coalesced writes by one writer thread,
+same rows.
+
+The SDK's ``DatabaseTaskStore`` costs about a millisecond of event-loop time per operation
+(SQLAlchemy statement building, the greenlet bridge, a thread hop to aiosqlite) and writes
+the whole task on every event. :class:`WriteBehindTaskStore` keeps its rows, its table and
+its ``list`` (inherited, so ListTasks paging, filters and owner scoping are the SDK's own)
+and changes how rows get there:
+
+* ``save`` snapshots the task (protobuf bytes) into a per-task pending slot and returns;
+  a later save of the same task replaces the slot (coalescing), so a task that moves
+  through ten working states in 50 ms is written once.
+* One flusher coroutine hands the slots that are due to the
+  :class:`~mesh.a2a.store.TaskTable`, whose one writer thread turns them into
+  rows (protobuf JSON, as the SDK does) and commits them in small transactions (WAL,
+  ``synchronous=NORMAL``).
+* ``get`` is answered from the pending slots, then a bounded cache of recent snapshots,
+  then the table's inline primary-key read.
+
+Durability contract (what a caller may rely on when ``save`` returns):
+
+====================================  ============================================
+save of                               durable when ``save`` returns?
+====================================  ============================================
+a task's first state (row not known   yes: awaits its commit, so a task id a client
+to be in SQLite yet)                  has seen always survives a crash
+a terminal or interrupted state       yes: awaits its commit, so the SDK publishes a
+(completed, failed, input-required…)  final state only after it is on disk
+any other (working) state             no: committed within ``coalesce_s``; a crash
+                                      loses at most those intermediate states, and
+                                      the restart sweep marks the task failed
+====================================  ============================================
+
+"On disk" means committed in WAL mode with ``synchronous=NORMAL``: it survives the process
+being killed (SIGKILL included); only an OS crash or power loss can drop the last commits.
+
+This process must be the only writer of the table (the coordinator owns its data dir):
+the cache and the pending slots are trusted over the file.
+
+**The task board.** A bounded, in-memory view of the coordinator's tasks, for the live dashboard.
+
+:class:`ObservedTaskStore` wraps the task store the request handler writes through and
+reports every saved task to a :class:`TaskBoard`. The board keeps the live (non-terminal)
+tasks and the most recent finished ones, both bounded, so a long-running mesh holds a
+fixed amount of memory here whatever its traffic. It is read by ``GET /dashboard/events``
+(see :mod:`mesh.api.dashboard`) through :meth:`TaskBoard.snapshot`.
+
+The board spans every caller: it is an operator's view, served only behind the same
+bearer auth as ``/capacity``.
+
+**The stores.** Task persistence: SQLite stores under the data dir, and the restart sweep.
 
 This module is the embedded default; :mod:`mesh.a2a.postgres` keeps the same things in
 PostgreSQL for several coordinators (``--task-store``). Both answer to :class:`TaskStores`,
 all the app needs of them.
 
 Tasks live in ``DATA_DIR/tasks.db``, in the SDK's schema: the tasks table is written by
-:class:`~mesh.a2a.write_behind.WriteBehindTaskStore` (coalesced writes, terminal
+:class:`~mesh.a2a.store.WriteBehindTaskStore` (coalesced writes, terminal
 states durable before they are published) and read by it and by the SDK's listing code;
 push configs by the SDK's ``DatabasePushNotificationConfigStore``. Every row carries its
 owner (the authenticated caller, ``""`` when auth is off), which is how callers are kept
@@ -18,10 +85,19 @@ Such tasks are marked failed with :data:`INTERRUPTED_REASON`; nothing is deleted
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import sqlite3
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
@@ -29,16 +105,15 @@ from a2a.server.models import TaskModel
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.tasks import (
     DatabasePushNotificationConfigStore,
+    DatabaseTaskStore,
     PushNotificationConfigStore,
     PushNotificationSender,
+    TaskStore,
 )
 from a2a.types import a2a_pb2 as pb
+from google.protobuf.json_format import MessageToDict
 from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-
-from mesh.a2a.task_table import TaskTable
-from mesh.a2a.taskboard import ObservedTaskStore, TaskBoard
-from mesh.a2a.write_behind import WriteBehindTaskStore
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
@@ -46,16 +121,562 @@ if TYPE_CHECKING:
     from mesh.a2a.push import PushUrlValidator
 
 __all__ = [
-    "INTERRUPTED_REASON",
-    "CachedPushConfigStore",
-    "OwnerUser",
-    "Stores",
-    "TaskStores",
-    "mark_interrupted",
-    "open_stores",
-    "owner_context",
-    "owner_of",
+    "INTERRUPTED_REASON", "CachedPushConfigStore", "ObservedTaskStore", "OwnerUser", "RowWrite",
+    "StoredRow", "Stores", "TaskBoard", "TaskStoreWriteError", "TaskStores", "TaskTable",
+    "WriteBehindTaskStore", "mark_interrupted", "open_stores", "owner_context", "owner_of"
 ]
+
+
+# -------------------- the task table ------------------------------------------
+
+_COLUMNS = (
+    "id, context_id, kind, owner, last_updated, status, artifacts, history, "
+    "protocol_version, metadata"
+)
+_ROWS_PER_TRANSACTION = 128
+_BUSY_TIMEOUT_MS = 30_000
+
+
+class RowWrite(NamedTuple):
+    """One write: the task (serialized ``pb.Task``) as ``owner``'s, or ``None``: delete."""
+
+    task_id: str
+    owner: str
+    data: bytes | None
+
+
+class StoredRow(NamedTuple):
+    """A row as the SDK's ``TaskModel`` holds it (JSON columns decoded)."""
+
+    id: str
+    context_id: str
+    kind: str
+    owner: str | None
+    status: Any
+    artifacts: Any
+    history: Any
+    protocol_version: str | None
+    task_metadata: Any
+
+
+class TaskTable:
+    """Raw access to the tasks table in ``db_path`` (the table must exist before ``open``)."""
+
+    def __init__(self, db_path: Path, table: str = "tasks") -> None:
+        self.db_path = db_path
+        self.table = table
+        self._writer: ThreadPoolExecutor | None = None
+        self._write_conn: sqlite3.Connection | None = None  # the writer thread's only
+        self._read_conn: sqlite3.Connection | None = None  # the opening thread's only
+        self._upsert = (
+            f"INSERT INTO {table} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET context_id = excluded.context_id, "
+            "kind = excluded.kind, owner = excluded.owner, "
+            "last_updated = excluded.last_updated, status = excluded.status, "
+            "artifacts = excluded.artifacts, history = excluded.history, "
+            "protocol_version = excluded.protocol_version, metadata = excluded.metadata"
+        )
+        self._delete = f"DELETE FROM {table} WHERE id = ? AND owner = ?"
+        self._select = f"SELECT {_COLUMNS} FROM {table} WHERE id = ?"
+
+    async def open(self) -> None:
+        """Start the writer thread and open both connections."""
+        if self._writer is not None:
+            return
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="task-writer")
+        await asyncio.get_running_loop().run_in_executor(self._writer, self._open_writer)
+        self._read_conn = _connect(self.db_path)
+        self._read_conn.execute("PRAGMA query_only=ON")
+
+    async def close(self) -> None:
+        """Close both connections and stop the writer thread. Idempotent."""
+        if self._writer is not None:
+            await asyncio.get_running_loop().run_in_executor(self._writer, self._close_writer)
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        if self._read_conn is not None:
+            self._read_conn.close()
+            self._read_conn = None
+
+    async def write(self, writes: Sequence[RowWrite]) -> None:
+        """Commit ``writes`` in order on the writer thread; raises what SQLite raised.
+
+        The rows are encoded on the writer thread too. A failure rolls back the
+        transaction it happened in; earlier transactions of the call stay committed
+        (rewriting them is harmless: every write is a whole row).
+        """
+        if self._writer is None:
+            raise RuntimeError("the task table is not open")
+        await asyncio.get_running_loop().run_in_executor(self._writer, self._write, writes)
+
+    def read(self, task_id: str) -> StoredRow | None:
+        """The committed row of ``task_id`` (any owner), or ``None``."""
+        if self._read_conn is None:
+            raise RuntimeError("the task table is not open")
+        row = self._read_conn.execute(self._select, (task_id,)).fetchone()
+        if row is None:
+            return None
+        task_id, context_id, kind, owner, _, status, artifacts, history, version, meta = row
+        return StoredRow(
+            task_id,
+            context_id,
+            kind,
+            owner,
+            _json_or_none(status),
+            _json_or_none(artifacts),
+            _json_or_none(history),
+            version,
+            _json_or_none(meta),
+        )
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _open_writer(self) -> None:
+        conn = _connect(self.db_path)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        self._write_conn = conn
+
+    def _close_writer(self) -> None:
+        if self._write_conn is not None:
+            self._write_conn.close()
+            self._write_conn = None
+
+    def _write(self, writes: Sequence[RowWrite]) -> None:
+        conn = self._write_conn
+        if conn is None:
+            raise RuntimeError("the task table's writer connection is closed")
+        for start in range(0, len(writes), _ROWS_PER_TRANSACTION):
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for write in writes[start : start + _ROWS_PER_TRANSACTION]:
+                    if write.data is None:
+                        conn.execute(self._delete, (write.task_id, write.owner))
+                    else:
+                        conn.execute(self._upsert, _to_row(write.data, write.owner))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Autocommit mode: the writer opens its transactions explicitly.
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+    conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+    return conn
+
+
+def _to_row(data: bytes, owner: str) -> tuple[Any, ...]:
+    """The SDK's row for a task (``DatabaseTaskStore._to_orm`` as SQLAlchemy stores it)."""
+    task = pb.Task.FromString(data)
+    last_updated = (
+        _sqlite_datetime(task.status.timestamp.ToDatetime())
+        if task.status.HasField("timestamp")
+        else None
+    )
+    metadata = MessageToDict(task.metadata) if task.metadata.fields else None
+    return (
+        task.id,
+        task.context_id,
+        "task",
+        owner,
+        last_updated,
+        json.dumps(MessageToDict(task.status)),
+        json.dumps([MessageToDict(a) for a in task.artifacts]),
+        json.dumps([MessageToDict(m) for m in task.history]),
+        "1.0",
+        json.dumps(metadata),
+    )
+
+
+def _sqlite_datetime(value: datetime) -> str:
+    # SQLAlchemy's storage format for DateTime on SQLite; ListTasks compares these strings.
+    return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond:06d}"
+
+
+def _json_or_none(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+# -------------------- write-behind --------------------------------------------
+
+logger = logging.getLogger(__name__)
+
+# States the client acts on: their saves wait for the commit.
+_SETTLED_STATES = frozenset(
+    {
+        pb.TaskState.TASK_STATE_COMPLETED,
+        pb.TaskState.TASK_STATE_CANCELED,
+        pb.TaskState.TASK_STATE_FAILED,
+        pb.TaskState.TASK_STATE_REJECTED,
+        pb.TaskState.TASK_STATE_INPUT_REQUIRED,
+        pb.TaskState.TASK_STATE_AUTH_REQUIRED,
+    }
+)
+
+
+class TaskStoreWriteError(RuntimeError):
+    """A batch of task writes could not be committed (the cause is chained)."""
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    """A task as last saved (``data`` is ``None`` for a delete), keyed by task id."""
+
+    owner: str
+    data: bytes | None
+    is_stored: bool = False  # some state of this task is known to be committed
+    due: float = 0.0  # loop time by which a pending snapshot must be handed to the writer
+
+
+class WriteBehindTaskStore(DatabaseTaskStore):
+    """The SDK's SQLite task store with coalesced, batched writes (see module docstring).
+
+    ``engine`` and ``table`` must address the same SQLite file. ``initialize`` creates the
+    table (SDK schema) and opens ``table``; ``aclose`` commits everything pending and
+    closes it. ``flush`` waits until every save made before the call is committed.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: TaskTable,
+        *,
+        coalesce_s: float = 0.5,
+        cache_size: int = 2048,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(engine, table_name=table.table, **kwargs)
+        self._table = table
+        self._coalesce_s = coalesce_s
+        self._cache_size = cache_size
+        # Every save lands in _pending; the flusher moves the snapshots that are due to
+        # _inflight while the writer commits them. Reads look in _pending, _inflight,
+        # _cache, then the file: each holds a state no older than the ones after it, so a
+        # read never sees an older state than the last save.
+        self._pending: dict[str, _Snapshot] = {}
+        self._inflight: dict[str, _Snapshot] = {}
+        self._cache: OrderedDict[str, _Snapshot] = OrderedDict()
+        # Waiters of the next batch; every snapshot pending when one was added is due at
+        # once (urgent saves) or, with _take_all, every pending snapshot (flush).
+        self._waiters: list[asyncio.Future[None]] = []
+        self._take_all = False
+        self._dirty = asyncio.Event()  # something is pending
+        self._urgent = asyncio.Event()  # a waiter is waiting
+        self._flusher: asyncio.Task[None] | None = None
+        self._is_closed = False
+        self._opening = asyncio.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def initialize(self) -> None:
+        """Create the table (idempotent), open it and start the flusher."""
+        async with self._opening:
+            if self._is_closed:
+                raise RuntimeError("the task store is closed")
+            if self._flusher is not None:
+                return
+            await super().initialize()
+            await self._table.open()
+            self._flusher = asyncio.create_task(self._run_flusher(), name="task-store-flusher")
+
+    async def aclose(self) -> None:
+        """Commit everything pending, then close the table. Idempotent."""
+        if self._is_closed:
+            return
+        try:
+            if self._flusher is not None:
+                await self.flush()
+        finally:
+            self._is_closed = True
+            if self._flusher is not None:
+                self._flusher.cancel()
+                with suppress(asyncio.CancelledError):
+                    await self._flusher
+                self._flusher = None
+            await self._table.close()
+
+    async def flush(self) -> None:
+        """Wait until every save and delete made before this call is committed."""
+        if not self._pending and not self._inflight:
+            return
+        self._take_all = True
+        await self._wait_for_commit()
+
+    # ------------------------------------------------------------------ TaskStore
+
+    async def save(self, task: pb.Task, context: ServerCallContext) -> None:
+        """Snapshot ``task``; wait for the commit only where the table above says so."""
+        await self._ensure_open()
+        owner = self.owner_resolver(context)
+        previous = self._latest(task.id)
+        is_stored = previous is not None and previous.is_stored and previous.owner == owner
+        snapshot = _Snapshot(owner, task.SerializeToString(), is_stored)
+        is_urgent = not is_stored or task.status.state in _SETTLED_STATES
+        self._remember(task.id, snapshot)
+        self._schedule(task.id, snapshot, is_urgent=is_urgent)
+        if is_urgent:
+            await self._wait_for_commit()
+
+    async def get(self, task_id: str, context: ServerCallContext) -> pb.Task | None:
+        await self._ensure_open()
+        owner = self.owner_resolver(context)
+        snapshot = self._latest(task_id)
+        if snapshot is None:
+            snapshot = self._read(task_id)
+        if snapshot is None or snapshot.data is None or snapshot.owner != owner:
+            return None
+        task: pb.Task = pb.Task.FromString(snapshot.data)
+        return task
+
+    async def list(
+        self, params: pb.ListTasksRequest, context: ServerCallContext
+    ) -> pb.ListTasksResponse:
+        """The SDK's own listing, over a table with nothing pending."""
+        await self._ensure_open()
+        await self.flush()
+        return await super().list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        """Delete the caller's task (a task of another owner is left alone); durable."""
+        await self._ensure_open()
+        owner = self.owner_resolver(context)
+        latest = self._latest(task_id) or self._read(task_id)
+        if latest is None or latest.data is None or latest.owner != owner:
+            return
+        tombstone = _Snapshot(owner, None)
+        self._cache.pop(task_id, None)
+        self._schedule(task_id, tombstone, is_urgent=True)
+        await self._wait_for_commit()
+
+    # ------------------------------------------------------------------ event-loop side
+
+    async def _ensure_open(self) -> None:
+        if self._flusher is None:
+            await self.initialize()
+
+    def _latest(self, task_id: str) -> _Snapshot | None:
+        return self._pending.get(task_id) or self._inflight.get(task_id) or self._cache.get(task_id)
+
+    def _remember(self, task_id: str, snapshot: _Snapshot) -> None:
+        self._cache[task_id] = snapshot
+        self._cache.move_to_end(task_id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def _schedule(self, task_id: str, snapshot: _Snapshot, *, is_urgent: bool) -> None:
+        """Make ``snapshot`` the task's pending write (replacing any older one).
+
+        An urgent snapshot is due now; any other keeps the due time of the pending
+        snapshot it replaces, so a task saved continuously is still written every
+        ``coalesce_s``, and a burst of other tasks' urgent saves does not drag it along.
+        """
+        if self._is_closed or self._flusher is None:
+            raise RuntimeError("the task store is not open")
+        previous = self._pending.pop(task_id, None)
+        if is_urgent:
+            snapshot.due = 0.0
+        elif previous is not None:
+            snapshot.due = previous.due
+        else:
+            snapshot.due = asyncio.get_running_loop().time() + self._coalesce_s
+        self._pending[task_id] = snapshot
+        self._dirty.set()
+
+    async def _wait_for_commit(self) -> None:
+        if self._is_closed or self._flusher is None or self._flusher.done():
+            raise RuntimeError("the task store is not open")
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._dirty.set()
+        self._urgent.set()
+        await waiter
+
+    def _read(self, task_id: str) -> _Snapshot | None:
+        """The committed state of a task not in memory (decoded by the SDK); cached."""
+        row = self._table.read(task_id)
+        if row is None or row.owner is None:  # a NULL owner matches no caller (as in the SDK)
+            return None
+        task = self._from_orm(self.task_model(**row._asdict()))
+        snapshot = _Snapshot(row.owner, task.SerializeToString(), is_stored=True)
+        self._remember(task_id, snapshot)
+        return snapshot
+
+    async def _run_flusher(self) -> None:
+        """Hand due snapshots to the table, one batch at a time, in save order."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._dirty.wait()
+            if not self._waiters and self._pending:
+                # Only intermediate states are waiting: let them coalesce until the first
+                # is due, unless a save that must be durable arrives first.
+                delay = min(s.due for s in self._pending.values()) - loop.time()
+                if delay > 0:
+                    with suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._urgent.wait()
+            self._dirty.clear()
+            self._urgent.clear()
+            now = loop.time()
+            take_all, self._take_all = self._take_all, False
+            batch = {
+                task_id: snapshot
+                for task_id, snapshot in self._pending.items()
+                if take_all or snapshot.due <= now
+            }
+            for task_id in batch:
+                del self._pending[task_id]
+            if self._pending:
+                self._dirty.set()  # the rest comes due later
+            waiters, self._waiters = self._waiters, []
+            self._inflight = batch
+            try:
+                if batch:
+                    await self._table.write(
+                        [RowWrite(task_id, s.owner, s.data) for task_id, s in batch.items()]
+                    )
+            except Exception as e:
+                logger.exception("committing %d task write(s) failed", len(batch))
+                # Retried after coalesce_s, unless a newer save replaces them first. Their
+                # waiters fail now: a caller is never told a failed write is durable.
+                retry_at = loop.time() + self._coalesce_s
+                for task_id, snapshot in batch.items():
+                    if task_id not in self._pending:
+                        snapshot.due = retry_at
+                        self._pending[task_id] = snapshot
+                self._dirty.set()
+                error = TaskStoreWriteError(f"committing {len(batch)} task write(s) failed")
+                error.__cause__ = e
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(error)
+            else:
+                for task_id, snapshot in batch.items():
+                    if snapshot.data is None:
+                        continue
+                    snapshot.is_stored = True
+                    cached = self._cache.get(task_id)
+                    if cached is not None and cached.owner == snapshot.owner:
+                        cached.is_stored = True
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+            finally:
+                self._inflight = {}
+
+# -------------------- the task board ------------------------------------------
+
+_PREFIX = "TASK_STATE_"
+_BOARD_TERMINAL = frozenset({"completed", "failed", "canceled", "rejected"})
+_QUEUED = frozenset({"submitted", "unspecified"})
+
+
+def state_name(task: pb.Task) -> str:
+    """``TASK_STATE_WORKING`` -> ``working``."""
+    name: str = pb.TaskState.Name(task.status.state)
+    return name.removeprefix(_PREFIX).lower()
+
+
+@dataclass(slots=True)
+class _Row:
+    id: str
+    state: str
+    first_seen: float
+    last_seen: float
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        terminal = self.state in _BOARD_TERMINAL
+        # A finished task's age is how long it ran; a live one's is how long it has existed.
+        age = (self.last_seen if terminal else now) - self.first_seen
+        return {"id": self.id, "state": self.state, "ageS": round(max(age, 0.0), 3)}
+
+
+class TaskBoard:
+    """Live tasks (at most ``max_live``) and the last ``max_recent`` finished ones."""
+
+    def __init__(
+        self,
+        *,
+        max_live: int = 256,
+        max_recent: int = 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_live < 1 or max_recent < 1:
+            raise ValueError("TaskBoard needs max_live >= 1 and max_recent >= 1")
+        self._max_live = max_live
+        self._live: OrderedDict[str, _Row] = OrderedDict()
+        self._recent: deque[_Row] = deque(maxlen=max_recent)
+        self._clock = clock
+        self.finished_total = 0
+
+    def observe(self, task: pb.Task) -> None:
+        """Record the state ``task`` was just saved in."""
+        self.update(task.id, state_name(task))
+
+    def update(self, task_id: str, state: str) -> None:
+        """Record ``task_id`` in ``state`` (a lower-case A2A state name)."""
+        now = self._clock()
+        row = self._live.get(task_id)
+        if state in _BOARD_TERMINAL:
+            if row is None:
+                if any(r.id == task_id for r in self._recent):
+                    return  # a finished task saved again (e.g. an artifact flush)
+                row = _Row(task_id, state, now, now)
+            else:
+                del self._live[task_id]
+            row.state, row.last_seen = state, now
+            self._recent.append(row)
+            self.finished_total += 1
+            return
+        if row is None:
+            self._live[task_id] = _Row(task_id, state, now, now)
+            while len(self._live) > self._max_live:
+                self._live.popitem(last=False)  # the oldest; bounded whatever happens
+        else:
+            row.state, row.last_seen = state, now
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{running, queued, finishedTotal, live: [...], recent: [...]}``; rows are
+        ``{id, state, ageS}``, recent ones newest first."""
+        now = self._clock()
+        live = list(self._live.values())
+        queued = sum(1 for r in live if r.state in _QUEUED)
+        return {
+            "running": len(live) - queued,
+            "queued": queued,
+            "finishedTotal": self.finished_total,
+            "live": [r.as_dict(now) for r in live],
+            "recent": [r.as_dict(now) for r in reversed(self._recent)],
+        }
+
+
+class ObservedTaskStore(TaskStore):
+    """A :class:`TaskStore` that forwards to ``inner`` and reports each save to ``board``.
+
+    The save reaches the board only once the inner store accepted it.
+    """
+
+    def __init__(self, inner: TaskStore, board: TaskBoard) -> None:
+        self.inner = inner
+        self.board = board
+
+    async def save(self, task: pb.Task, context: ServerCallContext) -> None:
+        await self.inner.save(task, context)
+        self.board.observe(task)
+
+    async def get(self, task_id: str, context: ServerCallContext) -> pb.Task | None:
+        return await self.inner.get(task_id, context)
+
+    async def list(
+        self, params: pb.ListTasksRequest, context: ServerCallContext
+    ) -> pb.ListTasksResponse:
+        return await self.inner.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        await self.inner.delete(task_id, context)
+
+# -------------------- the stores ----------------------------------------------
 
 INTERRUPTED_REASON = "interrupted by restart"
 

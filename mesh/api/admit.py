@@ -29,7 +29,7 @@ __all__ = [
 
 
 def caller_of(request: Request) -> str:
-    """The caller's name: the one :class:`~mesh.a2a.auth.BearerAuth` set from the bearer
+    """The caller's name: the one :class:`~mesh.a2a.app.BearerAuth` set from the bearer
     token (``scope["user"]``), else the anonymous caller (auth off: every client is that
     one caller). Each API scopes its sessions, conversations, queue places and streams by
     it."""

@@ -1,4 +1,18 @@
-"""The session API: pooled sessions for frameworks that drive their own agent loops.
+"""The session API: its wire shapes, its session entries, the API itself and the routes the
+app mounts. Read top to bottom:
+
+**Wire shapes.** The session API's wire format: request models, JSON errors, SSE framing.
+
+Request models forbid unknown fields and use strict types (``"5"`` is not a number). A body
+that is not JSON is a 400 ``bad_json``; one that is JSON but not a valid request is a 422
+``invalid_request``. Every error body is ``{"error": {"code": ..., "message": ...}}``.
+
+**Entries.** The session API's records and answers that need no handler state: one session's
+:class:`Entry` (its hold on the gate and the pool, its owner, its running turn), how a
+session is described, and which HTTP error an engine error is.
+
+**The session API.** The session API: pooled sessions for frameworks that drive their own agent
+loops.
 
     POST   /v1/sessions               attach (201; 429 + Retry-After when the gate refuses)
     GET    /v1/sessions               list the sessions made here
@@ -27,33 +41,222 @@ in the session. Nothing here touches the engine except through its
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from mesh.api.admit import Periodic, Refusal, admit, caller_of
-from mesh.api.session_entries import Entry, describe, engine_error, start_error
-from mesh.api.session_wire import (
-    AttachRequest,
-    BadRequest,
-    TurnRequest,
-    TurnStream,
-    error_response,
-    parse_body,
-    sse_event,
-    too_busy,
-    turn_json,
+from mesh.api.capacity import capacity_routes
+from mesh.engine.config import SamplingParams
+from mesh.engine.interface import (
+    ContextOverflow,
+    Engine,
+    EngineError,
+    Generation,
+    PoolFull,
+    Session,
+    SessionFailed,
+    SessionLoad,
+    TurnResult,
 )
-from mesh.engine.interface import ContextOverflow, Engine, EngineError, PoolFull, SessionFailed
-from mesh.gate.queue import Admission
+from mesh.gate.queue import Admission, Hold
 
-__all__ = ["DEFAULT_IDLE_S", "SessionAPI", "attachable"]
+__all__ = [
+    "DEFAULT_IDLE_S", "DEFAULT_MAX_TOKENS", "MAX_STOP_LEN", "AttachRequest", "BadRequest", "Entry",
+    "SessionAPI", "TurnRequest", "TurnStream", "api_routes", "attachable", "describe",
+    "engine_error", "error_response", "parse_body", "sse_event", "start_error", "too_busy",
+    "turn_json"
+]
+
+
+# -------------------- wire shapes ---------------------------------------------
+
+MAX_STOP_LEN = 256
+DEFAULT_MAX_TOKENS = 128
+M = TypeVar("M", bound=BaseModel)
+
+
+class AttachRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    key: str = Field(default="session-api", min_length=1, max_length=200)  # queue label
+    max_wait_s: float | None = Field(default=None, ge=0, le=3600)  # None: wait in the queue
+
+
+class TurnRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str
+    max_tokens: int | None = Field(default=None, ge=1)  # None: 128, within the budget
+    stream: bool = False
+    temperature: float = Field(default=0.0, ge=0, le=100)
+    top_k: int = Field(default=0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    stop_at_eos: bool = True
+
+    def sampling_params(self, budget: int, n_vocab: int) -> SamplingParams:
+        """The turn's sampling parameters within the session ``budget`` and the vocabulary
+        (0: unknown); raises BadRequest (422) naming the field."""
+        max_tokens = min(DEFAULT_MAX_TOKENS, budget) if self.max_tokens is None else self.max_tokens
+        if max_tokens > budget:
+            raise BadRequest(
+                422,
+                "invalid_request",
+                f"max_tokens {max_tokens} exceeds the session budget of {budget} tokens",
+            )
+        if n_vocab and self.top_k > n_vocab:
+            raise BadRequest(422, "invalid_request", f"top_k exceeds the vocabulary ({n_vocab})")
+        if any(not s or len(s) > MAX_STOP_LEN for s in self.stop):
+            raise BadRequest(
+                422, "invalid_request", f"stop strings must be 1..{MAX_STOP_LEN} characters"
+            )
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=tuple(self.stop),
+            stop_at_eos=self.stop_at_eos,
+        )
+        try:
+            params.validate()
+        except ValueError as exc:
+            raise BadRequest(422, "invalid_request", str(exc)) from None
+        return params
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status, headers)
+
+
+def too_busy(code: str, message: str, retry_after_s: float) -> JSONResponse:
+    retry = str(max(1, math.ceil(retry_after_s)))
+    return error_response(429, code, message, {"Retry-After": retry})
+
+
+async def parse_body(request: Request, model: type[M], *, allow_empty: bool = False) -> M:
+    body = await request.body()
+    if allow_empty and not body.strip():
+        body = b"{}"
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise BadRequest(400, "bad_json", "the body is not valid JSON") from None
+        parts = [f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors[:5]]
+        raise BadRequest(422, "invalid_request", "; ".join(parts)) from None
+
+
+def turn_json(session_id: str, result: TurnResult, context_len: int) -> dict[str, Any]:
+    return {
+        "id": session_id,
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "stop": result.stop,
+        "num_prompt_tokens": result.num_prompt_tokens,
+        "num_generated": result.num_generated,
+        "decode_s": result.decode_s,
+        "context_len": context_len,
+    }
+
+
+def sse_event(event: str, data: dict[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class TurnStream(StreamingResponse):
+    """A StreamingResponse that always runs ``cleanup`` (even if never iterated)."""
+
+    def __init__(self, events: AsyncIterator[str], cleanup: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await self._cleanup()
+
+# -------------------- entries -------------------------------------------------
+
+@dataclass
+class Entry:
+    """A session made here. ``hold`` owns its ticket and its pool session: closing it
+    detaches the session and releases the ticket."""
+
+    session: Session
+    hold: Hold
+    created_at: float
+    owner: str = ""  # the authenticated caller that created it ("" without auth)
+    generation: Generation | None = None
+    iterator: AsyncIterator[Any] | None = None
+    last_used: float = 0.0
+
+
+def describe(sid: str, entry: Entry, load: SessionLoad | None, now: float) -> dict[str, Any]:
+    """``GET /v1/sessions/{id}``'s body (``load``: the pool's row, None once detached)."""
+    return {
+        "id": sid,
+        "context_len": entry.session.context_len,
+        "state": load.state.value if load else "detached",
+        "private_cells": load.private_cells if load else 0,
+        "decode_tps": load.decode_tps if load else None,
+        "num_generated": load.num_generated if load else 0,
+        "age_s": now - entry.created_at,
+        "idle_s": now - entry.last_used,
+        "in_turn": entry.generation is not None,
+    }
+
+
+def engine_error(exc: EngineError) -> Response:
+    """The answer to an engine error in a turn (the caller drops a failed session)."""
+    if isinstance(exc, ContextOverflow):
+        return error_response(422, "context_overflow", str(exc))
+    if isinstance(exc, SessionFailed):
+        return error_response(410, "session_failed", str(exc))
+    return error_response(503, "engine_error", str(exc))
+
+
+def start_error(exc: Exception) -> Response:
+    """The answer to a turn the engine refused to start, other than an engine error."""
+    if isinstance(exc, ValueError):
+        return error_response(400, "empty_input", f"{exc} (send non-empty \"text\")")
+    return error_response(
+        409, "session_busy", f"{exc}; the previous turn is still stopping, retry shortly"
+    )
+
+# -------------------- the session api -----------------------------------------
 
 DEFAULT_IDLE_S = 300.0
 _EXPIRED_KEPT = 1024  # reasons remembered for expired sessions (oldest forgotten first)
@@ -366,3 +569,12 @@ class SessionAPI:
                         await generation.aclose()
             finally:
                 await entry.hold.aclose()  # detach, then release the ticket
+
+
+def api_routes(
+    engine: Engine, admission: Admission, sessions: SessionAPI | None = None
+) -> list[BaseRoute]:
+    """Every route of this package, ready to mount in a Starlette app (pass ``sessions`` to
+    keep the handle whose ``aclose`` the app's lifespan should call)."""
+    api = SessionAPI(engine, admission) if sessions is None else sessions
+    return [*capacity_routes(admission), *api.routes]

@@ -130,14 +130,12 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     each thing with a life is registered on ``stack`` as soon as it exists."""
     from mesh.a2a.app import AppParts
     from mesh.a2a.push import make_push_url_validator
-    from mesh.a2a.taskboard import TaskBoard
+    from mesh.a2a.store import TaskBoard
     from mesh.agent.config import AgentConfig
     from mesh.agent.task import Agent
-    from mesh.api import api_routes
-    from mesh.api.dashboard import dashboard_routes
-    from mesh.api.dashboard_history import DashboardHistory
-    from mesh.api.openai.routes import OpenAIAPI
-    from mesh.api.sessions import SessionAPI
+    from mesh.api.dashboard import DashboardHistory, dashboard_routes
+    from mesh.api.openai_api import OpenAIAPI
+    from mesh.api.sessions import SessionAPI, api_routes
     from mesh.cli.engine_flags import apply_engine_flags
     from mesh.cli.engines import build_engine, prefix_cache_dir
     from mesh.engine.config import EngineConfig

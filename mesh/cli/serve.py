@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     on that very socket: the app's lifespan builds the pool, the gate and the rest on the
     loop that serves them (:mod:`mesh.cli.local`), and closes them
     there when a signal stops the server."""
-    from mesh.a2a.serving import run_server
+    from mesh.a2a.app import run_server
 
     print_cache_warnings()
     try:

@@ -17,11 +17,17 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from uvicorn import Config, Server
 
-from mesh.a2a.auth import BearerAuth
-from mesh.a2a.taskboard import ObservedTaskStore, TaskBoard
-from mesh.api import api_routes
-from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS, dashboard_routes, finite, poll_nodes
-from mesh.api.dashboard_history import DashboardHistory, sample_of
+from mesh.a2a.app import BearerAuth
+from mesh.a2a.store import ObservedTaskStore, TaskBoard
+from mesh.api.dashboard import (
+    DASHBOARD_PUBLIC_PATHS,
+    DashboardHistory,
+    dashboard_routes,
+    finite,
+    poll_nodes,
+    sample_of,
+)
+from mesh.api.sessions import api_routes
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.sim.fake import FakeEngine

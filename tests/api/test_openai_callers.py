@@ -22,8 +22,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from mesh.a2a.auth import BearerAuth, caller_name
-from mesh.api.openai.routes import OpenAIAPI
+from mesh.a2a.app import BearerAuth, caller_name
+from mesh.api.openai_api import OpenAIAPI
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.gate.queue import Hold

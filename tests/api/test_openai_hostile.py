@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from mesh.api.openai.limits import MAX_TYPE_LIST
+from mesh.api.openai_tools import MAX_TYPE_LIST
 from tests.reliability.serve_proc import running, small_project
 
 HEALTH_BOUND_S = 0.1

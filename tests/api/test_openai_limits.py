@@ -11,14 +11,8 @@ from typing import Any
 
 import pytest
 
-from mesh.api.openai.grammar import (
+from mesh.api.openai_tools import (
     ARRAY_BOUNDED_MAX,
-    STRING_BOUNDED_MAX,
-    Bounds,
-    cached_grammar,
-    tools_grammar,
-)
-from mesh.api.openai.limits import (
     MAX_ENUM,
     MAX_KEY_CHARS,
     MAX_PROPERTIES,
@@ -26,9 +20,15 @@ from mesh.api.openai.limits import (
     MAX_SCHEMA_NODES,
     MAX_TOOLS,
     MAX_TYPE_LIST,
+    STRING_BOUNDED_MAX,
+    Bounds,
+    ToolChoice,
     ToolsError,
+    cached_grammar,
+    parse_tools,
+    split_calls,
+    tools_grammar,
 )
-from mesh.api.openai.tools import ToolChoice, parse_tools, split_calls
 from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
 from mesh.gate.admission import FloorGate

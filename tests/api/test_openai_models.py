@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mesh.api.openai.models import gguf_name, model_names
+from mesh.api.openai_api import gguf_name, model_names
 from mesh.sim.fake import FakeEngine
 
 

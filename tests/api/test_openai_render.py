@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.api.openai.render import Prompter, is_strict
-from mesh.api.openai.turns import Bad
+from mesh.api.openai_api import Bad, Prompter, is_strict
 from mesh.template.chat import ChatFormat
 
 POOL = "You are one agent of a team."

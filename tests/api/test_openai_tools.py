@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from mesh.api.openai.grammar import tools_grammar
-from mesh.api.openai.limits import ToolsError
-from mesh.api.openai.tools import (
+from mesh.api.openai_tools import (
     ToolChoice,
+    ToolsError,
     parse_tool_choice,
     parse_tools,
     render_calls,
     split_calls,
+    tools_grammar,
 )
 from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool

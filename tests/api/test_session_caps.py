@@ -21,7 +21,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from mesh.a2a.auth import BearerAuth
+from mesh.a2a.app import BearerAuth
 from mesh.api.sessions import SessionAPI
 from mesh.engine.config import EngineConfig
 from mesh.engine.interface import Engine

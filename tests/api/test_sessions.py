@@ -288,7 +288,7 @@ async def test_aclose_detaches_everything(mesh: Mesh) -> None:
 
 async def test_sessions_are_scoped_to_their_caller() -> None:
     """With two tokens, caller B can neither see, drive nor delete caller A's session."""
-    from mesh.a2a.auth import BearerAuth
+    from mesh.a2a.app import BearerAuth
 
     m = Mesh()
     app = BearerAuth(m.app, ["token-a", "token-b"], public_paths=())
@@ -375,7 +375,7 @@ async def test_the_reaper_expires_sessions_on_its_own() -> None:
 async def test_each_caller_has_a_cap() -> None:
     """An authenticated caller holds at most half the pool (the other half stays for the
     others); tests/api/test_session_caps.py has the concurrent and the auth-off cases."""
-    from mesh.a2a.auth import BearerAuth
+    from mesh.a2a.app import BearerAuth
 
     m = Mesh(max_sessions=8)
     app = BearerAuth(m.app, ["token-a", "token-b"], public_paths=())

@@ -26,9 +26,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mesh.a2a.app import AppParts, create_app
+from mesh.a2a.app import AppParts, create_app, run_server
 from mesh.a2a.config import CoordinatorConfig
-from mesh.a2a.serving import run_server
 from mesh.cli import serve as serve_cli
 from tests.coordinator.coord_helpers import POOL_INFO, FakeAdmission, Probe, ScriptedWorker
 from tests.reliability.serve_proc import small_project

@@ -10,9 +10,16 @@ import pytest
 from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import a2a_pb2 as pb
 
-from mesh.a2a.store import Stores, open_stores, owner_context, owner_of
-from mesh.a2a.task_table import RowWrite, TaskTable
-from mesh.a2a.write_behind import TaskStoreWriteError, WriteBehindTaskStore
+from mesh.a2a.store import (
+    RowWrite,
+    Stores,
+    TaskStoreWriteError,
+    TaskTable,
+    WriteBehindTaskStore,
+    open_stores,
+    owner_context,
+    owner_of,
+)
 from tests.coordinator.coord_helpers import await_for
 
 pytestmark = pytest.mark.anyio

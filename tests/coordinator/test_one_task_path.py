@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from mesh.a2a.validation import shapes as shapes_mod
+from mesh.a2a import validation as shapes_mod
 from mesh.agent import subtasks as subtasks_mod
-from mesh.fleet.node_worker import NodeClient
 from mesh.worker.tools import DelegateTool, ToolError, delegate_tool
 from mesh.worker.types import NO_HOPS, Hops, Subtask, WorkerResult
 from tests.coordinator.coord_helpers import FakeAdmission
@@ -165,14 +164,6 @@ async def test_the_delegate_tool_sends_the_hops_it_is_bound_to() -> None:
     assert sent == [("b", "go", Hops(1, ("a",))), ("b", "go")]
     with pytest.raises(ToolError):
         await bound({"peer": "", "text": "go"})
-
-
-def test_a_node_subtask_carries_its_own_hops_onward() -> None:
-    client = NodeClient(origin="front")
-    message = client._message(Subtask("t/s1", "hello", hops=Hops(1, ("a",))))
-    assert dict(message.metadata) == {"meshHops": 2.0, "meshChain": ["a", "front"]}
-    first = client._message(Subtask("t/s2", "hello"))
-    assert dict(first.metadata) == {"meshHops": 1.0, "meshChain": ["front"]}
 
 
 async def test_progress_never_takes_a_working_task_back_to_submitted() -> None:

@@ -240,6 +240,7 @@ async def test_a_node_is_sent_work_at_its_configured_address() -> None:
     node's card said."""
     from mesh.fleet.node_cards import Node
     from mesh.fleet.node_worker import NodeClient
+
     from mesh.worker.types import Subtask, WorkerEvent
 
     async def emit(event: WorkerEvent) -> None:

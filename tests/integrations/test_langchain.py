@@ -18,7 +18,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
-from mesh.api.openai.routes import OpenAIAPI
+from mesh.api.openai_api import OpenAIAPI
 from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
 from mesh.gate.admission import FloorGate

@@ -14,8 +14,7 @@ from starlette.applications import Starlette
 
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
-from mesh.api import api_routes
-from mesh.api.sessions import SessionAPI
+from mesh.api.sessions import SessionAPI, api_routes
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.sim.fake import FakeEngine

@@ -14,8 +14,7 @@ from starlette.applications import Starlette
 
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
-from mesh.api import api_routes
-from mesh.api.sessions import SessionAPI
+from mesh.api.sessions import SessionAPI, api_routes
 from mesh.engine.config import EngineConfig
 from mesh.engine.pool import SharedKVPool
 from mesh.gate.admission import FloorGate

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mesh.a2a.validation.shapes import JSONRPC_METHODS
+from mesh.a2a.validation import JSONRPC_METHODS
 from tests.reliability.fake_stack import FakeStack, fake_stack
 
 # JSON-RPC: the spec's codes, and A2A's -32001..-32099 (task not found, not cancelable,

@@ -145,7 +145,7 @@
   function num(v) { return typeof v === "number" && isFinite(v) ? v : null; }
 
   // A live frame as a history sample: the same shape the server keeps
-  // (mesh/api/dashboard_history.py, sample_of).
+  // (mesh/api/dashboard.py, sample_of).
   function sampleOf(frame) {
     var cap = frame.capacity || {}, kv = cap.kv_cells || {};
     var turns = cap.turns && typeof cap.turns === "object" ? cap.turns : {};
