@@ -3,7 +3,7 @@ and ``metadata.meshChain`` (the agents the message went through).
 
 The request guard reads them once at the door (:func:`hops_of`, refusing a message past
 ``--max-hops``); they travel with the task's subtasks as :class:`~mesh.worker.types.Hops`,
-and whoever sends a message on (:mod:`.peers`, :mod:`.node_worker`) writes
+and whoever sends a message on (:mod:`.peers`) writes
 :func:`hops_metadata` of :meth:`Hops.onward <mesh.worker.types.Hops.onward>`.
 """
 

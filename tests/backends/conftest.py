@@ -1,4 +1,5 @@
-"""Fixtures of the nodes tests: real ``mesh serve --model tiny`` processes on loopback."""
+"""Fixtures of the OpenAI-backend tests: real OpenAI-compatible servers on loopback (``mesh
+serve --model tiny``'s own ``/v1/completions``, ``llama_cpp.server``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.nodes.llama_server import LlamaServer, llama_server
+from tests.backends.llama_server import LlamaServer, llama_server
 from tests.reliability.serve_proc import ServeProc, running, serve_env, small_project
 
 

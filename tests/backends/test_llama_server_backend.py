@@ -24,9 +24,9 @@ import pytest
 from mesh.backends.openai import OpenAIEngine
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Session, SessionFailed, TurnResult
-from tests.nodes.conftest import simulate
-from tests.nodes.llama_server import LlamaServer
-from tests.nodes.tiny_engine import tiny_openai_engine
+from tests.backends.conftest import simulate
+from tests.backends.llama_server import LlamaServer
+from tests.backends.tiny_engine import tiny_openai_engine
 from tests.reliability.serve_proc import TERMINAL, ServeProc, message, running, text_of
 
 pytestmark = pytest.mark.anyio

@@ -1,10 +1,10 @@
 """One HTTP client per object's life (issue 26 follow-up): ``mesh serve`` builds and serves on
-one loop, so :class:`NodePool`, :class:`NodeClient` and :class:`OpenAIEngine` each make one
-client (on first use, or in ``start``), close it once in ``aclose``, cancel their
-background tasks there, and refuse use after close with an error naming the fix.
+one loop, so :class:`OpenAIEngine` makes one client (in ``start``), closes it once in
+``aclose``, cancels its background tasks there, and refuses use after close with an error
+naming the fix.
 
 ``httpx.AsyncClient`` is replaced by a counting subclass on a MockTransport, so what is
-counted is exactly the clients these classes make (no sockets).
+counted is exactly the clients the engine makes (no sockets).
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ import pytest
 
 from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.config import SamplingParams
-from mesh.fleet.node_cards import Node
-from mesh.fleet.node_worker import NodeClient
-from mesh.fleet.nodes import NodePool
 
 pytestmark = pytest.mark.anyio
 
@@ -105,55 +102,3 @@ async def test_openai_engine_leaves_a_given_client_open() -> None:
     assert not http.is_closed  # its owner's to close
     await http.aclose()
 
-
-def capacity(request: httpx.Request) -> httpx.Response:
-    """Every node admits, with room for 4."""
-    return httpx.Response(200, json={"verdict": "admit", "headroom": 4,
-                                     "sessions": {"total": 0}})
-
-
-async def test_node_pool_holds_one_client_and_closes_it_with_its_tasks(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Polls, the first admission and a capacity re-read all go through one client; aclose
-    cancels the poller and the re-reads and closes the client once; afterwards /capacity
-    still reports (polling nothing) and admit is refused naming the fix."""
-    clients = Clients(capacity)
-    clients.install(monkeypatch)
-    pool = NodePool([Node(url="http://a"), Node(url="http://b")], poll_s=0.01)
-    ticket = await pool.admit("t/s1")
-    pool.answered(ticket.node)  # a re-read of that node's capacity, in the background
-    await anyio.sleep(0.05)  # a few polls
-    assert pool.capacity()["verdict"] == "admit"
-    poller = pool._poller
-    assert poller is not None and not poller.done()
-    pool.answered(ticket.node)
-    background = list(pool._background)
-    await ticket.release()
-    assert len(clients.made) == 1 and not clients.closes
-    await pool.aclose()
-    await pool.aclose()  # idempotent
-    assert clients.closes == clients.made and clients.made[0].is_closed
-    assert poller.done() and pool._poller is None
-    assert all(t.done() for t in background) and not pool._background
-    assert pool.capacity()["nodes"][0]["up"]  # what was known; no poller restarted
-    assert pool._poller is None
-    pool.answered(ticket.node)  # a late answer re-reads nothing
-    assert not pool._background
-    with pytest.raises(RuntimeError, match=r"node pool is closed.*new NodePool"):
-        await pool.admit("t/s2")
-    assert len(clients.made) == 1
-
-
-async def test_node_client_holds_one_client_closed_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    clients = Clients(capacity)
-    clients.install(monkeypatch)
-    client = NodeClient(token="t")
-    first = client.http
-    assert client.http is first and first.headers["authorization"] == "Bearer t"
-    await client.aclose()
-    await client.aclose()  # idempotent
-    assert clients.closes == [first] and first.is_closed
-    with pytest.raises(RuntimeError, match=r"node client is closed.*new NodeClient"):
-        _ = client.http
-    assert clients.made == [first]

@@ -19,8 +19,8 @@ import pytest
 from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import ContextOverflow, ModelError, Session, SessionState
-from tests.nodes.conftest import simulate
-from tests.nodes.tiny_engine import tiny_openai_engine
+from tests.backends.conftest import simulate
+from tests.backends.tiny_engine import tiny_openai_engine
 from tests.reliability.serve_proc import ServeProc, free_port, message, running
 
 pytestmark = pytest.mark.anyio

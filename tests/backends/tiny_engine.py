@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mesh.backends.openai import BackendConfig, OpenAIEngine
 from mesh.engine.llama import LlamaModel
-from tests.nodes.conftest import tiny_path
+from tests.backends.conftest import tiny_path
 
 
 @contextlib.asynccontextmanager

@@ -233,26 +233,3 @@ def test_confine_card_keeps_the_binding_and_replaces_the_address() -> None:
     assert [i.protocol_binding for i in confined.supported_interfaces] == ["JSONRPC", "HTTP+JSON"]
     assert replaced == ["http://10.0.0.9:80/"]
     assert card.supported_interfaces[0].url == "http://10.0.0.9:80/"  # the cached card is kept
-
-
-async def test_a_node_is_sent_work_at_its_configured_address() -> None:
-    """The node coordinator's client had the same hole: the node token went where the
-    node's card said."""
-    from mesh.fleet.node_cards import Node
-    from mesh.fleet.node_worker import NodeClient
-
-    from mesh.worker.types import Subtask, WorkerEvent
-
-    async def emit(event: WorkerEvent) -> None:
-        return None
-
-    with canary_and_decoy(False) as (canary, decoy, canary_url, _):
-        client = NodeClient(token=TOKEN)
-        try:
-            # The fake answers with a message, not a task: the run fails after the send.
-            with contextlib.suppress(Exception):
-                await client.run(Node(url=canary_url), Subtask("s1", "hello"), emit)
-        finally:
-            await client.aclose()
-    assert decoy.seen == [], "the node token left for the address the card named"
-    assert ("/", f"Bearer {TOKEN}") in canary.seen
