@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from mesh.cluster.pool_actor import HostedPool, PoolActor, PoolReport, TurnEnd
+from mesh.cluster.pool_actor import Chunk, HostedPool, PoolActor, PoolReport, TurnEnd
 from mesh.cluster.routing import PoolView, Route, route
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import (
@@ -161,7 +161,7 @@ class RayPools:
     def __init__(self, make: Callable[[], HostedPool], *, num_pools: int,
                  tokenize: Callable[[str], list[int]],
                  placement: PoolPlacement | None = None, prefix_hash: str | None = None,
-                 poll_s: float = 0.05, start_timeout_s: float = 900.0,
+                 poll_s: float = 0.1, start_timeout_s: float = 900.0,
                  on_close: Callable[[], None] | None = None) -> None:
         if num_pools < 1:
             raise ValueError(f"--ray-pools must be at least 1, got {num_pools}")
@@ -450,18 +450,18 @@ class RayPools:
     # ------------------------------------------------------------------ sessions
 
     async def stream(self, h: PoolHandle, rid: str, text: str,
-                     params: SamplingParams) -> AsyncGenerator[list[Piece] | TurnEnd]:
-        """One turn on pool ``h``: its pieces, then its :class:`TurnEnd` (the report it
-        carries is taken; the hop's overhead recorded)."""
+                     params: SamplingParams) -> AsyncGenerator[Chunk]:
+        """One turn on pool ``h``: its chunks, the last with its :class:`TurnEnd` (whose
+        report is taken here, and the hop's overhead recorded)."""
         started = time.perf_counter()
         gen = h.actor.generate.options(num_returns="streaming").remote(rid, text, params)
         async for ref in gen:
-            item = await _get(ref)
-            if isinstance(item, TurnEnd):
-                self.take_report(h, item.report)
+            chunk: Chunk = await _get(ref)
+            if chunk.end is not None:
+                self.take_report(h, chunk.end.report)
                 self.turn_overheads.append(max(0.0, time.perf_counter() - started
-                                               - item.turn_s))
-            yield item
+                                               - chunk.end.turn_s))
+            yield chunk
 
     async def move(self, session: RaySession, why: str) -> None:
         """``session``'s pool died: attach it to another (its context is recomputed by its
@@ -578,17 +578,17 @@ class RayGeneration:
             s.on_pool = len(s.history)
             stream = s.pools.stream(h, rid, send, replace(params, max_tokens=left))
             try:
-                async with contextlib.aclosing(stream) as items:
-                    async for item in items:
-                        if isinstance(item, TurnEnd):
-                            end = item
-                            break
-                        for piece in item:
+                async with contextlib.aclosing(stream) as chunks:
+                    async for chunk in chunks:
+                        for piece in chunk.pieces:
                             generated += piece.token >= 0
                             texts.append(piece.text)
                             s.history += piece.text
                             s.on_pool = len(s.history)
                             yield piece
+                        if chunk.end is not None:
+                            end = chunk.end
+                            break
                         if self._closed:
                             h.actor.stop.remote(rid)
             except RayActorError as exc:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import ray
@@ -48,8 +48,9 @@ def pool_pids() -> dict[str, int]:
     """The pool actors' processes, by actor name (this test is a driver of the cluster)."""
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith("mesh-pool-")]
-    return {n: ray.get(ray.get_actor(n, namespace="mesh").pid.remote(), timeout=30)
-            for n in sorted(names)}
+    refs: dict[str, Any] = {n: ray.get_actor(n, namespace="mesh").pid.remote()
+                            for n in sorted(names)}
+    return {n: cast(int, ray.get(ref, timeout=30)) for n, ref in refs.items()}
 
 
 def pool_rows(coord: ServeProc) -> list[dict[str, Any]]:
