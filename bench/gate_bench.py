@@ -28,7 +28,7 @@
   first). Every figure above is also given per phase (neighbour off / on), with each
   turn's decode-gate wait (``TurnResult.wait_s``), tokens/s over all workers and the
   workers holding tickets; the phases are in ``runs[].neighbour_on``, and issue 25's goals
-  (:mod:`mesh.sim.goals`, 5 % of windows) in ``goals``.
+  (:mod:`mesh.sim.compare`, 5 % of windows) in ``goals``.
 
 ``--floor auto`` sets the floor at the seeded model's per-worker rate with a quarter of
 the slots decoding, so that the floor, not the slots, is what binds.
@@ -56,13 +56,11 @@ from mesh.gate.admission import FloorGate
 from mesh.gate.config import POLICIES, GateConfig
 from mesh.gate.decide import GateInput, decide
 from mesh.gate.model import ThroughputModel, micro_benchmark
-from mesh.sim.flags import add_neighbour_args, neighbour_config
-from mesh.sim.goals import goals, goals_markdown
-from mesh.sim.measure import percentile
-from mesh.sim.neighbour import Neighbour
-from mesh.sim.phases import phase_of, spans_from
+from mesh.sim.compare import goals, goals_markdown
 from mesh.sim.policies import parse_rule
-from mesh.sim.types import PhaseRecord
+from mesh.sim.processes import Neighbour
+from mesh.sim.report import percentile, phase_of, spans_from
+from mesh.sim.scenario import PhaseRecord, add_neighbour_args, neighbour_config
 
 PREFIX = (
     "You are a careful software agent working on a shared project. Read the task, plan, "
@@ -288,7 +286,7 @@ async def run_policy(engine: Engine, model: ThroughputModel, policy: str, floor:
 
 
 def bench_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 25's goals (:mod:`mesh.sim.goals`) over the policies' per-phase windows."""
+    """Issue 25's goals (:mod:`mesh.sim.compare`) over the policies' per-phase windows."""
     phases = [{phase: {"windows_under_floor": f["share_below_floor"], "agg_tps": f["agg_tps"]}
                for phase, f in r["phases"].items()} for r in runs]
     whole = [{"windows_under_floor": r["share_below_floor"],

@@ -25,11 +25,17 @@ from a2a.utils.errors import A2AError
 
 from mesh.cli.errors import describe
 from mesh.sim.compare import RunOne, parse_compare, run_compare, run_sweep
-from mesh.sim.flags import add_neighbour_args, add_scenario_kind_args, idle_config, neighbour_config
-from mesh.sim.progress import ProgressBar
-from mesh.sim.run import plan_for, run_simulation, write_report
-from mesh.sim.server import ServerCommand, ServerError, serve_command
-from mesh.sim.types import POLICIES_HELP, SimConfig, SimRun
+from mesh.sim.processes import ServerCommand, ServerError, serve_command
+from mesh.sim.run import ProgressBar, plan_for, run_simulation, write_report
+from mesh.sim.scenario import (
+    POLICIES_HELP,
+    SimConfig,
+    SimRun,
+    add_neighbour_args,
+    add_scenario_kind_args,
+    idle_config,
+    neighbour_config,
+)
 
 __all__ = ["register"]
 

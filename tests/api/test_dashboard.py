@@ -31,7 +31,7 @@ from mesh.api.sessions import api_routes
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.sim.fake import FakeEngine
-from mesh.sim.server import free_port
+from mesh.sim.processes import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -250,8 +250,8 @@ def test_simulate_prints_the_dashboard_of_the_server_it_starts(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from mesh.cli.simulate import _watched
-    from mesh.sim.server import serve_command
-    from mesh.sim.types import SimConfig
+    from mesh.sim.processes import serve_command
+    from mesh.sim.scenario import SimConfig
 
     config = SimConfig()
     assert _watched(config)(8123, tmp_path) == serve_command(config, 8123, tmp_path)

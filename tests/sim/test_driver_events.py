@@ -5,7 +5,7 @@ from __future__ import annotations
 from a2a.types import a2a_pb2 as pb
 from google.protobuf.struct_pb2 import Struct
 
-from mesh.sim.driver import _status_event
+from mesh.sim.run import _status_event
 
 
 def _update(meta: dict[str, object]) -> pb.TaskStatusUpdateEvent:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.gate_bench import Trace, _phase_figures, bench_goals
-from mesh.sim.types import PhaseRecord
+from mesh.sim.scenario import PhaseRecord
 
 
 def test_every_observation_lands_in_its_phase() -> None:

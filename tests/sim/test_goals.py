@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mesh.sim.goals import goals, goals_markdown
+from mesh.sim.compare import goals, goals_markdown
 
 
 def _ph(off: tuple[float, float], on: tuple[float, float]) -> dict[str, Any]:

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from mesh.cli import simulate
-from mesh.sim.idle import parking_series, parking_summary
-from mesh.sim.idle_plot import PARKING_PLOT
+from mesh.sim.plots import PARKING_PLOT
+from mesh.sim.processes import serve_command
+from mesh.sim.report import parking_series, parking_summary
 from mesh.sim.run import plan_for
-from mesh.sim.server import serve_command
-from mesh.sim.types import IdleAgentsConfig, Sample, SimConfig, SimRun, TaskTimeline
+from mesh.sim.scenario import IdleAgentsConfig, Sample, SimConfig, SimRun, TaskTimeline
 
 
 def _main(argv: list[str]) -> int:

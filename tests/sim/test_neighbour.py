@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mesh.sim.neighbour import CpuLoad, MeshLoad, Neighbour
-from mesh.sim.schedule import parse_schedule, plan_phases
-from mesh.sim.types import NeighbourConfig, SimConfig
+from mesh.sim.processes import CpuLoad, MeshLoad, Neighbour
+from mesh.sim.scenario import NeighbourConfig, SimConfig, parse_schedule, plan_phases
 
 
 def test_the_schedule_is_a_function_of_the_spec_and_the_seed() -> None:
@@ -156,7 +155,7 @@ def test_a_busy_loop_ends_itself_when_its_parent_is_gone() -> None:
     import subprocess
     import sys
 
-    from mesh.sim.neighbour import _BUSY
+    from mesh.sim.processes import _BUSY
 
     # the parent pid it watches is not its parent: it must exit at once, not burn forever
     proc = subprocess.Popen([sys.executable, "-c", _BUSY, "1.0", "1"])

@@ -9,19 +9,19 @@ from typing import Any
 import pytest
 
 from mesh.sim.compare import write_comparison
-from mesh.sim.panels import PANEL_NAMES
-from mesh.sim.phases import (
+from mesh.sim.plots import PANEL_NAMES
+from mesh.sim.report import (
     chunk_tokens,
     client_windows,
     phase_of,
     phase_summary,
     phase_table,
     spans,
+    summarize,
     turn_starts,
 )
-from mesh.sim.report import summarize
 from mesh.sim.run import write_report
-from mesh.sim.types import (
+from mesh.sim.scenario import (
     NeighbourConfig,
     PhaseRecord,
     Sample,

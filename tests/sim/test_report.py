@@ -16,12 +16,10 @@ from mesh.sim.compare import (
     write_comparison,
     write_sweep,
 )
-from mesh.sim.measure import percentile
-from mesh.sim.panels import PANEL_NAMES
-from mesh.sim.plots import PLOT_NAMES
-from mesh.sim.report import SUMMARY_KEYS, summarize
+from mesh.sim.plots import PANEL_NAMES, PLOT_NAMES
+from mesh.sim.report import SUMMARY_KEYS, percentile, summarize
 from mesh.sim.run import write_report
-from mesh.sim.types import Sample, SimConfig, SimRun, TaskEvent, TaskTimeline
+from mesh.sim.scenario import Sample, SimConfig, SimRun, TaskEvent, TaskTimeline
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mesh.sim.server import ServerError, ServerProcess, serve_command
-from mesh.sim.types import SimConfig
+from mesh.sim.processes import ServerError, ServerProcess, serve_command
+from mesh.sim.scenario import SimConfig
 
 
 def test_serve_command_passes_every_setting(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mesh.cli import simulate
-from mesh.sim.types import SimConfig
+from mesh.sim.scenario import SimConfig
 from tests.reliability.serve_proc import ServeProc, running, small_project
 
 TOKEN = "sim-token-7f3a"
