@@ -134,6 +134,7 @@ async def one_pool(a: argparse.Namespace, model: str, prefix: str) -> Run:
         await workload(pool, a, run)
     finally:
         await pool.aclose()
+    run.last_done_after_kill_s = None  # nothing was killed
     return run
 
 

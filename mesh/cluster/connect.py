@@ -69,17 +69,26 @@ def connect(address: RayAddress, *, namespace: str = "mesh") -> str:
         return "Ray: already connected in this process"
     if not address.is_auto:
         _probe(address)
+    started = False
     try:
-        ctx = ray.init(address=None if address.is_auto else address.value,
-                       namespace=namespace, log_to_driver=False, include_dashboard=False,
-                       configure_logging=False)
+        try:
+            ctx = ray.init(address="auto" if address.is_auto else address.value,
+                           namespace=namespace, log_to_driver=False, configure_logging=False)
+        except ConnectionError:
+            if not address.is_auto:
+                raise
+            # auto, and no cluster runs here: start one (this process is its head)
+            ctx = ray.init(address="local", include_dashboard=False, namespace=namespace,
+                           log_to_driver=False, configure_logging=False)
+            started = True
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ValueError(f"--ray {address.value}: cannot join the Ray cluster ({exc}); check "
                          "that its Ray version matches this one "
                          f"({ray.__version__})") from None
     nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     where = getattr(ctx, "address_info", {}).get("gcs_address") or address.value
-    return f"Ray {ray.__version__}: joined {where} ({len(nodes)} nodes alive)"
+    how = "started a local cluster at" if started else "joined"
+    return f"Ray {ray.__version__}: {how} {where} ({len(nodes)} nodes alive)"
 
 
 def disconnect() -> None:

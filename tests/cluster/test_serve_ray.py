@@ -84,7 +84,8 @@ def test_a_pool_killed_mid_run_loses_no_task(ray_cluster: Cluster, tmp_path: Pat
         after = send(coord, scenario_task(1, 9))
         assert coord.wait_terminal(after, timeout=120)["status"]["state"] == (
             "TASK_STATE_COMPLETED")
-        coord.stop()
+        assert coord.stop() == 0, coord.stderr()[-3000:]  # one SIGTERM: a clean shutdown
+        assert "Application shutdown complete" in coord.stderr()
     assert not [n for n in pool_pids()], "the coordinator's pools outlived it"
 
 
