@@ -19,14 +19,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import httpx
 from a2a.utils.errors import A2AError
 
 from mesh.cli.errors import describe
-from mesh.sim.compare import RunOne, parse_compare, run_compare, run_sweep
 from mesh.sim.processes import ServerCommand, ServerError, serve_command
-from mesh.sim.run import ProgressBar, plan_for, run_simulation, write_report
 from mesh.sim.scenario import (
     POLICIES_HELP,
     SimConfig,
@@ -35,7 +35,11 @@ from mesh.sim.scenario import (
     add_scenario_kind_args,
     idle_config,
     neighbour_config,
+    plan_for,
 )
+
+if TYPE_CHECKING:
+    from mesh.sim.compare import RunOne
 
 __all__ = ["register"]
 
@@ -219,45 +223,64 @@ def _watched(config: SimConfig) -> ServerCommand:
     return command
 
 
+def _harness() -> tuple[ModuleType, ModuleType]:
+    """:mod:`mesh.sim.run` and :mod:`mesh.sim.compare`, which plot (matplotlib) and show a
+    progress bar (tqdm): the ``sim`` extra, which a plain install (``mesh serve``'s) lacks.
+    Without them: ValueError naming the fix."""
+    try:
+        from mesh.sim import compare, run
+    except ImportError as exc:
+        raise ValueError(
+            f"this command plots its report and needs {exc.name or 'matplotlib'}, which is "
+            "not installed: pip install 'mesh[sim]' (in a checkout: bash scripts/install.sh "
+            "sim)") from None
+    return run, compare
+
+
 def _runner(args: argparse.Namespace) -> RunOne:
+    run, _ = _harness()
+    ProgressBar, run_simulation = run.ProgressBar, run.run_simulation
+
     def run_one(config: SimConfig, label: str) -> SimRun:
         total = len(plan_for(config).packages)
         if config.url is not None and sys.stderr.isatty():  # for a person watching
             print(f"dashboard: {config.url.rstrip('/')}/dashboard", file=sys.stderr, flush=True)
         command = None if config.url is not None else _watched(config)
         with ProgressBar(total, label or "packages", disable=args.no_progress) as bar:
-            return run_simulation(config, on_progress=bar, label=label, server_command=command)
+            done: SimRun = run_simulation(config, on_progress=bar, label=label,
+                                          server_command=command)
+            return done
 
     return run_one
 
 
-def _fail(message: str) -> int:
-    print(f"mesh: {message}", file=sys.stderr)
+def _fail(message: str, command: str = "simulate") -> int:
+    print(f"mesh {command}: {message}", file=sys.stderr)
     return 1
 
 
-def _failed(exc: Exception, args: argparse.Namespace) -> int:
+def _failed(exc: Exception, args: argparse.Namespace, command: str = "simulate") -> int:
     """A server that is not there, refuses or answers 4xx: one line naming the fix (the
     traceback with --debug)."""
     if getattr(args, "debug", False):
         raise exc
-    return _fail(describe(exc, args.url))
+    return _fail(describe(exc, args.url), command)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
     try:
         config = _config(args, args.floor_tps)
         run_one = _runner(args)
+        run, compare = _harness()
         if args.compare:
-            key, values = parse_compare(args.compare)
+            key, values = compare.parse_compare(args.compare)
             if args.url is not None and key in ("policy", "pool", "floor"):
                 return _fail(f"--compare {key} needs a coordinator started here, not --url")
-            result = run_compare(config, key, values, args.out, run_one)
+            result = compare.run_compare(config, key, values, args.out, run_one)
             print(result.table.read_text(encoding="utf-8"))
             print(f"reports in {args.out}/", file=sys.stderr)
             return 0
-        run = run_one(config, "")
-        files = write_report(run, args.out)
+        files = run.write_report(run_one(config, ""), args.out)
     except (ValueError, ServerError) as exc:
         return _fail(str(exc))
     except (A2AError, httpx.HTTPError, OSError) as exc:
@@ -279,10 +302,12 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
                 "floor is fixed by its `mesh serve --floor-tps`), so it takes no --url; drop "
                 "--url, or run `mesh simulate --url URL` once per server started at a floor")
         config = _config(args, floors[0])
-        result = run_sweep(config, floors, args.out, _runner(args), max_under=args.max_under)
+        _, compare = _harness()
+        result = compare.run_sweep(config, floors, args.out, _runner(args),
+                                   max_under=args.max_under)
     except (ValueError, ServerError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), "sweep")
     except (A2AError, httpx.HTTPError, OSError) as exc:
-        return _failed(exc, args)
+        return _failed(exc, args, "sweep")
     print(result.table.read_text(encoding="utf-8"))
     return 0

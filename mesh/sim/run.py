@@ -45,12 +45,11 @@ from mesh.sim.scenario import (
     SimRun,
     TaskEvent,
     TaskTimeline,
-    plan_scenario,
+    plan_for,
 )
-from mesh.template.loader import load_template
 
 __all__ = [
-    "OnProgress", "ProgressBar", "ReportFiles", "drive", "neighbour_for", "plan_for",
+    "OnProgress", "ProgressBar", "ReportFiles", "drive", "neighbour_for",
     "run_simulation", "write_report"
 ]
 
@@ -354,25 +353,6 @@ class ReportFiles:
     markdown: Path
     plots: tuple[Path, ...]
     summary: Summary
-
-
-def plan_for(config: SimConfig) -> Scenario:
-    """The scenario ``config`` asks for (the template's defaults fill what it leaves out)."""
-    spec = load_template(config.template).manifest.scenario
-    if config.idle_agents:  # many agents, long seeded idle gaps, never planned
-        idle = config.idle
-        packages = config.packages if config.packages is not None else idle.default_agents()
-        return plan_scenario(spec, config.seed, packages=packages, steps=config.steps,
-                             tokens_per_step=config.tokens_per_step, plan=False,
-                             tool_latency_s=idle.tool_latency())
-    return plan_scenario(
-        spec,
-        config.seed,
-        packages=config.packages,
-        steps=config.steps,
-        tokens_per_step=config.tokens_per_step,
-        plan=config.plan,
-    )
 
 
 def run_simulation(

@@ -44,14 +44,33 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mesh.template.loader import load_template
 from mesh.template.manifest import ScenarioSpec
 from mesh.worker.simulated import ScenarioParams, StepPlan, plan_schedule
 
 __all__ = [
-    "SCENARIOS", "IdleAgentsConfig", "NeighbourConfig", "PackagePlan", "PhaseRecord",
-    "PlannedPhase", "Sample", "Scenario", "Schedule", "SimConfig", "SimRun", "TaskEvent",
-    "TaskTimeline", "add_neighbour_args", "add_scenario_kind_args", "idle_config", "iter_phases",
-    "neighbour_config", "parse_schedule", "plan_phases", "plan_scenario"
+    "SCENARIOS",
+    "IdleAgentsConfig",
+    "NeighbourConfig",
+    "PackagePlan",
+    "PhaseRecord",
+    "PlannedPhase",
+    "Sample",
+    "Scenario",
+    "Schedule",
+    "SimConfig",
+    "SimRun",
+    "TaskEvent",
+    "TaskTimeline",
+    "add_neighbour_args",
+    "add_scenario_kind_args",
+    "idle_config",
+    "iter_phases",
+    "neighbour_config",
+    "parse_schedule",
+    "plan_for",
+    "plan_phases",
+    "plan_scenario"
 ]
 
 
@@ -608,3 +627,22 @@ def plan_scenario(
         knobs = ScenarioParams.model_validate({**defaults, **params})
         plans.append(PackagePlan(i, package_seed, params, plan_schedule(knobs)))
     return Scenario(seed, num_steps, num_tokens, tuple(plans), planned)
+
+
+def plan_for(config: SimConfig) -> Scenario:
+    """The scenario ``config`` asks for (the template's defaults fill what it leaves out)."""
+    spec = load_template(config.template).manifest.scenario
+    if config.idle_agents:  # many agents, long seeded idle gaps, never planned
+        idle = config.idle
+        packages = config.packages if config.packages is not None else idle.default_agents()
+        return plan_scenario(spec, config.seed, packages=packages, steps=config.steps,
+                             tokens_per_step=config.tokens_per_step, plan=False,
+                             tool_latency_s=idle.tool_latency())
+    return plan_scenario(
+        spec,
+        config.seed,
+        packages=config.packages,
+        steps=config.steps,
+        tokens_per_step=config.tokens_per_step,
+        plan=config.plan,
+    )
