@@ -61,6 +61,7 @@ from mesh.engine.models import resolve_model
 from mesh.engine.pool import MAX_SEQUENCES, SharedKVPool
 from mesh.engine.session import PooledSession
 
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "pool.json"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pool.json"
 
 _WORDS = (
@@ -341,9 +342,11 @@ class Bench:
             ranges = await pool.call(pool.parts.seq_pos_ranges)
             by_ranges = cells_from_ranges(ranges)
             native = await native_cells(pool)
-            measured = len(sessions)
-            assert load.cells_used == P + measured * S == by_ranges, (load.cells_used,
-                                                                      by_ranges)
+            # Sessions past the cache's sequence ids are attached parked (their cells off
+            # the cache): the cells in use are the prefix and the resident sessions'.
+            attached, measured = len(sessions), load.num_resident
+            assert load.cells_used == P + measured * S == by_ranges, (
+                load.cells_used, by_ranges, P, measured, S)
             assert native is None or native[0] == load.cells_used, native
             by_cells = (n_ctx - P) // S
             more = (n_ctx - load.cells_used) // S
@@ -355,7 +358,8 @@ class Bench:
         return {
             "buffer_cells": n_ctx, "P": P, "S": S,
             "pooled": by_cells, "naive": buf // (P + S),
-            "pooled_measured": measured, "pooled_by_cells": by_cells, "limit": limit,
+            "pooled_measured": measured, "pooled_attached": attached,
+            "pooled_by_cells": by_cells, "limit": limit,
             "refusal": refusal, "cells_used": load.cells_used, "native_cells":
             native[0] if native else None, "cells_free_after": n_ctx - load.cells_used,
             "validated": limit == "cells" or measured + more == by_cells,
@@ -626,8 +630,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "the README's figures)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and sizes")
     ap.add_argument("--threads", type=int, default=None, help="default: every core")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT}, so a quick "
+                         "run never replaces the committed result)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = QUICK_OUT if args.quick else DEFAULT_OUT
     result = asyncio.run(main_async(args))
     print(render(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
