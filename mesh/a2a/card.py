@@ -32,15 +32,7 @@ from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a_names import CARD_PATH, LEGACY_CARD_PATH, POOL_EXTENSION_URI
 from mesh.engine.interface import PoolInfo
 
-__all__ = [
-    "BEARER_SCHEME",
-    "CARD_PATH",
-    "LEGACY_CARD_PATH",
-    "POOL_EXTENSION_URI",
-    "Skill",
-    "build_agent_card",
-    "card_routes",
-]
+__all__ = ["BEARER_SCHEME", "Skill", "build_agent_card", "card_routes"]
 
 BEARER_SCHEME = "bearer"
 

@@ -43,13 +43,13 @@ from a2a.types import a2a_pb2 as pb
 
 from mesh.a2a.store import owner_of
 from mesh.a2a.validation import checked_message
-from mesh.agent.events import ANSWER_ARTIFACT, TextSink
+from mesh.agent.events import TextSink
 from mesh.agent.fanout import WorkerFactory
 from mesh.agent.task import Agent, AgentTask
 from mesh.gate.queue import Admission, QueueFull
 from mesh.worker.types import EventKind, WorkerEvent
 
-__all__ = ["ANSWER_ARTIFACT", "CoordinatorExecutor", "WorkerFactory"]
+__all__ = ["CoordinatorExecutor"]
 
 logger = logging.getLogger(__name__)
 

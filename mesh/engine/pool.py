@@ -35,7 +35,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
-from mesh.engine.build import Progress, Tokenizer, build, open_tokenizer
+from mesh.engine.build import Progress, build
 from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.interface import (
     AttachCheck,
@@ -47,12 +47,11 @@ from mesh.engine.interface import (
     TurnAdmission,
 )
 from mesh.engine.native import resolve
-from mesh.engine.scheduler import SNAPSHOT_INTERVAL_S, Snapshots, StepLimits, StepStats
+from mesh.engine.scheduler import Snapshots, StepLimits, StepStats
 from mesh.engine.session import PooledSession, SeqState, Turn
 from mesh.engine.thread import EngineThread, Parts, assemble
 
-__all__ = ["MAX_SEQUENCES", "SNAPSHOT_INTERVAL_S", "SharedKVPool", "Tokenizer",
-           "open_tokenizer"]
+__all__ = ["MAX_SEQUENCES", "SharedKVPool"]
 
 T = TypeVar("T")
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the prefix sequence counts toward it

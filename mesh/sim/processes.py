@@ -63,9 +63,8 @@ from mesh.a2a_names import CARD_PATH
 from mesh.sim.scenario import NeighbourConfig, PhaseRecord, SimConfig, iter_phases
 
 __all__ = [
-    "CARD_PATH", "CpuLoad", "Load", "MeshLoad", "Neighbour", "ServerCommand", "ServerError",
-    "ServerProcess", "free_port", "main", "make_load", "mesh_executable", "parking_args",
-    "serve_command"
+    "CpuLoad", "Load", "MeshLoad", "Neighbour", "ServerCommand", "ServerError", "ServerProcess",
+    "free_port", "main", "make_load", "mesh_executable", "parking_args", "serve_command"
 ]
 
 
