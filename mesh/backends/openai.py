@@ -127,6 +127,8 @@ class OpenAIEngine:
         self._closed = False
         self.sessions: dict[str, RemoteSession] = {}
         self.resumed_streams = 0  # streams the backend cut without a finish reason
+        self.compactions = 0  # Session.compact calls, and the history tokens they dropped
+        self.compacted_cells = 0
         self.recent: deque[StepSample] = deque(maxlen=64)
         # The decode gate holds turns here, before their request goes out.
         self.turn_line = TurnLine(lambda: self.load().cells_used, lambda: tuple(self.recent))
@@ -309,7 +311,8 @@ class OpenAIEngine:
             naive_cells=private + prefix * len(rows),
             free_seq_ids=self.config.max_sessions - len(rows),
             max_sessions=self.config.max_sessions,
-            session_budget=self.config.session_budget, recent_steps=tuple(self.recent))
+            session_budget=self.config.session_budget, recent_steps=tuple(self.recent),
+            compactions=self.compactions, compacted_cells=self.compacted_cells)
 
     # ------------------------------------------------------------------ measuring
 
@@ -329,6 +332,11 @@ class OpenAIEngine:
         ms = step_s * 1000
         self._step_ms = ms if self._step_ms is None else self._step_ms + 0.2 * (ms - self._step_ms)
         self.turn_line.poke()
+
+    def record_compaction(self, freed: int) -> None:
+        """A session's history was compacted, dropping ``freed`` tokens of it."""
+        self.compactions += 1
+        self.compacted_cells += freed
 
     def record_resume(self) -> None:
         """A stream was cut without a finish reason and is being resumed (logged once)."""

@@ -64,6 +64,8 @@ class SessionHost(Protocol):
 
     def record_resume(self) -> None: ...
 
+    def record_compaction(self, freed: int) -> None: ...
+
     def request_body(self, prompt: str, **fields: Any) -> dict[str, Any]: ...
 
 __all__ = ["RemoteGeneration", "RemoteSession"]
@@ -111,6 +113,23 @@ class RemoteSession:
     def generate(self, params: SamplingParams) -> RemoteGeneration:
         params.validate()
         return RemoteGeneration(self, params)
+
+    async def compact(self, text: str) -> bool:
+        """Compaction: the history after the prefix becomes ``text`` (the next request sends
+        the prefix, then ``text``, then what is appended), as the pool's
+        :meth:`~mesh.engine.session.PooledSession.compact` does. False: a turn runs."""
+        if self.detached:
+            raise SessionFailed(f"session {self.id} is detached")
+        if self._busy_since is not None or self.state is SessionState.WAITING:
+            return False
+        n = self.engine.count_tokens(text)
+        budget = self.engine.info.session_budget
+        if n + self.pending_tokens > budget:
+            raise ContextOverflow(f"session {self.id}: a compacted history of {n} tokens with "
+                                  f"{self.pending_tokens} queued exceeds its budget of {budget}")
+        self.engine.record_compaction(self.private)
+        self.history, self.private = text, n
+        return True
 
     async def detach(self) -> None:
         if not self.detached:

@@ -223,6 +223,10 @@ class PoolLoad:
     parked_bytes: int = 0  # host RAM held by swapped suffixes (at most park_memory)
     swaps: int = 0  # parks that swapped (the rest recompute on resume)
     park_memory: int = 0  # the host RAM swapped suffixes may hold (--park-memory, bytes)
+    # Compaction (Session.compact) since start: suffixes replaced by a summary, and the
+    # suffix cells that freed; the shared prefix is never touched.
+    compactions: int = 0
+    compacted_cells: int = 0
 
     @property
     def num_parked(self) -> int:
@@ -370,6 +374,12 @@ class Session(Protocol):
 
     def generate(self, params: SamplingParams) -> Generation:
         """Prefill what was appended, then stream up to ``params.max_tokens`` pieces."""
+
+    async def compact(self, text: str) -> bool:
+        """Compaction: replace everything after the shared prefix (the turns so far) with
+        ``text``, a summary of them; their cells are freed and ``text`` is prefilled before
+        the next turn. The prefix is never re-processed. False: a turn is running. Raises
+        ContextOverflow if ``text`` does not fit the session's budget."""
 
     async def detach(self) -> None:
         """Free this session's private cells. Idempotent."""

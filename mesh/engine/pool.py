@@ -200,10 +200,13 @@ class SharedKVPool:
         loop = asyncio.get_running_loop()
         return await self.call(lambda: self.parts.scheduler.open_turn(st, params, loop))
 
-    async def park(self, session: PooledSession) -> bool:
+    async def park(self, session: PooledSession, *, rewrite: list[int] | None = None) -> bool:
         """Park an idle session now (its cells leave the cache; it stays attached and is
-        re-prefilled before its next turn). False: it is in a turn or already parked."""
-        return await self.call(lambda: self.parts.scheduler.park(session.state))
+        re-prefilled before its next turn). False: it is in a turn or already parked.
+        With ``rewrite`` (compaction, :meth:`PooledSession.compact`), its suffix becomes
+        those tokens: the old suffix cells are freed, the prefix's untouched; False: it is
+        in a turn."""
+        return await self.call(lambda: self.parts.scheduler.park(session.state, rewrite))
 
     async def detach(self, st: SeqState) -> None:
         if st.detached:

@@ -52,6 +52,8 @@ class SessionRegistry:
         self.parked: dict[str, SeqState] = {}
         self._next_id = 0
         self.parks = 0  # totals since start, for the load snapshot
+        self.compactions = 0  # suffixes replaced by a summary (compact), and the cells
+        self.compacted_cells = 0  # of suffix they freed
         self.resumes = 0
         self.resume_tokens = 0
         self.swaps = 0
@@ -131,6 +133,31 @@ class SessionRegistry:
         self._ledger.park(st)
         self.parked[st.id] = st
         self.parks += 1
+        return True
+
+    def compact(self, st: SeqState, tokens: list[int]) -> bool:
+        """Replace an idle session's suffix with ``tokens`` (a summary of it): its suffix
+        cells leave the cache and are freed, the shared prefix's stay untouched, and
+        ``tokens`` are prefilled before its next turn (the session is left parked; the
+        recompute path of :meth:`resume` brings it back). False: it is in a turn or
+        detached. Raises ContextOverflow if ``tokens`` and its queued text exceed its
+        budget (the session is then parked with its old suffix, as before)."""
+        if st.detached or st.turn is not None:
+            return False
+        if not st.parked and not self.park(st):
+            return False
+        if st.swapped is not None:  # the old suffix's bytes: no longer wanted
+            self.parked_bytes -= len(st.swapped)
+            st.swapped = None
+        old = len(st.suffix)
+        saved, st.suffix = st.suffix, []
+        try:
+            self._ledger.rewrite_parked(st, tokens)
+        except Exception:
+            st.suffix = saved
+            raise
+        self.compactions += 1
+        self.compacted_cells += old
         return True
 
     def _swap_out(self, st: SeqState) -> bytes | None:

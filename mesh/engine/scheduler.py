@@ -303,6 +303,8 @@ class Parking(NamedTuple):
     parked_bytes: int = 0
     swaps: int = 0
     park_memory: int = 0
+    compactions: int = 0
+    compacted_cells: int = 0
 
 
 NO_PARKING = Parking()
@@ -396,7 +398,8 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
         max_attached=parking.max_attached, parked_tokens=parking.parked_tokens,
         parks=parking.parks, resumes=parking.resumes, resume_tokens=parking.resume_tokens,
         parked_bytes=parking.parked_bytes, swaps=parking.swaps,
-        park_memory=parking.park_memory,
+        park_memory=parking.park_memory, compactions=parking.compactions,
+        compacted_cells=parking.compacted_cells,
     )
 
 # -------------------- snapshots -----------------------------------------------
@@ -430,7 +433,8 @@ class Snapshots:
             sessions_reaped=registry.reaped,
             parking=Parking(ledger.max_attached, registry.parked_tokens(), registry.parks,
                             registry.resumes, registry.resume_tokens,
-                            registry.parked_bytes, registry.swaps, config.park_memory))
+                            registry.parked_bytes, registry.swaps, config.park_memory,
+                            registry.compactions, registry.compacted_cells))
 
     def due(self, changes: int, now: float) -> bool:
         """Whether a step that ends at ``now`` publishes (see the module docstring)."""
@@ -495,8 +499,9 @@ class Scheduler:
             self.publish()
         return turn
 
-    def park(self, st: SeqState) -> bool:
-        done = self.registry.park(st)
+    def park(self, st: SeqState, rewrite: list[int] | None = None) -> bool:
+        done = (self.registry.park(st) if rewrite is None
+                else self.registry.compact(st, rewrite))
         self.publish()
         return done
 

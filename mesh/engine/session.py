@@ -292,6 +292,8 @@ class PoolOps(Protocol):
 
     async def detach(self, st: SeqState) -> None: ...
 
+    async def park(self, session: PooledSession, *, rewrite: list[int] | None = None) -> bool: ...
+
     def wake(self) -> None: ...
 
 
@@ -395,6 +397,13 @@ class PooledSession:
     def generate(self, params: SamplingParams) -> PoolGeneration:
         params.validate()
         return PoolGeneration(self, params)
+
+    async def compact(self, text: str) -> bool:
+        """Replace everything after the shared prefix with ``text`` (see
+        :meth:`mesh.engine.interface.Session.compact`)."""
+        if self.state.detached:
+            raise SessionFailed(self.state.failed or f"session {self.id} is detached")
+        return await self.pool.park(self, rewrite=self.pool.tokenize(text))
 
     async def detach(self) -> None:
         await self.pool.detach(self.state)
@@ -514,6 +523,20 @@ class CellLedger:
             st.seq = self._free_seqs.pop()
             st.parked = False
             return st.seq
+
+    def rewrite_parked(self, st: SeqState, tokens: list[int]) -> None:
+        """Compaction: a parked session's suffix becomes ``tokens``, queued in front of its
+        queued text to be prefilled when it resumes (promised then, as :meth:`unpark`
+        does); its old suffix is gone. Raises ContextOverflow past its budget."""
+        with self._lock:
+            if not st.parked or st.detached:
+                raise AssertionError(f"session {st.id} is not parked")
+            if st.reserved + len(tokens) > st.budget:
+                raise ContextOverflow(
+                    f"session {st.id}: a compacted suffix of {len(tokens)} tokens with "
+                    f"{st.reserved} queued does not fit its budget of {st.budget}")
+            st.pending.extendleft(reversed(tokens))
+            st.reserved += len(tokens)
 
     def queue(self, st: SeqState, tokens: list[int]) -> None:
         """Promise cells for ``tokens`` and queue them; raises ContextOverflow if they do

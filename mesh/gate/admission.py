@@ -323,6 +323,10 @@ def capacity_doc(gate: GateView, inp: GateInput, load: PoolLoad, d: Decision,
                     "parks": load.parks, "resumes": load.resumes,
                     "resume_tokens": load.resume_tokens, "swaps": load.swaps,
                     "parked_bytes": load.parked_bytes, "park_memory": load.park_memory},
+        # suffixes replaced by a summary (Session.compact) and the cells that freed; the
+        # shared prefix is never compacted
+        "compaction": {"compactions": load.compactions,
+                       "compacted_cells": load.compacted_cells},
         "in_flight": inp.num_pending,
         "tickets": gate.num_tickets,
         "measured_tps": {

@@ -166,6 +166,24 @@ class FakeSession:
         params.validate()
         return _FakeGeneration(self, params)
 
+    async def compact(self, text: str) -> bool:
+        """As the pool: the suffix becomes ``text``, queued for the next turn (False while a
+        turn runs); the engine counts it in ``load()``."""
+        if self.detached:
+            raise SessionFailed(f"session {self.id} is detached")
+        if self.state in (SessionState.WAITING, SessionState.DECODING):
+            return False
+        queued = sum(_count(t) for t in self.pending)
+        if _count(text) + queued > self.engine.info.session_budget:
+            raise ContextOverflow(f"session {self.id}: a compacted suffix of {_count(text)} "
+                                  f"tokens does not fit its budget")
+        self.engine.compactions += 1
+        self.engine.compacted_cells += self.private_cells
+        self.private_cells = 0
+        self.pending.insert(0, text)
+        self.state = SessionState.PREFILLING
+        return True
+
     async def detach(self) -> None:
         if not self.detached:
             self.detached = True
@@ -202,6 +220,8 @@ class FakeEngine:
         self._ids = itertools.count(1)
         self.sessions_attached = 0  # totals, as the pool reports them in load()
         self.prefill_tokens = 0
+        self.compactions = 0
+        self.compacted_cells = 0
         self.prefill_budget: PrefillBudget | None = None
         self.turn_line = TurnLine(lambda: self.load().cells_used, tuple)
 
@@ -260,6 +280,8 @@ class FakeEngine:
             session_budget=self.info.session_budget,
             sessions_attached=self.sessions_attached,
             prefill_tokens=self.prefill_tokens,
+            compactions=self.compactions,
+            compacted_cells=self.compacted_cells,
         )
 
     def count_tokens(self, text: str) -> int:
