@@ -17,6 +17,12 @@ per task (``/proc``, Linux; ``None`` elsewhere): on a shared two-core machine th
 wall clock, says what the A2A layer costs.
 
 Writes ``bench/results/a2a.json`` (or ``--out``) and prints a table.
+
+    .venv/bin/python bench/a2a_bench.py            # 300 + 300 + 2,000 tasks, 16 in flight
+    .venv/bin/python bench/a2a_bench.py --quick    # 20 + 20 + 50 tasks, 4 in flight, seconds
+
+``--quick`` writes to a temporary path (``QUICK_OUT``) unless ``--out`` says otherwise, so it
+never overwrites the committed result.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ import httpx
 
 TARGET_TPS = 200.0
 TARGET_P50_MS = 10.0
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "a2a.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "a2a.json"
+QUICK = {"tasks": 20, "throughput_tasks": 50, "concurrency": 4, "seconds": 5.0,
+         "out": QUICK_OUT}
 
 
 # --------------------------------------------------------------------------- server side
@@ -235,7 +245,10 @@ def _wait_up(url: str, proc: subprocess.Popen[bytes], limit_s: float = 60.0) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench/results/a2a.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few tasks per phase: the suite's run, not a measurement")
     parser.add_argument("--tasks", type=int, default=300, help="tasks per latency phase")
     parser.add_argument("--throughput-tasks", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -243,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.quick:  # the quick sizes become the defaults; flags given still win
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve, args.data_dir)
         return 0

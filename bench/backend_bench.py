@@ -10,12 +10,14 @@ again), ``same session`` (A's third turn right after its second: everything reus
 Reported per kind: time to the first streamed token and the whole turn, medians.
 
     python -m bench.backend_bench --model tiny --prefix-tokens 2000 --reps 5
+    python -m bench.backend_bench --quick     # P = 200, 4 tokens, 1 rep, 1 thread: seconds
 
 (Gemma 3 270M crashed llama-cpp-python's server on this machine, a general protection
 fault in libggml-cpu right after it repacked the Q4_K weights for AMX: its ``Llama`` class
 always uses those extra buffers, which mesh's own pool turns off.)
 
-Prints a table and writes ``bench/results/backend_llama_cpp_server.json`` (or ``--out``).
+Prints a table and writes ``bench/results/backend_llama_cpp_server.json`` (or ``--out``;
+with ``--quick``, a temporary path: ``QUICK_OUT``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from mesh.engine.interface import Session
 from mesh.engine.llama import LlamaModel
 from mesh.engine.models import resolve_model
 
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "backend_llama_cpp_server.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "backend_llama_cpp_server.json"
+QUICK = {"prefix_tokens": 200, "gen": 4, "reps": 1, "threads": 1, "out": QUICK_OUT}
 KINDS = ("cold", "new session", "switch back", "same session")
 LINE = "courier/parcel.py:{n}: def route(parcel, depot): return depot.next_hop(parcel.zone)\n"
 
@@ -116,8 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen", type=int, default=16, help="tokens per turn")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/backend_llama_cpp_server.json"))
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
+    ap.add_argument("--quick", action="store_true",
+                    help="a small prefix, one repetition: the suite's run, not a measurement")
     args = ap.parse_args(argv)
+    if args.quick:  # the quick sizes become the defaults; flags given still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args(argv)
     model = resolve_model(args.model).path
     vocab = LlamaModel(str(model), vocab_only=True)
     params = SamplingParams(max_tokens=args.gen, temperature=0.0)

@@ -18,6 +18,10 @@ the coordinator's plan grammar instead (``mesh.agent.plans``, the default
     .venv/bin/python bench/grammar_bench.py                 # Gemma 3 270M (262K vocabulary)
     .venv/bin/python bench/grammar_bench.py --model tiny
     .venv/bin/python bench/grammar_bench.py --grammar plan --tokens 96 --out /tmp/plan.json
+    .venv/bin/python bench/grammar_bench.py --model tiny --quick   # 8 tokens, once: seconds
+
+Writes ``bench/results/grammar.json`` (or ``--out``; with ``--quick``, a temporary path:
+``QUICK_OUT``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +39,10 @@ from mesh.engine.llama import Batch, LlamaContext, LlamaModel
 from mesh.engine.models import resolve_model
 from mesh.engine.sampling import Sampler
 
-PROMPT = ("You answer questions about a Python project with its tools.\n"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "grammar.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "grammar.json"
+QUICK = {"tokens": 8, "repeats": 1, "threads": 1, "out": QUICK_OUT}
+TOOL_PROMPT = ("You answer questions about a Python project with its tools.\n"
           "Question: which file defines the class Parcel?\n")
 
 
@@ -61,15 +69,15 @@ PLAN_PROMPT = ("You are the coordinator. Plan how to answer the user's request.\
                "User request:\nWhich function in routes.py calls what in parcels.py?\n\nPlan:\n")
 
 
-def run(model: LlamaModel, grammar: str | None, first: bool, tokens: int, seed: int,
-        temperature: float, threads: int) -> dict[str, Any]:
+def run(model: LlamaModel, prompt: str, grammar: str | None, first: bool, tokens: int,
+        seed: int, temperature: float, threads: int) -> dict[str, Any]:
     ctx = LlamaContext(model, n_ctx=1024, n_seq_max=1, n_batch=512, n_outputs_max=1,
                        n_threads=threads, swa_full=True)
     batch = Batch(512)
     sampler = Sampler(model, temperature=temperature, top_k=40, top_p=0.95, seed=seed,
                       grammar=grammar, grammar_first=first)
     try:
-        ids = model.tokenize(PROMPT, add_bos=True)
+        ids = model.tokenize(prompt, add_bos=True)
         for i, t in enumerate(ids):
             batch.add(t, i, 0, i == len(ids) - 1)
         if ctx.decode(batch) != 0:
@@ -111,27 +119,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("bench/results/grammar.json"))
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
+    p.add_argument("--quick", action="store_true",
+                   help="a few tokens, once: the suite's run, not a measurement")
     args = p.parse_args(argv)
+    if args.quick:  # the quick sizes become the defaults; flags given still win
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
     resolved = resolve_model(args.model)
     model = LlamaModel(resolved.path)
-    global PROMPT
+    try:
+        return _bench(args, argv, resolved.name, model)
+    finally:
+        model.close()
+
+
+def _bench(args: argparse.Namespace, argv: list[str] | None, name: str,
+           model: LlamaModel) -> int:
     if args.grammar == "plan":
-        grammar, PROMPT = plan_grammar(), PLAN_PROMPT
+        grammar, prompt = plan_grammar(), PLAN_PROMPT
     else:
-        grammar = tool_grammar()
+        grammar, prompt = tool_grammar(), TOOL_PROMPT
     variants = {"none": (None, False), "grammar-first": (grammar, True),
                 "draw-check": (grammar, False)}
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in variants}
     for rep in range(args.repeats):
-        for name, (g, first) in variants.items():
-            rows[name].append(run(model, g, first, args.tokens, rep, args.temperature,
-                                  args.threads))
-            print(f"  repeat {rep + 1}/{args.repeats} {name}: "
-                  f"{rows[name][-1]['sample_ms']:.2f} ms/token", file=sys.stderr)
+        for kind, (g, first) in variants.items():
+            rows[kind].append(run(model, prompt, g, first, args.tokens, rep,
+                                  args.temperature, args.threads))
+            print(f"  repeat {rep + 1}/{args.repeats} {kind}: "
+                  f"{rows[kind][-1]['sample_ms']:.2f} ms/token", file=sys.stderr)
     summary = {}
-    for name, rs in rows.items():
-        summary[name] = {
+    for kind, rs in rows.items():
+        summary[kind] = {
             "sample_ms": statistics.median(r["sample_ms"] for r in rs),
             "sample_ms_mean": statistics.fmean(r["sample_ms_mean"] for r in rs),
             "decode_ms": statistics.median(r["decode_ms"] for r in rs),
@@ -140,16 +161,16 @@ def main(argv: list[str] | None = None) -> int:
             "full_redraws": sum(r["full_redraws"] for r in rs),
         }
     base = summary["grammar-first"]["sample_ms_mean"]
-    print(f"\nmodel {resolved.name} (vocabulary {model.n_vocab:,}), {args.tokens} tokens x "
+    print(f"\nmodel {name} (vocabulary {model.n_vocab:,}), {args.tokens} tokens x "
           f"{args.repeats}, temperature {args.temperature}")
     print(f"{'sampler':<15}{'sample ms p50':>15}{'sample ms mean':>16}{'decode ms p50':>15}"
           f"{'redraws (full)':>17}{'mean vs grammar-first':>23}")
-    for name, s in summary.items():
+    for kind, s in summary.items():
         redraws = f"{s['redraws']}/{s['tokens']} ({s['full_redraws']})"
-        print(f"{name:<15}{s['sample_ms']:>15.2f}{s['sample_ms_mean']:>16.2f}"
+        print(f"{kind:<15}{s['sample_ms']:>15.2f}{s['sample_ms_mean']:>16.2f}"
               f"{s['decode_ms']:>15.2f}{redraws:>17}{base / s['sample_ms_mean']:>22.1f}x")
     doc = {"command": "python bench/grammar_bench.py " + " ".join(argv or sys.argv[1:]),
-           "model": resolved.name, "n_vocab": model.n_vocab, "grammar_kind": args.grammar,
+           "model": name, "n_vocab": model.n_vocab, "grammar_kind": args.grammar,
            "tokens": args.tokens,
            "repeats": args.repeats, "temperature": args.temperature, "summary": summary,
            "runs": rows, "grammar": grammar}

@@ -13,10 +13,10 @@ Per run: tasks submitted, reached a terminal state, lost (never answered, or mis
 terminal in ``GetTask`` at the end), 5xx answers, 429s (each checked for Retry-After, and
 whether its retry went through), p50/p95 latency of send and stream tasks, and the server's
 RSS growth (peak during the run minus its RSS after a warm-up). Prints a table and writes
-``bench/results/load.json`` (or ``--out``).
+``bench/results/load.json`` (or ``--out``; with ``--quick``, a temporary path: ``QUICK_OUT``).
 
     python -m bench.load_bench            # both runs
-    python -m bench.load_bench --quick    # 200 fake tasks, 20 tiny ones
+    python -m bench.load_bench --quick    # 60 fake tasks from 20 clients, 10 tiny from 5
 """
 
 from __future__ import annotations
@@ -46,6 +46,24 @@ TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED",
             "TASK_STATE_REJECTED"}
 MAX_RSS_GROWTH_MB = 100.0
 MAX_ATTEMPTS = 40  # per task, 429 retries included
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "load.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "load.json"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Tasks and concurrent clients per run, and warm-up tasks before each."""
+
+    fake_tasks: int
+    fake_clients: int
+    tiny_tasks: int
+    tiny_clients: int
+    num_warmup: int
+
+
+FULL = Sizes(fake_tasks=1000, fake_clients=50, tiny_tasks=50, tiny_clients=10, num_warmup=20)
+# The suite's run: 30 clients against 16 workers and a queue of 8, so some meet a 429.
+QUICK = Sizes(fake_tasks=60, fake_clients=30, tiny_tasks=10, tiny_clients=5, num_warmup=3)
 
 
 # --------------------------------------------------------------------------- server side
@@ -197,7 +215,7 @@ async def one_task(http: httpx.AsyncClient, tally: Tally, kind: str, i: int) -> 
 
 
 async def drive(url: str, num_tasks: int, num_clients: int, mix: list[str], limit_s: float,
-                pid: int) -> dict[str, Any]:
+                pid: int, num_warmup: int) -> dict[str, Any]:
     tally = Tally()
     todo = list(range(num_tasks))
     peak = base = rss_mb(pid)
@@ -219,7 +237,7 @@ async def drive(url: str, num_tasks: int, num_clients: int, mix: list[str], limi
             await asyncio.sleep(0.1)
 
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
-        for i in range(20):  # warm-up: code paths, SQLite pages, allocator arenas
+        for i in range(num_warmup):  # warm-up: code paths, SQLite pages, allocator arenas
             await http.post("/", json=rpc("SendMessage", send_params(f"warm {i}")))
     peak = base = rss_mb(pid)
     sampler = asyncio.create_task(sample_rss())
@@ -269,7 +287,8 @@ async def drive(url: str, num_tasks: int, num_clients: int, mix: list[str], limi
     }
 
 
-def run_fake(num_tasks: int, num_clients: int, limit_s: float) -> dict[str, Any]:
+def run_fake(num_tasks: int, num_clients: int, limit_s: float,
+             num_warmup: int) -> dict[str, Any]:
     port = free_port()
     with tempfile.TemporaryDirectory() as data:
         argv = [sys.executable, "-m", "bench.load_bench", "--serve-fake", str(port), data]
@@ -277,12 +296,13 @@ def run_fake(num_tasks: int, num_clients: int, limit_s: float) -> dict[str, Any]
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, proc)
             result = asyncio.run(drive(url, num_tasks, num_clients, ["send", "send", "stream"],
-                                       limit_s, proc.pid))
+                                       limit_s, proc.pid, num_warmup))
     result["backend"] = "fake engine (AgentWorker, light template), static:16, max_queue 8"
     return result
 
 
-def run_tiny(num_tasks: int, num_clients: int, limit_s: float) -> dict[str, Any]:
+def run_tiny(num_tasks: int, num_clients: int, limit_s: float,
+             num_warmup: int) -> dict[str, Any]:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "project"
@@ -300,7 +320,8 @@ def run_tiny(num_tasks: int, num_clients: int, limit_s: float) -> dict[str, Any]
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, proc)
             result = asyncio.run(drive(url, num_tasks, num_clients,
-                                       ["send", "stream", "cancel"], limit_s, proc.pid))
+                                       ["send", "stream", "cancel"], limit_s, proc.pid,
+                                       num_warmup))
     result["backend"] = ("mesh serve --model tiny --plan never (real llama.cpp), 8 sessions, "
                          "max_queue 16")
     return result
@@ -343,13 +364,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-tiny", action="store_true")
     parser.add_argument("--limit-s", type=float, default=600)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "load.json"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
     args = parser.parse_args(argv)
     if args.serve_fake:
         serve_fake(int(args.serve_fake[0]), args.serve_fake[1], max_queue=8)
         return 0
-    fake = run_fake(200 if args.quick else 1000, 50, args.limit_s)
-    tiny = None if args.skip_tiny else run_tiny(20 if args.quick else 50, 10, args.limit_s)
+    sizes = QUICK if args.quick else FULL
+    fake = run_fake(sizes.fake_tasks, sizes.fake_clients, args.limit_s, sizes.num_warmup)
+    tiny = (None if args.skip_tiny
+            else run_tiny(sizes.tiny_tasks, sizes.tiny_clients, args.limit_s, sizes.num_warmup))
     results: dict[str, Any] = {
         "bench": "load",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
@@ -359,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["verdict"] = verdict(fake, tiny)
     print(table(results))
-    out = Path(args.out)
+    out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")
