@@ -13,7 +13,9 @@ naming ``--ray``.
 
 from __future__ import annotations
 
+import signal
 import socket
+import threading
 from dataclasses import dataclass
 
 import ray
@@ -70,6 +72,10 @@ def connect(address: RayAddress, *, namespace: str = "mesh") -> str:
     if not address.is_auto:
         _probe(address)
     started = False
+    # ray.init sets a SIGTERM handler that exits at once (sys.exit): the server's own
+    # handler (uvicorn's graceful shutdown, which closes the pools) is put back after it.
+    on_term = (signal.getsignal(signal.SIGTERM)
+               if threading.current_thread() is threading.main_thread() else None)
     try:
         try:
             ctx = ray.init(address="auto" if address.is_auto else address.value,
@@ -85,6 +91,9 @@ def connect(address: RayAddress, *, namespace: str = "mesh") -> str:
         raise ValueError(f"--ray {address.value}: cannot join the Ray cluster ({exc}); check "
                          "that its Ray version matches this one "
                          f"({ray.__version__})") from None
+    finally:
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
     nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     where = getattr(ctx, "address_info", {}).get("gcs_address") or address.value
     how = "started a local cluster at" if started else "joined"

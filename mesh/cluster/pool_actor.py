@@ -16,7 +16,8 @@ Contract (what a caller may assume; every method runs on the actor's one event l
   :class:`~mesh.engine.interface.Piece` objects that arrived since the last chunk, at most
   one chunk per :data:`STREAM_GAP_S` (one Ray object per step or per gap, not per token),
   the last chunk with the turn's :class:`TurnEnd`; ``stop(sid)`` ends a running turn
-  early (``cancelled``); ``detach(sid)`` frees the session (idempotent, unknown ids ignored).
+  early (``cancelled``); ``compact(sid, text)`` replaces the session's suffix with
+  ``text`` (False mid-turn); ``detach(sid)`` frees the session (idempotent, unknown ids ignored).
 * ``report()`` is the pool's load for the coordinator that started the actor: the
   snapshot without its step window, the attach check, and the steps not sent before
   (each step is sent once, by a report or a :class:`TurnEnd`, so the gate's model
@@ -195,6 +196,9 @@ class PoolActor:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+
+    async def compact(self, sid: str, text: str) -> bool:
+        return await self._session(sid).compact(text)
 
     async def stop(self, sid: str) -> None:
         gen = self._turns.get(sid)

@@ -29,9 +29,10 @@ Contract (beyond :class:`~mesh.engine.interface.Engine`'s):
   routed to again. Each of its sessions **moves** at its next use, or at once if a turn is
   streaming: it attaches to another pool and recomputes its context from the text it holds
   (every appended text and every generated piece, in order: the prefix is the new pool's
-  own), then the turn goes on for the tokens it has left. Where no pool can take it, the
-  turn raises :class:`~mesh.engine.interface.SessionFailed` naming the dead pool and why
-  none could (the worker fails its task with it). Nothing is retried twice on one pool,
+  own), then the turn goes on for the tokens it has left. While the live pools are full
+  it waits for room (up to :data:`MOVE_WAIT_S`); where no pool can take it, the turn
+  raises :class:`~mesh.engine.interface.SessionFailed` naming the dead pool and why none
+  could (the worker fails its task with it). Nothing is retried twice on one pool,
   and the coordinator's event loop never waits on a dead actor: Ray reports the death.
   Recompute is of text: a model's own output re-tokenized may not give the same ids, so
   the resumed context is the same text, not always the same tokens; held-back text (a
@@ -83,6 +84,7 @@ logger = logging.getLogger(__name__)
 
 STEP_WINDOW = 64  # the merged step window load() carries (the pools' newest steps)
 CLOSE_TIMEOUT_S = 10.0
+MOVE_WAIT_S = 60.0  # how long a session of a dead pool waits for room on the others
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,9 @@ class RayPools:
         self._load = None
 
     def pool_died(self, h: PoolHandle, exc: BaseException) -> None:
-        """Ray reported ``h``'s actor dead: route nothing to it again."""
+        """Ray reported ``h``'s actor dead (or unavailable: treated alike, and the actor
+        killed, so a pool that comes back never serves a session that moved): route
+        nothing to it again."""
         if not h.is_alive:
             return
         h.is_alive = False
@@ -394,38 +398,41 @@ class RayPools:
         return self._load
 
     def _merge(self) -> PoolLoad:
-        reps = [(h, h.report) for h in self.pools if h.is_alive and h.report is not None]
-        loads = [(h, rep.load) for h, rep in reps]
+        """The pools' latest reports as one load: what is held now (sessions, cells,
+        rates) from the live pools; the totals since start from every pool, a dead one's
+        as it last reported them."""
+        loads = [(h, h.report.load) for h in self.pools if h.report is not None]
+        live = [(h, ld) for h, ld in loads if h.is_alive]
         sessions: list[SessionLoad] = []
-        for h, load in loads:
+        for h, load in live:
             for s in load.sessions:
                 sid = self._ids.get((h.name, s.id), f"{h.name}/{s.id}")
                 sessions.append(replace(s, id=sid))
-        steps_ms = [ld.step_ms for _, ld in loads if ld.step_ms is not None]
+        steps_ms = [ld.step_ms for _, ld in live if ld.step_ms is not None]
         info = self._info
+
+        def now(field: str) -> int:
+            return sum(int(getattr(ld, field)) for _, ld in live)
+
+        def total(field: str) -> int:
+            return sum(int(getattr(ld, field)) for _, ld in loads)
+
         return PoolLoad(
             taken_at=time.monotonic(), sessions=tuple(sessions),
             step_ms=sum(steps_ms) / len(steps_ms) if steps_ms else None,
-            agg_tps=sum(ld.agg_tps for _, ld in loads),
-            cells_used=sum(ld.cells_used for _, ld in loads),
-            cells_total=sum(ld.cells_total for _, ld in loads),
-            prefix_cells=sum(ld.prefix_cells for _, ld in loads),
-            naive_cells=sum(ld.naive_cells for _, ld in loads),
-            free_seq_ids=sum(ld.free_seq_ids for _, ld in loads),
-            max_sessions=sum(ld.max_sessions for _, ld in loads),
+            agg_tps=sum(ld.agg_tps for _, ld in live),
+            cells_used=now("cells_used"), cells_total=now("cells_total"),
+            prefix_cells=now("prefix_cells"), naive_cells=now("naive_cells"),
+            free_seq_ids=now("free_seq_ids"), max_sessions=now("max_sessions"),
             session_budget=info.session_budget if info is not None else 0,
             recent_steps=tuple(self._steps),
-            sessions_attached=sum(ld.sessions_attached for _, ld in loads),
-            prefill_tokens=sum(ld.prefill_tokens for _, ld in loads),
-            sessions_reaped=sum(ld.sessions_reaped for _, ld in loads),
-            max_attached=sum(ld.max_attached for _, ld in loads),
-            parked_tokens=sum(ld.parked_tokens for _, ld in loads),
-            parks=sum(ld.parks for _, ld in loads),
-            resumes=sum(ld.resumes for _, ld in loads),
-            resume_tokens=sum(ld.resume_tokens for _, ld in loads),
-            parked_bytes=sum(ld.parked_bytes for _, ld in loads),
-            swaps=sum(ld.swaps for _, ld in loads),
-            park_memory=sum(ld.park_memory for _, ld in loads))
+            sessions_attached=total("sessions_attached"),
+            prefill_tokens=total("prefill_tokens"), sessions_reaped=total("sessions_reaped"),
+            max_attached=now("max_attached"), parked_tokens=now("parked_tokens"),
+            parks=total("parks"), resumes=total("resumes"),
+            resume_tokens=total("resume_tokens"), parked_bytes=now("parked_bytes"),
+            swaps=total("swaps"), park_memory=now("park_memory"),
+            compactions=total("compactions"), compacted_cells=total("compacted_cells"))
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenize(text)
@@ -465,16 +472,27 @@ class RayPools:
 
     async def move(self, session: RaySession, why: str) -> None:
         """``session``'s pool died: attach it to another (its context is recomputed by its
-        next turn), or raise SessionFailed naming why none could take it."""
+        next turn). While live pools hold its prefix but are full, it waits for room (up
+        to :data:`MOVE_WAIT_S`: a slow turn, not a lost one); otherwise SessionFailed
+        naming why no pool could take it."""
         old = session.pool
         self._unplace(session.id)
-        try:
-            h, rid = await self.attach_on_pool(exclude=(old.name,))
-        except PoolFull as exc:
-            self.num_lost += 1
-            session.is_detached = True
-            raise SessionFailed(f"pool {old.name} died ({why}) and session {session.id} "
-                                f"could not move to another pool: {exc}") from None
+        deadline = time.monotonic() + MOVE_WAIT_S
+        while True:
+            try:
+                h, rid = await self.attach_on_pool(exclude=(old.name,))
+                break
+            except PoolFull as exc:
+                holders = [p for p in self.pools if p.is_alive and p.info is not None
+                           and p.info.prefix_hash == self.prefix_hash]
+                if not holders or self._closed or time.monotonic() >= deadline:
+                    self.num_lost += 1
+                    session.is_detached = True
+                    waited = "" if not holders else f" within {MOVE_WAIT_S:.0f} s"
+                    raise SessionFailed(f"pool {old.name} died ({why}) and session "
+                                        f"{session.id} could not move to another pool"
+                                        f"{waited}: {exc}") from None
+                await asyncio.sleep(self.poll_s)  # the live pools are full: wait for room
         session.pool, session.remote_id, session.on_pool = h, rid, 0
         self._place(session.id, h, rid)
         self.num_moved += 1
@@ -509,6 +527,7 @@ class RaySession:
     num_tokens: int = 0  # tokens of ``history`` (counted here)
     num_pending: int = 0
     is_detached: bool = False
+    in_turn: bool = False
 
     @property
     def context_len(self) -> int:
@@ -528,6 +547,29 @@ class RaySession:
     def generate(self, params: SamplingParams) -> RayGeneration:
         params.validate()
         return RayGeneration(self, params)
+
+    async def compact(self, text: str) -> bool:
+        """The history after the prefix becomes ``text`` on its pool (queued text stays
+        queued, after it); on a dead pool, in the history the move recomputes."""
+        if self.is_detached:
+            raise SessionFailed(f"session {self.id} is detached")
+        if self.in_turn:
+            return False
+        n = self.pools.count_tokens(text)
+        budget = self.pools.info.session_budget
+        if n + self.num_pending > budget:
+            raise ContextOverflow(f"session {self.id}: a compacted history of {n} tokens with "
+                                  f"{self.num_pending} queued exceeds its budget of {budget}")
+        on_pool = 0
+        if self.pool.is_alive:
+            try:
+                if not await _get(self.pool.actor.compact.remote(self.remote_id, text)):
+                    return False
+                on_pool = len(text)
+            except RayActorError as exc:
+                self.pools.pool_died(self.pool, exc)
+        self.history, self.on_pool, self.num_tokens = text, on_pool, n
+        return True
 
     async def detach(self) -> None:
         if not self.is_detached:
@@ -556,10 +598,20 @@ class RayGeneration:
         self._closed = True
 
     async def _run(self) -> AsyncIterator[Piece]:
-        s, params = self._session, self._params
+        s = self._session
         if s.is_detached:
             raise SessionFailed(f"session {s.id} is detached")
         started = time.monotonic()
+        s.in_turn = True
+        try:  # aclosing: a consumer that leaves closes the turn at once (it stops the pool's)
+            async with contextlib.aclosing(self._turn(started)) as pieces:
+                async for piece in pieces:
+                    yield piece
+        finally:
+            s.in_turn = False
+
+    async def _turn(self, started: float) -> AsyncGenerator[Piece]:
+        s, params = self._session, self._params
         prompt_tokens = s.num_pending
         s.history += s.pending
         s.num_tokens += s.num_pending

@@ -142,3 +142,43 @@ async def test_a_dropped_session_is_detached_on_its_pool(pools: RayPools) -> Non
         if not pools.load().sessions:
             break
     assert pools.load().sessions == ()
+
+
+async def test_a_turn_left_early_ends_on_its_pool(pools: RayPools) -> None:
+    session = await pools.attach()
+    session.append("hello")
+    long = SamplingParams(max_tokens=400, temperature=0.0, stop_at_eos=False)
+    got = 0
+    async for _ in session.generate(long):
+        got += 1
+        if got == 2:
+            break  # the consumer leaves: the pool stops the turn, the session goes on
+    for _ in range(100):
+        await asyncio.sleep(pools.poll_s)
+        rows = [s for s in pools.load().sessions if s.id == session.id]
+        if rows and rows[0].state.value == "idle":
+            break
+    assert rows and rows[0].state.value == "idle" and rows[0].num_generated < 400
+    result = await turn(session, " again")
+    assert result.num_generated == 24
+
+
+async def test_compaction_on_a_ray_pool_and_after_its_death(pools: RayPools) -> None:
+    """Compact, then a turn; and a session compacted after its pool died recomputes the
+    summary on the other pool, not the turns it replaced."""
+    summary = "Summary: the user said hi twice."
+    session = await pools.attach()
+    for text in ("hi", " hi", " hi"):
+        await turn(session, text)
+    assert await session.compact(summary)
+    assert session.context_len == pools.info.prefix_tokens + pools.count_tokens(summary)
+    assert (await turn(session, " next")).num_generated == 24
+    os.kill(await session.pool.actor.pid.remote(), signal.SIGKILL)
+    await asyncio.sleep(5 * pools.poll_s)
+    assert await session.compact(summary)
+    assert (await turn(session, " next")).num_generated == 24
+    assert pools.num_moved == 1 and pools.load().compactions >= 1
+    await asyncio.sleep(3 * pools.poll_s)
+    [row] = [s for s in pools.load().sessions if s.id == session.id]
+    held = pools.count_tokens(summary) + pools.count_tokens(" next") + 24
+    assert row.private_cells <= held + 1  # the summary and one turn, not the 4 turns before

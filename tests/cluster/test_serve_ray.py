@@ -31,7 +31,7 @@ def scenario_task(n: int, seed: int) -> dict[str, Any]:
     msg = message("cluster test")
     msg["parts"].append({"data": {"subtasks": [
         {"instructions": f"deliver {seed}-{i}",
-         "params": {"scenario": True, "steps": 3, "tokens_per_step": 8, "seed": seed * 10 + i,
+         "params": {"scenario": True, "steps": 4, "tokens_per_step": 8, "seed": seed * 10 + i,
                     "tool_latency_s": {"dist": "fixed", "value": 0.3}}}
         for i in range(n)]}})
     return msg
@@ -70,15 +70,20 @@ def test_a_pool_killed_mid_run_loses_no_task(ray_cluster: Cluster, tmp_path: Pat
         assert len(pids) == 2
         tasks = [send(coord, scenario_task(2, seed)) for seed in range(4)]
         deadline = time.monotonic() + 60
-        while not all(p["sessions"] for p in pool_rows(coord)):  # subtasks on both pools
+        rows = pool_rows(coord)
+        while not all(p["sessions"] for p in rows):  # subtasks on both pools
             assert time.monotonic() < deadline, coord.stderr()
             time.sleep(0.05)
-        os.kill(pids[min(pids)], signal.SIGKILL)
+            rows = pool_rows(coord)
+        victim = max(rows, key=lambda p: p["sessions"])["name"]  # p0 is the actor ...-0
+        os.kill(next(pid for n, pid in pids.items() if n.endswith("-" + victim[1:])),
+                signal.SIGKILL)
         states = [coord.wait_terminal(t, timeout=180)["status"] for t in tasks]
         assert [s["state"] for s in states] == ["TASK_STATE_COMPLETED"] * 4, states
         backend = httpx.get(coord.url + "/capacity", timeout=10).json()["engine"]["backend"]
         assert sorted(p["alive"] for p in backend["pools"]) == [False, True]
-        assert backend["sessionsMoved"] >= 1 and backend["sessionsLost"] == 0
+        assert backend["sessionsMoved"] >= 1 and backend["sessionsLost"] == 0, (
+            backend, coord.stderr()[-5000:])
         assert "died" in coord.stderr() and "moved from dead pool" in coord.stderr()
         # the coordinator is up, and a new task runs on the pool left
         after = send(coord, scenario_task(1, 9))
