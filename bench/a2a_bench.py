@@ -48,8 +48,8 @@ TARGET_TPS = 200.0
 TARGET_P50_MS = 10.0
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "a2a.json"
 QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "a2a.json"
-QUICK = {"tasks": 20, "throughput_tasks": 50, "concurrency": 4, "seconds": 5.0,
-         "out": QUICK_OUT}
+QUICK: dict[str, Any] = {"tasks": 20, "throughput_tasks": 50, "concurrency": 4, "seconds": 5.0,
+                         "out": QUICK_OUT}
 
 
 # --------------------------------------------------------------------------- server side

@@ -47,7 +47,8 @@ from mesh.engine.models import resolve_model
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "backend_llama_cpp_server.json"
 QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "backend_llama_cpp_server.json"
-QUICK = {"prefix_tokens": 200, "gen": 4, "reps": 1, "threads": 1, "out": QUICK_OUT}
+QUICK: dict[str, Any] = {"prefix_tokens": 200, "gen": 4, "reps": 1, "threads": 1,
+                         "out": QUICK_OUT}
 KINDS = ("cold", "new session", "switch back", "same session")
 LINE = "courier/parcel.py:{n}: def route(parcel, depot): return depot.next_hop(parcel.zone)\n"
 

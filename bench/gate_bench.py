@@ -32,6 +32,10 @@
 
 ``--floor auto`` sets the floor at the seeded model's per-worker rate with a quarter of
 the slots decoding, so that the floor, not the slots, is what binds.
+
+``--quick`` (4 slots, 3 s a policy, 2 turns of 8 tokens) runs every section in seconds: the
+suite's run, not a measurement. Writes ``bench/results/gate.json`` (or ``--out``; with
+``--quick``, a temporary path: ``QUICK_OUT``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -62,6 +67,11 @@ from mesh.sim.processes import Neighbour
 from mesh.sim.report import percentile, phase_of, spans_from
 from mesh.sim.scenario import PhaseRecord, add_neighbour_args, neighbour_config
 
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gate.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "gate.json"
+QUICK: dict[str, Any] = {"slots": 4, "run_s": 3.0, "turns": 2, "turn_tokens": 8,
+                         "iterations": 200, "idle_private": 64, "session_budget": 512,
+                         "out": QUICK_OUT}
 PREFIX = (
     "You are a careful software agent working on a shared project. Read the task, plan, "
     "call tools when needed and answer briefly.\n"
@@ -347,7 +357,7 @@ async def _drain(session: Any, params: SamplingParams) -> None:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
-        "command": " ".join(sys.argv),
+        "command": " ".join(["bench/gate_bench.py", *args.argv]),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
         "decide_latency": bench_latency(args.iterations),
     }
@@ -444,7 +454,7 @@ def print_table(result: dict[str, Any]) -> None:
               f"({c['error_without']:+.1%})")  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="tiny | default | PATH to a GGUF")
     p.add_argument("--slots", type=int, default=32, help="pool session slots")
@@ -459,9 +469,16 @@ def main() -> int:
     p.add_argument("--idle-private", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--iterations", type=int, default=5_000)
-    p.add_argument("--out", type=Path, default=Path("bench/results/gate.json"))
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
+    p.add_argument("--quick", action="store_true",
+                   help="4 slots, 3 s a policy: the suite's run, not a measurement")
     add_neighbour_args(p)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.quick:  # the quick sizes become the defaults; flags given still win
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args.neighbour_config = neighbour_config(args)
     except ValueError as exc:

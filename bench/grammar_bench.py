@@ -41,7 +41,7 @@ from mesh.engine.sampling import Sampler
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "grammar.json"
 QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "grammar.json"
-QUICK = {"tokens": 8, "repeats": 1, "threads": 1, "out": QUICK_OUT}
+QUICK: dict[str, Any] = {"tokens": 8, "repeats": 1, "threads": 1, "out": QUICK_OUT}
 TOOL_PROMPT = ("You answer questions about a Python project with its tools.\n"
           "Question: which file defines the class Parcel?\n")
 

@@ -13,8 +13,8 @@ cached_tokens``, or llama.cpp's ``timings.prompt_n``) and the KV cells and bytes
     python -m bench.openai_bench --spawn-mesh "--policy none" \\
         --spawn-llama-server "$(bash ../shared/tools/build-llama-server.sh)" \\
         --spawn-vllm --prefix-tokens 1024,4096 --agents 8,32
-    # smoke
-    python -m bench.openai_bench --spawn-mesh "--model tiny --policy none" --agents 2 --turns 1
+    # smoke: mesh on the tiny model, 2 agents x 1 turn of 4 tokens (what the suite runs)
+    python -m bench.openai_bench --quick
 
 **P** is mesh's prefix size: the bench starts ``mesh serve --prefix-tokens P`` (the
 template fills the prefix with labelled project text up to P tokens), reads the system text
@@ -24,7 +24,8 @@ i, ``-c N×(P+S)``, ``--cache-ram`` on) and vLLM's ``--max-num-seqs N`` with KV 
 N×(P+S) cells; S (``--session-tokens``) is one agent's conversation, estimated from T and G.
 ``--mesh``/``--llama-server``/``--vllm URL`` measure running servers instead (one P; start-up
 not included; their cold wave is only cold if nothing ran on them before). Prints a table
-and writes ``bench/results/openai.json`` (or ``--out``).
+and writes ``bench/results/openai.json`` (or ``--out``; with ``--quick``, a temporary path:
+``QUICK_OUT``). ``--quick`` with no system named spawns mesh as ``QUICK_MESH`` says.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -65,6 +67,13 @@ from bench.servers import (
 
 __all__ = ["Target", "Wave", "main", "mesh_args", "parse", "processed", "ratio_lines", "ratios",
            "session_tokens", "spawn_mesh", "table"]
+
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "openai.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "openai.json"
+QUICK: dict[str, Any] = {"agents": [2], "turns": 1, "tokens": 4, "out": QUICK_OUT}
+QUICK_MESH = ("--model tiny --policy none --threads 1 --data-dir "
+              + shlex.quote(str(QUICK_OUT.parent / "openai-mesh-data")))
 
 
 def spawn_mesh(args: str, log: Path) -> tuple[subprocess.Popen[bytes], str, float]:
@@ -236,7 +245,7 @@ async def amain(a: argparse.Namespace) -> int:
             {k: v for k, v in asdict(w).items() if k != "latencies"} for w in t.waves]}
             for t in targets],
     }
-    out = Path(a.out)
+    out = a.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out} (server logs: {logs})")
@@ -283,13 +292,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds one request may wait (a cold llama-server at N=32, P=4K "
                         "queues minutes of prefill)")
-    p.add_argument("--out", default="bench/results/openai.json")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
+    p.add_argument("--quick", action="store_true",
+                   help="2 agents x 1 turn of 4 tokens (and, if no system is named, "
+                        f"--spawn-mesh {QUICK_MESH!r}): the suite's run, not a measurement")
     return p
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with the defaults that depend on others filled in."""
-    a = parser().parse_args(argv)
+    p = parser()
+    a = p.parse_args(argv)
+    if a.quick:  # the quick sizes become the defaults; flags given still win
+        p.set_defaults(**QUICK)
+        a = p.parse_args(argv)
+        if not (a.mesh or a.llama_server or a.vllm or a.llama_cpp_server
+                or a.spawn_llama_server or a.spawn_vllm is not None
+                or a.spawn_mesh is not None):
+            a.spawn_mesh = QUICK_MESH
     if a.session_tokens is None:
         a.session_tokens = session_tokens(a.turns, a.tokens)
     if a.model is None and (a.spawn_llama_server or a.spawn_vllm is not None

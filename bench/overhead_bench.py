@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/overhead_bench.py --model tiny --tokens 32
     .venv/bin/python bench/overhead_bench.py --model default --ns 1,16,32 --tokens 8
+    .venv/bin/python bench/overhead_bench.py --model tiny --quick   # N = 1, 4; 8 tokens; once
 
 N sessions share a P-token prefix (P = 512), each with a 16-token private suffix prefilled
 before timing; then all N start a greedy turn of T tokens in the same step (inside
@@ -22,7 +23,12 @@ With the tiny model decode is as fast as a GPU's would be, so what is left is th
 share. Targets (issue 13): host + other <= 0.5 ms per step at N = 128 with the tiny model,
 <= 1.5 ms with the default model's vocabulary; aggregate tok/s at N = 128 (tiny) >= 1.3x
 the 6,820 measured before the native step. The table goes to stdout, everything to
-``bench/results/overhead.json`` (or ``--out``); nothing is asserted.
+``bench/results/overhead.json`` (or ``--out``; with ``--quick``, a temporary path:
+``QUICK_OUT``); nothing is asserted.
+
+The counters and the clock are read inside ``pool.held()``, before the hold is released: the
+engine steps as soon as it is, so a reading taken after the release would miss the steps run
+meanwhile (their tokens counted, their time not: a negative ``other_ms`` on short turns).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +59,9 @@ from mesh.template.loader import load_template, sample_project_dir
 from mesh.template.prefix import build_prefix
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "overhead.json"
+QUICK: dict[str, Any] = {"ns": "1,4", "tokens": 8, "prefix": 64, "repeat": 1, "threads": 1,
+                         "out": QUICK_OUT}
 BEFORE_TPS_128 = 6820.0  # tiny, N = 128, before the native step (issue 13)
 SUFFIX = 16
 _WORDS = ("agent", "tool", "file", "module", "test", "build", "cache", "index", "route",
@@ -90,13 +100,34 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, stop_at_eos=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """The pool's step counters and the clock at one moment."""
+
+    num_steps: int
+    host_s: float
+    decode_s: float
+    sample_s: float | None  # the native step's own counters (None: the Python step)
+    gil_wait_s: float | None
+    t: float
+
+    @classmethod
+    def of(cls, pool: SharedKVPool) -> Reading:
+        stepper = pool.parts.runner.stepper
+        return cls(pool.stats.num_steps, pool.stats.host_s, pool.stats.decode_s,
+                   None if stepper is None else stepper.sample_s,
+                   None if stepper is None else stepper.gil_wait_s, time.perf_counter())
+
+
 async def start_all(pool: SharedKVPool, sessions: list[PooledSession],
-                    params: SamplingParams) -> list[Any]:
+                    params: SamplingParams) -> tuple[list[Any], Reading]:
+    """Start every turn in the same step; the reading is taken before any of it runs."""
     gens = [s.generate(params) for s in sessions]
-    async with pool.held():  # every turn begins in the same step
+    async with pool.held():
         for g in gens:
             await g.start()
-    return gens
+        before = Reading.of(pool)  # inside the hold: no step has run yet
+    return gens, before
 
 
 async def consume(g: Any) -> int:
@@ -110,19 +141,18 @@ async def measure(pool: SharedKVPool, tok: LlamaModel, n: int, tokens: int) -> d
     sessions = [await pool.attach() for _ in range(n)]
     for i, s in enumerate(sessions):
         s.append_tokens(suffix_tokens(tok, i))
-    await asyncio.gather(*(consume(g) for g in await start_all(pool, sessions, greedy(1))))
-    gens = await start_all(pool, sessions, greedy(tokens))
-    s0, h0, d0 = pool.stats.num_steps, pool.stats.host_s, pool.stats.decode_s
-    stepper = pool.parts.runner.stepper  # the native step's own counters (None: Python step)
-    n0 = (stepper.sample_s, stepper.gil_wait_s) if stepper is not None else None
-    t0 = time.perf_counter()
+    warm, _ = await start_all(pool, sessions, greedy(1))
+    await asyncio.gather(*(consume(g) for g in warm))
+    gens, r0 = await start_all(pool, sessions, greedy(tokens))
     got = sum(await asyncio.gather(*(consume(g) for g in gens)))
-    wall = time.perf_counter() - t0
-    steps, host, dec = pool.stats.num_steps - s0, pool.stats.host_s - h0, pool.stats.decode_s - d0
+    r1 = Reading.of(pool)
+    wall = r1.t - r0.t
+    steps, host, dec = r1.num_steps - r0.num_steps, r1.host_s - r0.host_s, r1.decode_s - r0.decode_s
     sample_ms = gil_ms = None
-    if stepper is not None and n0 is not None:
-        sample_ms = round((stepper.sample_s - n0[0]) / steps * 1e3, 3)
-        gil_ms = round((stepper.gil_wait_s - n0[1]) / steps * 1e3, 3)
+    if r0.sample_s is not None and r1.sample_s is not None:
+        sample_ms = round((r1.sample_s - r0.sample_s) / steps * 1e3, 3)
+    if r0.gil_wait_s is not None and r1.gil_wait_s is not None:
+        gil_ms = round((r1.gil_wait_s - r0.gil_wait_s) / steps * 1e3, 3)
     for s in sessions:
         await s.detach()
     wall_ms, host_ms, dec_ms = wall / steps * 1e3, host / steps * 1e3, dec / steps * 1e3
@@ -239,7 +269,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     meta = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["bench/overhead_bench.py", *sys.argv[1:]]),
+        "command": " ".join(["bench/overhead_bench.py", *args.argv]),
         "model": args.model, "model_name": resolved.name, "prefix": args.prefix,
         "template": args.template, "gpu_layers": args.gpu_layers,
         "flash_attn": args.flash_attn, "kv_type": args.kv_type,
@@ -280,8 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs per N and mode (median)")
     p.add_argument("--label", default=None,
                    help="name the rows (e.g. main, to time another checkout's engine)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
+    p.add_argument("--quick", action="store_true",
+                   help="N = 1 and 4, 8 tokens, once: the suite's run, not a measurement")
     args = p.parse_args(argv)
+    if args.quick:  # the quick sizes become the defaults; flags given still win
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     result = asyncio.run(main_async(args))
     print(table(result["rows"]))
     for t in result["targets"]:

@@ -29,7 +29,8 @@ decode tokens/s per turn p50/min, parks, resumes, re-prefilled tokens and host b
 token generated; its first-token time minus an unparked twin's, per 1K suffix tokens, for
 recompute and swap (plus the swap's park time): the crossover is where they meet.
 
-Results go to ``bench/results/park.json`` (or ``--out``); a table to stdout.
+Results go to ``bench/results/park.json`` (or ``--out``; with ``--quick``, a temporary path:
+``QUICK_OUT``); a table to stdout.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,9 @@ from mesh.engine.pool import SharedKVPool
 from mesh.engine.session import PooledSession
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "park.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "park.json"
+QUICK: dict[str, Any] = {"prefix": 256, "suffix": 256, "agents": "7,14", "turns": 2, "idle": 0.2,
+                         "gen": 8, "cost_sizes": "64,192", "out": QUICK_OUT}
 WORDS = ("agent", "tool", "file", "module", "test", "build", "cache", "index", "route",
          "queue", "task", "worker", "token", "prefix", "session", "decode", "batch",
          "sample", "model", "layer", "vector", "buffer", "config", "server", "client",
@@ -279,11 +284,12 @@ async def main(argv: list[str] | None = None) -> int:
                     "(BINARY: the last line of ../shared/tools/build-llama-server.sh)")
     ap.add_argument("--llama-cache-ram", type=int, default=8192, metavar="MiB",
                     help="llama-server's --cache-ram (default: 8192)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.prefix, args.suffix, args.agents, args.turns = 256, 256, "7,14", 2
-        args.idle, args.gen, args.cost_sizes = 0.2, 8, "64,192"
+    if args.quick:  # the quick sizes become the defaults; flags given still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args(argv)
     g = Geometry(args.prefix, args.suffix, args.resident, args.turns, args.gen, args.idle)
     model = resolve_model(args.model)
     path = str(model.path)
@@ -312,7 +318,8 @@ async def main(argv: list[str] | None = None) -> int:
     cost = await resume_cost(path, g, args.threads, prefix, sizes)
     doc = {"meta": {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "model": model.name, "machine": platform.machine(),
-                    "argv": sys.argv[1:], "geometry": g.__dict__ | {"tool": g.tool},
+                    "argv": sys.argv[1:] if argv is None else argv,
+                    "geometry": g.__dict__ | {"tool": g.tool},
                     "kv_cells": g.prefix + g.resident * g.suffix,
                     "llama_server": {"binary": args.llama_server,
                                      "slots": llama_server_slots(g)[0],

@@ -7,10 +7,12 @@ top-k 40 -> penalties/DRY -> greedy (:class:`~mesh.engine.sampling.Sampler`), th
 included. This times both on random rows of each vocabulary size (SmolLM2: 49,152; Gemma 3:
 262,144), with a history of generated tokens for the penalties to look through::
 
-    python -m bench.sampling_bench --out bench/results/sampling_repetition.json
+    python -m bench.sampling_bench                       # SmolLM2 and Gemma 3, 300 rows
+    python -m bench.sampling_bench --models tiny --quick # 20 rows: seconds
 
 The numbers are per row on one thread; the native step samples rows on its own threads
-for large vocabularies.
+for large vocabularies. Writes ``bench/results/sampling_repetition.json`` (or ``--out``;
+with ``--quick``, a temporary path: ``QUICK_OUT``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import argparse
 import json
 import os
 import platform
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,9 @@ from mesh.engine.models import resolve_model
 from mesh.engine.sampling import Sampler, make_sampler
 from mesh.worker.text import prose_params
 
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sampling_repetition.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "sampling_repetition.json"
+QUICK: dict[str, Any] = {"reps": 20, "history": 16, "out": QUICK_OUT}
 VARIANTS: dict[str, SamplingParams] = {
     "chain, greedy (no repetition control)": SamplingParams(),
     "chain, top-k 40 -> DRY -> greedy (mesh's prose)": prose_params(SamplingParams()),
@@ -64,13 +71,19 @@ def measure(model: LlamaModel, reps: int, history: int) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="smollm2,gemma")
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--history", type=int, default=128)
-    p.add_argument("--out", default="bench/results/sampling_repetition.json")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
+    p.add_argument("--quick", action="store_true",
+                   help="a few rows: the suite's run, not a measurement")
     args = p.parse_args(argv)
+    if args.quick:  # the quick sizes become the defaults; flags given still win
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
     results = []
     for spec in args.models.split(","):
         model = LlamaModel(resolve_model(spec).path, vocab_only=True)
@@ -79,12 +92,16 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             model.close()
         print(json.dumps(results[-1], indent=2))
-    report = {"command": "python -m bench.sampling_bench " + " ".join(argv or []),
+    given = sys.argv[1:] if argv is None else argv
+    report = {"command": "python -m bench.sampling_bench " + " ".join(given),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "load": os.getloadavg()},
               "results": results}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
