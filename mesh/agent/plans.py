@@ -52,8 +52,10 @@ _FILES_MAX = 4
 # models otherwise write instructions like ", ". The grammar makes anything else impossible.
 INSTRUCTIONS_MIN = 12
 # Guided plans: a subtask's instructions are one part of the request, then at most this
-# many characters the model adds (files and tools come from their lists).
-GUIDED_EXTRA = 80
+# many characters the model adds (files and tools come from their lists). None: what a
+# small model added ("1. The Parcel class itself. 2. The Parcel Class itself.") was what
+# its worker then copied as the answer; the part itself is what the worker must answer.
+GUIDED_EXTRA = 0
 # A project with more files than this plans with free file names, not an enum of them.
 FILES_ENUM_MAX = 256
 

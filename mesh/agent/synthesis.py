@@ -7,7 +7,12 @@ synthesis session's suffix; :func:`synthesis_answer` turns the synthesis turn's 
 the answer (markup and loops removed; the workers' reports instead when it reproduces its
 own instructions); :func:`direct_answer` does the same for a plan's own answer;
 :func:`summary` is the structured data part of the ``answer`` artifact (camelCase keys);
-:func:`missing_note` is the line the answer carries when some worker failed.
+:func:`missing_note` is the line the answer carries when some worker failed;
+:func:`evidence` is what the answer rests on (the workers' ``data["evidence"]``, else the
+project files it names) and :func:`answer_parts` the ``answer`` artifact's parts.
+
+An answer is never a fragment (:func:`mesh.worker.text.fragment`): a synthesis that is not
+whole gives way to the workers' reports, as one that echoes its instructions does.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from a2a.types import a2a_pb2 as pb
+
 from mesh.agent.plans import Plan, plan_prompt
-from mesh.worker.text import clean, echoed, instruction_sentences, without_echo
+from mesh.worker.evidence import named_files, render_evidence
+from mesh.worker.text import clean, echoed, fragment, instruction_sentences, without_echo
 from mesh.worker.types import WorkerResult
 
-__all__ = ["SYNTHESIS_INSTRUCTIONS", "Outcome", "direct_answer", "joined_answers",
-           "missing_note", "needs_synthesis", "summary", "synthesis_answer",
+__all__ = ["SYNTHESIS_INSTRUCTIONS", "Outcome", "answer_parts", "direct_answer", "evidence",
+           "joined_answers", "missing_note", "needs_synthesis", "summary", "synthesis_answer",
            "synthesis_prompt", "without_repeats"]
 
 SYNTHESIS_INSTRUCTIONS = (
@@ -159,12 +167,15 @@ def synthesis_answer(text: str, plan: Plan, outcomes: Sequence[Outcome],
                      instructions: Sequence[str] = ()) -> tuple[str, str]:
     """(the answer, '' or why the workers' reports replaced the synthesis): the turn's
     text without markup, loops and repeated paragraphs; the reports
-    (:func:`joined_answers`) when it is empty or reproduces its instructions (a sentence
+    (:func:`joined_answers`) when it is empty, not whole (:func:`fragment`) or reproduces
+    its instructions (a sentence
     of :data:`SYNTHESIS_INSTRUCTIONS` or of ``instructions``, the prefix's instruction
     texts, or a line of the prompt's frame: a report's header, ``Answer:``...)."""
     answer = without_repeats(clean(text))
     if not answer:
         return joined_answers(outcomes), "the synthesis wrote nothing"
+    if why := fragment(answer):
+        return joined_answers(outcomes), f"the synthesis is not whole ({why})"
     frame = _scaffold(plan, outcomes)
     if echoed(answer, _sentences((SYNTHESIS_INSTRUCTIONS, *instructions))) or any(
             line.strip().lower() in frame for line in answer.splitlines()):
@@ -178,3 +189,36 @@ def direct_answer(answer: str, tools: Sequence[str], max_subtasks: int,
     loop, none of the planning prompt's sentences nor of ``instructions``."""
     texts = (plan_prompt("\n", "", tuple(tools), max_subtasks), *instructions)
     return without_echo(clean(answer), _sentences(texts))
+
+
+def evidence(answer: str, outcomes: Sequence[Outcome],
+             files: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """What ``answer`` rests on: each worker's ``data["evidence"]`` (files and lines,
+    :mod:`mesh.worker.evidence`), in order, one entry per file and source; with no worker,
+    the project ``files`` the answer names."""
+    out: list[dict[str, Any]] = []
+    for o in outcomes:
+        for e in (o.result.data.get("evidence", ()) if o.result is not None else ()):
+            if isinstance(e, dict) and all((e.get("path"), e.get("source"))
+                                           != (u["path"], u["source"]) for u in out):
+                out.append(dict(e))
+    if not outcomes:
+        out = [{"path": rel, "lines": "", "source": "named"}
+               for rel in named_files(answer, files)]
+    return out
+
+
+def answer_parts(answer: str, plan: Plan, outcomes: Sequence[Outcome],
+                 cited: Sequence[dict[str, Any]], *, legacy: bool = False) -> list[pb.Part]:
+    """The ``answer`` artifact's parts: the answer's text; the data part ``{"plan": ...,
+    "subtasks": [...], "evidence": [...]}`` (:func:`summary`); then, when there is any,
+    the evidence as a line a client shows under the answer (a text part: a client that
+    joins the text parts shows the answer, then the evidence)."""
+    data = pb.Part()
+    data.data.struct_value.update({"plan": plan.to_dict(),
+                                   "subtasks": summary(outcomes, legacy=legacy),
+                                   "evidence": list(cited)})
+    parts = [pb.Part(text=answer), data]
+    if line := render_evidence(cited):
+        parts.append(pb.Part(text="\n\n" + line))
+    return parts

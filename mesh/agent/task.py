@@ -42,11 +42,12 @@ from mesh.agent.request_parts import request_parts
 from mesh.agent.subtasks import SubtaskSpec
 from mesh.agent.synthesis import (
     Outcome,
+    answer_parts,
     direct_answer,
+    evidence,
     joined_answers,
     missing_note,
     needs_synthesis,
-    summary,
     synthesis_answer,
     synthesis_prompt,
 )
@@ -54,7 +55,7 @@ from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Engine, EngineError, Session, TurnResult
 from mesh.gate.queue import Admission, admitted
 from mesh.worker.stream import WorkerFailed, release, stream_turn
-from mesh.worker.text import prose_params
+from mesh.worker.text import fragment, prose_params
 from mesh.worker.types import NO_HOPS, EventKind, Hops, Subtask, WorkerEvent, WorkerResult
 
 __all__ = [
@@ -191,8 +192,14 @@ class AgentTask:
             return
         await self._publish(plan)
         if plan.action == "answer":
-            await self._complete(plan, direct_answer(plan.answer, cfg.tools, cfg.max_subtasks,
-                                                     cfg.instructions), [])
+            answer = direct_answer(plan.answer, cfg.tools, cfg.max_subtasks, cfg.instructions)
+            if why := fragment(answer):  # never a fragment: a worker answers instead
+                await self.events.status(
+                    S.TASK_STATE_WORKING, f"the plan's answer is not whole ({why}); running "
+                    "the message as one subtask", {"event": "answer_fragment"})
+                await self._delegate(fallback_plan(self.message), history)
+            else:
+                await self._complete(plan, answer, [])
         elif plan.action == "ask":
             agent.conversations.add(self.conversation, "question", plan.question)
             await self.events.finish(S.TASK_STATE_INPUT_REQUIRED, plan.question)
@@ -328,11 +335,12 @@ class AgentTask:
         explicit = plan.source == "explicit"
         if self.agent is not None and not explicit:
             self.agent.conversations.add(self.conversation, "answer", answer)
-        data = pb.Part()
+        files = self.agent.config.files if self.agent is not None else ()
+        # The task's last artifact, named "answer": the text, the evidence line, the data.
         # Explicit tasks' rows keep their old key names for one release (Outcome.record).
-        data.data.struct_value.update({"plan": plan.to_dict(),
-                                       "subtasks": summary(outcomes, legacy=explicit)})
-        await self.events.artifact([pb.Part(text=answer), data], artifact_id=ANSWER_ARTIFACT,
+        parts = answer_parts(answer, plan, outcomes, evidence(answer, outcomes, files),
+                             legacy=explicit)
+        await self.events.artifact(parts, artifact_id=ANSWER_ARTIFACT,
                                    name=ANSWER_ARTIFACT, last_chunk=True)
         done = sum(1 for o in outcomes if o.ok)
         failed = len(outcomes) - done

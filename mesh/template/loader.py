@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mesh.template.manifest import Manifest, TemplateError
+from mesh.template.outline import FileEntry
 from mesh.template.render import Renderer
 
 __all__ = [
@@ -47,6 +48,10 @@ class Template:
     root: Path
     manifest: Manifest
     renderer: Renderer
+    # The project outline the prefix was built with (mesh.template.prefix.Prefix.outlined;
+    # set once the template is bound to a project's prefix, empty before): a worker's first
+    # message repeats the lines that match its request, and evidence cites their lines.
+    outline: tuple[FileEntry, ...] = ()
 
     def context(self, **extra: Any) -> dict[str, Any]:
         """The names every template file may use, plus ``extra``."""
@@ -66,10 +71,13 @@ class Template:
     def render(self, file: str, **extra: Any) -> str:
         return self.renderer.render(file, self.context(**extra))
 
-    def instructions(self, subtask_id: str, instructions: str) -> str:
-        """The content of a worker session's first user message (no chat markup)."""
+    def instructions(self, subtask_id: str, instructions: str,
+                     outline_lines: Sequence[str] = ()) -> str:
+        """The content of a worker session's first user message (no chat markup);
+        ``outline_lines``: the project outline's lines that match the request."""
         subtask = {"id": subtask_id, "instructions": instructions}
-        return self.render(self.manifest.turns.instructions, subtask=subtask)
+        return self.render(self.manifest.turns.instructions, subtask=subtask,
+                           outline_lines=list(outline_lines))
 
     def tool_result(self, *, call: str, output: str, is_error: bool, turn: int) -> str:
         """The content of the user message that reports a tool's result (no chat markup)."""
@@ -180,7 +188,7 @@ MAX_TEMPLATE_FILE_BYTES = 1_048_576
 def _dry_render(template: Template) -> None:
     """Render every file once with sample values so a bad name fails at load."""
     m = template.manifest
-    template.instructions("sample", "Say hello.")
+    template.instructions("sample", "Say hello.", ["README.md (3 lines): sample"])
     template.tool_result(call="list_files()", output="README.md", is_error=False, turn=1)
     sample: Mapping[str, Any] = {"project": "sample", "target_tokens": m.prefix.target_tokens}
     for section in m.prefix.sections:

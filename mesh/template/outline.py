@@ -8,7 +8,9 @@ Two views, both pure functions of the text (so the prefix stays deterministic):
 * :func:`file_entry` is one file's line in the *project outline* (the ``outline``
   section): path, size, summary, and its top-level names with line numbers (public
   classes, functions and upper-case constants; headings; tables). :func:`reference_counts`
-  says how often the project names each file, the order in which files earn room.
+  says how often the project names each file, the order in which files earn room;
+  :func:`matching` ranks outline entries by the words of a request (a small model copies
+  best what is near its question: a worker's first message repeats the best lines).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
-__all__ = ["Definition", "FileEntry", "file_entry", "human_size", "outline", "reference_counts"]
+__all__ = ["Definition", "FileEntry", "file_entry", "human_size", "matching", "outline",
+           "reference_counts"]
 
 _HEAD_LINES = 20
 
@@ -119,11 +122,13 @@ _ROLE = re.compile(r":[a-z]+:(?=`)")
 @dataclass(frozen=True)
 class Definition:
     """A top-level name of a file: ``kind`` is ``class``, ``def``, ``const`` (an upper-case
-    module constant), ``heading`` (Markdown) or ``table`` (TOML); ``line`` is 1-based."""
+    module constant of two letters or more), ``heading`` (Markdown) or ``table`` (TOML);
+    ``line`` is 1-based."""
 
     kind: str
     name: str
     line: int
+    value: str = ""  # a constant's value when it is a short literal ("30", "'light'")
 
 
 @dataclass(frozen=True)
@@ -151,8 +156,8 @@ class FileEntry:
             rank = {"class": 0, "def": 1}
             chosen = sorted(self.definitions, key=lambda d: (rank.get(d.kind, 2), d.line))
             shown = sorted(chosen[:max_definitions], key=lambda d: d.line)
-            names = ", ".join(f"{d.kind + ' ' if d.kind in rank else ''}{d.name} L{d.line}"
-                              for d in shown)
+            names = ", ".join(f"{d.kind + ' ' if d.kind in rank else ''}{d.name}"
+                              f"{' = ' + d.value if d.value else ''} L{d.line}" for d in shown)
             more = len(self.definitions) - len(shown)
             out += (" | " if self.summary and summary else ": ") + names + (
                 f" +{more}" if more else "")
@@ -179,6 +184,20 @@ def _summary(doc: str) -> str:
     return first.rstrip(".")
 
 
+_VALUE_CHARS = 16
+
+
+def _literal(node: ast.expr | None) -> str:
+    """A constant's value as written, when it is a short literal (a number, a string)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
+        node = node.operand if isinstance(node.op, ast.UAdd) else node
+    if isinstance(node, ast.Constant | ast.UnaryOp) and not isinstance(
+            getattr(node, "value", None), bytes):
+        text = ast.unparse(node)
+        return text if len(text) <= _VALUE_CHARS else ""
+    return ""
+
+
 def _python_definitions(text: str) -> tuple[str, tuple[Definition, ...]] | None:
     try:
         tree = ast.parse(text)
@@ -192,8 +211,10 @@ def _python_definitions(text: str) -> tuple[str, tuple[Definition, ...]] | None:
                 defs.append(Definition(kind, node.name, node.lineno))
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            defs.extend(Definition("const", t.id, node.lineno) for t in targets
-                        if isinstance(t, ast.Name) and t.id.isupper() and t.id[0] != "_")
+            value = _literal(node.value)
+            defs.extend(Definition("const", t.id, node.lineno, value) for t in targets
+                        if isinstance(t, ast.Name) and t.id.isupper() and t.id[0] != "_"
+                        and len(t.id) > 1)
     return _summary(ast.get_docstring(tree) or ""), tuple(defs)
 
 
@@ -274,3 +295,74 @@ def reference_counts(texts: Mapping[str, str]) -> dict[str, int]:
             if target is not None and target != rel:
                 referrers[target].add(rel)
     return {rel: len(who) for rel, who in referrers.items()}
+
+
+# --------------------------------------------------------------------------- matching
+# Words a request is made of that say nothing about which file it is about.
+_COMMON = frozenset((
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "from", "by", "with", "and", "or",
+    "is", "are", "was", "be", "it", "its", "this", "that", "these", "what", "which", "who",
+    "where", "when", "how", "why", "does", "do", "did", "can", "file", "files", "defines",
+    "define", "defined", "holds", "hold", "class", "function", "method", "constant", "module",
+    "project", "code", "there", "many", "much", "value", "name", "named", "me", "tell"))
+_WORDS = re.compile(r"[A-Za-z0-9]+")
+_MATCHED_NAMES = 3  # names a matched entry keeps: those the request names first
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def _split(name: str) -> list[str]:
+    """A name's words: ``SharedKVPool`` -> shared, kv, pool; ``plan_route`` -> plan, route."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", " ", name)
+    return [w.lower() for w in _WORDS.findall(spaced)]
+
+
+def matching(request: str, entries: Sequence[FileEntry], limit: int = 3,
+             least: float = 2.0) -> list[FileEntry]:
+    """The ``limit`` outline entries that best match ``request``, best first, each with
+    only the names that share a word with it (all of them when none does); none unless
+    the best scores ``least``, and none under half the best. A word of the request counts
+    once where the entry's path, summary or names hold it (``Parcel`` holds "parcel"),
+    twice more where it is a name the entry defines; a run of two or three words counts
+    again where the entry writes them as one (the summary "The shared KV pool", the class
+    ``SharedKVPool``: "shared KV pool"), and more in a name it defines. Plurals match
+    their singular. Pure; linear in the outline's size."""
+    words = [w.lower() for w in _WORDS.findall(request)]
+    keys = [w for w in words if w not in _COMMON and len(w) > 1]
+    if not keys:
+        return []
+    stems = {k.rstrip("s") for k in keys}
+    runs = [_squash("".join(words[i:i + n])) for n in (2, 3) for i in range(len(words) - n + 1)
+            if not all(w in _COMMON for w in words[i:i + n])]
+    scored: list[tuple[float, str, FileEntry]] = []
+    for entry in entries:
+        names = [d.name for d in entry.definitions]
+        own = {w.rstrip("s") for part in (entry.path, entry.summary, *names)
+               for w in (*_split(part), _squash(part))}
+        text = _squash(" ".join((entry.path, entry.summary, *names)))
+        defined = {_squash(n) for n in names}
+        score = sum(1.0 + 2.0 * (k in defined) for k in keys if k.rstrip("s") in own)
+        if not score:
+            continue
+        for run in runs:
+            if run in text:
+                score += 1.0
+            if run in defined:
+                score += 2.0
+        scored.append((-score, entry.path, entry))
+    scored.sort(key=lambda item: (item[0], item[1]))
+    if not scored or -scored[0][0] < least:
+        return []
+    scored = [s for s in scored if s[0] <= scored[0][0] / 2]  # at least half the best
+    asked = _squash(request)
+    out: list[FileEntry] = []
+    for _, _, entry in scored[:limit]:
+        exact = [d for d in entry.definitions
+                 if len(_squash(d.name)) > 2 and _squash(d.name) in asked]
+        near = [d for d in entry.definitions if d not in exact
+                and {w.rstrip("s") for w in _split(d.name)} & stems]
+        said = (exact + near)[:_MATCHED_NAMES]
+        out.append(replace(entry, definitions=tuple(said)) if said else entry)
+    return out

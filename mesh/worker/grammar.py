@@ -6,11 +6,16 @@
 * ``FREE OPEN CALL CLOSE``: reasoning, then one call of an enabled tool, with only that
   tool's argument keys, each at most once (in any order), each value a literal of the
   key's type (string, integer or boolean); or
-* ``FREE ANSWER_OPEN TEXT ANSWER_CLOSE``: reasoning, then the final answer.
+* ``FREE ANSWER_OPEN TEXT ANSWER_CLOSE``: reasoning, then the final answer; or
+* ``TEXT``: a plain reply, the model's own way to answer in its chat format (the turn
+  ends at its end-of-turn token); the worker reads it as the answer.
 
 Nothing else can be sampled, so every turn :func:`~mesh.worker.toolcalls.parse_turn` reads
 has no errors. All characters are printable ASCII (plus newlines in free text and answers),
-and free text and answers contain no ``<``: a tag can only be a real tag.
+and free text and answers contain no ``<``: a tag can only be a real tag. Given the
+project's :class:`ProjectPaths`, free text and answers write a ``/`` only inside one of the
+project's paths: a small model cannot name a file the project does not have
+("src/main.py"); it can only pick among the real ones (``mesh/engine/pool.py``).
 
 Lengths are capped so that a whole sentence fits ``max_tokens``: with ASCII only, each
 token the grammar admits carries at least one character, so a sentence of at most
@@ -20,8 +25,12 @@ Argument keys and types (:data:`TOOL_ARGS`) mirror what :mod:`mesh.worker.tools`
 numbers within the tools' own ranges (``start`` >= 1, ``lines`` 1-999, ``depth`` 1-6,
 ``max_matches`` 1-99) and, given the project's :class:`ProjectPaths`, a ``path`` that names
 one of them (a file for ``read_file``, a folder for ``list_files``, either for ``grep``),
-so a small model cannot ask for a file that is not there. A tool this module does not know
-gets no arguments in the grammar.
+so a small model cannot ask for a file that is not there. Paths are written as a tree of
+rules (one a folder), so a grammar over thousands of paths stays small for llama.cpp's
+sampler. A tool this module does not know gets no arguments in the grammar.
+
+:func:`sentence_grammar` is the grammar of a repair turn: the answer as one complete
+sentence (see :mod:`mesh.worker.loop`).
 """
 
 from __future__ import annotations
@@ -31,10 +40,11 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mesh.template.manifest import ToolCallSyntax
 
-__all__ = ["PATHS_MAX", "TOOL_ARGS", "ProjectPaths", "turn_grammar"]
+__all__ = ["PATHS_MAX", "TOOL_ARGS", "ProjectPaths", "sentence_grammar", "turn_grammar"]
 
 # "str" | "bool" | a path kind ("file", "dir", "place": either) | a number kind (_NUMBERS)
 ArgType = str
@@ -54,7 +64,7 @@ _NUMBERS = {
     "matches": ("[1-9] [0-9]?", 2),
 }
 _PATH_KINDS = ("file", "dir", "place")
-PATHS_MAX = 512  # past this many names, paths are free strings
+PATHS_MAX = 20_000  # past this many names, paths are free strings
 _PATH_OK = re.compile(r"[ !#-\[\]-~]+")  # what a grammar string may hold (_STR_CHAR)
 
 
@@ -84,6 +94,7 @@ _STR_CAPS = (48, 32, 16, 8, 4)
 _MIN_FREE = 16  # reasoning room the string caps leave
 _MAX_FREE = 160
 _TEXT_CHAR = r"[\n -;=-~]"  # printable ASCII and newline, no "<"
+_PROSE_CHAR = r"[\n -.0-;=-~]"  # the same without "/": a "/" is inside a project path
 _STR_CHAR = r"[ !#-\[\]-~]"  # printable ASCII, no quote, no backslash
 
 
@@ -156,11 +167,17 @@ def _turn_grammar(
     tags = len(syntax.answer_open) + len(syntax.answer_close)
     max_free = max(0, min(_MAX_FREE, max_tokens - max(longest, tags + _MIN_FREE)))
     max_answer = max(1, max_tokens - max_free - tags)
+    # With the project's paths, prose writes a "/" only inside one of them.
+    prose = _prose_paths(paths)
+    char = _PROSE_CHAR if prose else _TEXT_CHAR
     rules = {
-        "root": ("free call" if call_only else "free (call | answer)") if names
-        else "free answer",
-        "free": f"{_TEXT_CHAR}{{0,{max_free}}}",
-        "answer": f"{_lit(syntax.answer_open)} {_TEXT_CHAR}{{1,{max_answer}}} "
+        "root": ("free call" if call_only else "free (call | answer) | reply") if names
+        else "free answer | reply",
+        "free": _prose(char, 0, max_free, prose),
+        "reply": f"[A-Za-z0-9] ({_prose(char, 0, max_tokens - 1, prose, path_first=False)})"
+        + (" | path-prose" + f" ({_AFTER['turn']} {char}{{0,{max_tokens - 1 - _longest(prose)}}})?"
+           if prose and max_tokens - 1 - _longest(prose) > 0 else ""),
+        "answer": f"{_lit(syntax.answer_open)} ({_prose(char, 1, max_answer, prose)}) "
         f"{_lit(syntax.answer_close)}",
     }
     if names:
@@ -169,9 +186,121 @@ def _turn_grammar(
     kinds = {_kind(k, paths) for n in names for _, k in TOOL_ARGS.get(n, ())}
     for kind in sorted(kinds):
         rules[kind] = _value_rule(kind, style, max_str, paths)
+        if kind in _PATH_KINDS and paths is not None:
+            rules.update(_path_rules(f"path-{kind}", paths.choices(kind)))
+    if prose:
+        rules.update(_path_rules("path-prose", prose))
     for name in names:
         args = tuple((key, _kind(k, paths)) for key, k in TOOL_ARGS.get(name, ()))
         rules.update(_tool_rules(name, args, style))
+    return "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n"
+
+
+_PROSE_PATH_MAX = 48  # longer paths cannot be named in prose (a length bound needs room)
+_MIN_SEGMENT = 24  # prose around a path: at least this many characters each side
+
+
+def _longest(prose: tuple[str, ...]) -> int:
+    return max((len(p) for p in prose), default=0)
+
+
+def _prose_paths(paths: ProjectPaths | None, kind: ArgType = "place") -> tuple[str, ...]:
+    """The project's paths prose may name (files and folders, or ``kind``; not too long)."""
+    if paths is None:
+        return ()
+    return tuple(p for p in paths.choices(kind) if len(p) <= _PROSE_PATH_MAX and p != ".")
+
+
+# What may stand right before and right after a path in prose: never a letter, a digit,
+# "_" or "/", so no made-up path can hide around a real one ("xsrc/courier/parcels.py").
+_BEFORE = {"turn": r"[ \n(`'\"]", "sentence": r"[ ]"}
+_AFTER = {"turn": r"[ \n.,;:!?)`'\"]", "sentence": r"[ .,;:!?]"}
+
+
+def _prose(char: str, least: int, most: int, prose: tuple[str, ...],
+           kind: str = "turn", *, path_first: bool = True, need_path: bool = False) -> str:
+    """GBNF for ``least`` to ``most`` characters of prose naming at most one project path
+    (``path-prose``, set apart by :data:`_BEFORE`/:data:`_AFTER`; first, when
+    ``path_first``; always, with ``need_path``) when the length bound has room for one:
+    a path's characters count, so the bound holds exactly."""
+    longest = max((len(p) for p in prose), default=0)
+    side = (most - longest - 2) // 2
+    if not prose or side < _MIN_SEGMENT:
+        return f"{char}{{{least},{most}}}"
+    tail = f"({_AFTER[kind]} {char}{{0,{side}}})?"
+    named = f"{_BEFORE[kind]} path-prose {tail}"
+    plain = f"{char}{{{least},{side}}} " + (named if need_path else f"({named})?")
+    return plain if least == 0 or not path_first else f"{plain} | path-prose {tail}"
+
+
+def _path_rules(root: str, names: Iterable[str]) -> dict[str, str]:
+    """Rules whose sentences are exactly ``names`` (relative paths), as a tree: rule
+    ``root`` is the top folder's entries, and each folder's entries are one rule
+    (``NAME "/" FOLDER-RULE``, optional after a name that is itself a path). A flat
+    alternation of thousands of paths would give llama.cpp's sampler thousands of stacks."""
+    tree: dict[str, Any] = {}
+    for name in names:
+        node = tree
+        for part in name.split("/"):
+            node = node.setdefault(part, {})
+        node[""] = {}  # a path ends here
+    rules: dict[str, str] = {}
+
+    def emit(node: dict[str, Any], rule: str) -> None:
+        alts = []
+        for part in sorted(k for k in node if k):
+            child = node[part]
+            inner = {k: v for k, v in child.items() if k}
+            if not inner:
+                alts.append(_lit(part))
+                continue
+            sub = f"{root}-{len(rules) + 1}"
+            rules[sub] = ""  # reserve the name before the children take theirs
+            emit(inner, sub)
+            alts.append(f"{_lit(part + '/')} {sub}" if "" not in child
+                        else f"{_lit(part)} (\"/\" {sub})?")
+        rules[rule] = " | ".join(alts) or '""'
+
+    emit(tree, root)
+    return rules
+
+
+# A sentence's characters: printable ASCII without the ones that open or close something
+# (brackets, quotes, backticks, "<" and ">") or escape it, so a sentence cannot hold markup
+# or part of a call, nor leave anything open; nor ".", "!" or "?" (one sentence: it ends
+# on one), nor "/", so a file name is only ever one of the project's paths ("courier.py"
+# cannot be made up). Without the project's paths, "/" and "." are characters too.
+_SENTENCE_CHAR = r"[ #-&'*+,0-;=@-Z^_a-z|~-]"  # "-" last: a character, not a range
+_SENTENCE_CHAR_FREE = r"[ !#-&'*-;=?-Z^_a-z|~]"
+_SENTENCE_MIN = 8
+
+
+def sentence_grammar(syntax: ToolCallSyntax, max_tokens: int,
+                     paths: ProjectPaths | None = None, *, name_path: bool = False) -> str:
+    """The GBNF grammar of one complete sentence as the answer: ``ANSWER_OPEN`` a capital
+    letter or a digit, at least :data:`_SENTENCE_MIN` characters with no brackets, quotes
+    or markup (given ``paths``: no ``.``, ``!``, ``?`` or ``/`` but inside one of them, at
+    most one), a closing ``.``, ``!`` or ``?``, ``ANSWER_CLOSE``; at most ``max_tokens`` characters
+    in all, so at most ``max_tokens`` tokens. With ``name_path`` (and ``paths``) the
+    sentence names one of the files."""
+    tags = len(syntax.answer_open) + len(syntax.answer_close)
+    most = max_tokens - tags - 2
+    if most < _SENTENCE_MIN:
+        raise ValueError(f"max_tokens {max_tokens} leaves no room for a sentence")
+    prose = _prose_paths(paths, "file" if name_path else "place")
+    char = _SENTENCE_CHAR if prose else _SENTENCE_CHAR_FREE
+    body = _prose(char, _SENTENCE_MIN, most - 1, prose, "sentence", path_first=False,
+                  need_path=name_path)
+    rules = {
+        "root": f"{_lit(syntax.answer_open)} sentence {_lit(syntax.answer_close)}",
+        "sentence": f"[A-Z0-9] ({body}) [.!?]",
+    }
+    if prose:  # or the path first: "courier/parcels.py defines it."
+        side = most - max(len(p) for p in prose) - 1
+        if side >= _SENTENCE_MIN:
+            rules["sentence"] += (f" | path-prose {_AFTER['sentence']} "
+                                  f"{char}{{{_SENTENCE_MIN},{side}}} [.!?]")
+        rules.update(_path_rules("path-prose", prose))
     return "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n"
 
 
@@ -186,7 +315,7 @@ def _value_rule(kind: ArgType, style: str, max_str: int, paths: ProjectPaths | N
     if kind == "bool":
         return '"true" | "false"' if style == "json" else '"True" | "False"'
     if kind in _PATH_KINDS and paths is not None:
-        return " | ".join(_lit(json.dumps(p)) for p in paths.choices(kind))
+        return f'"\\"" path-{kind} "\\""'
     return f'"\\"" {_STR_CHAR}{{0,{max_str}}} "\\""'
 
 

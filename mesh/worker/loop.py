@@ -8,13 +8,25 @@ Turn loop (formats come from the template):
    tag) under the turn grammar (:mod:`mesh.worker.grammar`; off with ``turns.grammar =
    false``), streaming every piece as a ``TEXT`` event;
 3. parse the turn: a finished turn (``stop``/``eos``) with an answer (inside the answer tags,
-   or with no tool call at all) ends the subtask; each tool call is run, its (token-capped)
+   or with no tool call at all) ends the subtask, and the answer is the turn's text as a
+   whole (what came before the answer tag included, the tags removed); each tool call is
+   run, its (token-capped)
    output rendered with the template's ``tool_result`` file and sent as the next user
    message; unreadable calls are answered with errors. A turn cut by ``length`` is never an
    answer (the model is told it was cut); ``context_full`` ends the subtask as such;
 4. repeat until an answer, ``max_turns`` (the last turn's calls are not run: nobody would
    read their results) or ``max_total_tokens``; a session that outgrows its context budget
    ends with ``max_tokens`` too.
+
+An answer is never a fragment. When the answer (or the text a subtask ended with at
+``max_turns``/``max_tokens``) is not whole (:func:`mesh.worker.text.fragment`: markup, part of
+a tool call, cut mid-sentence) or names a file the project does not have
+(:func:`mesh.worker.evidence.unknown_files`), one more turn is asked for under the sentence
+grammar (:func:`mesh.worker.grammar.sentence_grammar`: one complete sentence; naming one of
+the project's paths, for a made-up file); if that is not whole either, the answer says so
+instead of passing the fragment on (``data["fragment"]`` keeps it).
+Every answer names its evidence in ``data["evidence"]`` (:mod:`mesh.worker.evidence`):
+the project files it names, then the lines the worker's tools showed.
 
 What the user reads (:mod:`mesh.worker.text`): prose is sampled with repetition control
 (DRY, never on a call's syntax), a turn that repeats a phrase is stopped at the repeat
@@ -36,18 +48,31 @@ reported to the model, not raised.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import ContextOverflow, Engine, EngineError, Session
 from mesh.template.chat import ChatFormat, ChatFormatError, Message
 from mesh.template.loader import Template
+from mesh.template.outline import matching
 from mesh.template.prefix import truncate
-from mesh.worker.grammar import ProjectPaths, turn_grammar
+from mesh.worker.evidence import (
+    Evidence,
+    cited,
+    defined_lines,
+    evidence_of,
+    named_files,
+    outline_lines,
+    unknown_files,
+)
+from mesh.worker.grammar import ProjectPaths, sentence_grammar, turn_grammar
 from mesh.worker.stream import Tally, WorkerFailed, closed_text, release, stream_turn
 from mesh.worker.text import (
+    NO_ANSWER,
     clean,
     echoed,
+    fragment,
+    instruction_sentences,
     prose_params,
     template_sentences,
     without_echo,
@@ -68,6 +93,14 @@ __all__ = [
 # A session renders its turns without the shared system text (ChatFormat.check makes sure
 # the continuation does not depend on it); this stands in for it.
 SESSION_SYSTEM = "(the shared prefix)"
+# The one repair turn a fragment gets: room for a sentence naming a path.
+REPAIR_TOKENS = 160
+_HINT_NAMES = 6  # names an outline line repeated in the first message shows
+_REPAIR = ("Your answer is not whole or not grounded ({why}): {answer}. Write the whole "
+           "answer again as one complete sentence, naming the project file it comes from if "
+           "there is one (its path, as the outline writes it), between {open} and {close}.")
+_REPAIR_SENTENCES = tuple(instruction_sentences(
+    [_REPAIR.format(why="\n", answer="\n", open="\n", close="\n")], min_words=4))
 
 
 @dataclass(frozen=True)
@@ -136,7 +169,7 @@ class AgentWorker:
             raise WorkerFailed(f"subtask {subtask.id}: no session: {exc}") from exc
         try:
             await emit(WorkerEvent(EventKind.STATUS, f"session {session.id} attached"))
-            return self._final(await self._turns(session, subtask, emit))
+            return await self._turns(session, subtask, emit)
         finally:
             await release(session)
 
@@ -145,10 +178,21 @@ class AgentWorker:
         lim = self.limits
         state = Tally(session.id)
         chat = self._chat
-        first = self._template.instructions(subtask.id, subtask.instructions).strip("\n")
+        # The outline's lines that match the request, repeated next to it: a small model
+        # copies what is near its question far better than what is 5K tokens back.
+        lines = [e.line(_HINT_NAMES) for e in matching(subtask.instructions,
+                                                        self._template.outline)]
+        first = self._template.instructions(subtask.id, subtask.instructions,
+                                            lines).strip("\n")
         messages: list[Message] = [{"role": "user", "content": first}]
         seen: dict[str, int] = {}  # each call made (name and arguments) -> its turn
         answer_now = False  # the next turn offers only the answer
+        shown: list[Evidence] = []  # what the tools showed, in order
+
+        async def done(text: str, finish: str, **extra: object) -> WorkerResult:
+            return await self._answer(session, messages, state, emit, text, finish,
+                                      shown, subtask.priority, **extra)
+
         try:
             session.append(chat.continuation(SESSION_SYSTEM, messages))
             for turn in range(1, lim.max_turns + 1):
@@ -172,19 +216,18 @@ class AgentWorker:
                 state.finishes.append(result.finish_reason)
                 reply = closed_text(result, params.stop)
                 if result.finish_reason == "context_full":
-                    return state.result(result.text.strip(), "context_full")
+                    return await self._whole(state, result.text, "context_full", shown)
                 cut = result.finish_reason not in ("stop", "eos", "loop")
                 parsed = parse_turn(reply, syntax)
                 state.parse_errors += len(parsed.errors)
-                if not cut:
-                    if parsed.answer is not None:
-                        return state.result(parsed.answer, "answer")
-                    if not parsed.calls and not parsed.errors:
-                        return state.result(result.text.strip(), "answer")
+                if not cut and (parsed.answer is not None
+                                or (not parsed.calls and not parsed.errors)):
+                    # The turn's text as a whole, not the tail after the answer tag.
+                    return await done(reply, "answer")
                 if turn == lim.max_turns:
                     break
                 if state.generated >= lim.max_total_tokens:
-                    return state.result(result.text.strip(), "max_tokens")
+                    return await done(reply, "max_tokens")
                 results: list[str] = []
                 if cut:
                     results.append(
@@ -211,6 +254,8 @@ class AgentWorker:
                     seen[key] = turn
                     output, is_error = await self._call(call, emit, turn)
                     state.tool_calls += 1
+                    if not is_error:
+                        shown.extend(evidence_of(call.name, output))
                     results.append(
                         self._template.tool_result(
                             call=call.display(), output=output, is_error=is_error, turn=turn
@@ -236,26 +281,100 @@ class AgentWorker:
                     f"subtask {subtask.id}: the message does not fit the session's context "
                     f"budget ({exc}); send a shorter message or raise --session-budget"
                 ) from exc
-            return state.result(state.last_text.strip(), "max_tokens", context_overflow=str(exc))
+            # No room for a repair turn: the text as it stands, if whole.
+            return await self._whole(state, state.last_text, "max_tokens", shown,
+                               context_overflow=str(exc))
         except ChatFormatError as exc:
             raise WorkerFailed(f"subtask {subtask.id}: chat format {chat.name}: {exc}") from exc
         except EngineError as exc:
             raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
-        return state.result(state.last_text.strip(), "max_turns")
+        return await done(state.last_text, "max_turns")
 
-    def _final(self, result: WorkerResult) -> WorkerResult:
-        """The answer a user may read: no turn markup, no loop, none of the template's own
-        sentences (:mod:`mesh.worker.text`); what was removed is counted in ``data``."""
+    def _readable(self, text: str) -> tuple[str, int]:
+        """What a user may read of ``text``: no turn markup, no loop, none of the
+        template's own sentences (:mod:`mesh.worker.text`); and how many were removed."""
         syntax = self._template.manifest.tool_calls
         tags = (syntax.open, syntax.close, syntax.answer_open, syntax.answer_close)
-        text = clean(result.answer, tags)
+        text = clean(text, tags)
         echoes = len(echoed(text, self._sentences))
-        if echoes:
-            text = without_echo(text, self._sentences)
-        if text == result.answer and not echoes:
-            return result
-        return replace(result, answer=text, data={**result.data, "echoed_sentences": echoes,
-                                                  "cleaned": True})
+        return (without_echo(text, self._sentences) if echoes else text), echoes
+
+    async def _whole(self, state: Tally, text: str, finish: str, shown: list[Evidence],
+                     **extra: object) -> WorkerResult:
+        """The result for ``text`` with no repair turn left: the text if it is whole,
+        else a line saying that no whole answer was written."""
+        answer, echoes = self._readable(text)
+        why = "" if answer == NO_ANSWER else fragment(answer)
+        data: dict[str, object] = {"echoed_sentences": echoes} if echoes else {}
+        if why:  # never passed on: the answer says so, the fragment stays in the data
+            data["fragment"] = answer
+            answer = f"No complete answer: the model's text was {why}."
+        evidence = await self._evidence(answer, shown)
+        return state.result(answer, finish, evidence=evidence, **data, **extra)
+
+    async def _answer(self, session: Session, messages: list[Message], state: Tally,
+                      emit: Emit, text: str, finish: str, shown: list[Evidence],
+                      priority: float | None, **extra: object) -> WorkerResult:
+        """The subtask's result for the final ``text``: whole, or repaired by one more turn
+        under the sentence grammar (see the module doc)."""
+        answer, _ = self._readable(text)
+        why = fragment(answer)
+        files = self._paths.files if self._paths is not None else ()
+        made_up = unknown_files(answer, files)
+        if made_up and not why:  # a file the project does not have
+            why = f"it names {', '.join(made_up[:3])}, which the project does not have"
+        # An answer that meant to name a file: the repair names one of the project's.
+        name_path = bool(made_up or named_files(answer, files))
+        if not why or answer == NO_ANSWER:  # NO_ANSWER: says itself what went wrong
+            return await self._whole(state, text, finish, shown, **extra)
+        syntax = self._template.manifest.tool_calls
+        await emit(WorkerEvent(EventKind.STATUS, f"the answer is not whole ({why}); asking "
+                               "for one complete sentence", state.turns, {"fragment": why}))
+        ask = _REPAIR.format(why=why, answer=repr(answer[:200]), open=syntax.answer_open,
+                             close=syntax.answer_close)
+        params = prose_params(SamplingParams(
+            max_tokens=REPAIR_TOKENS, priority=priority,
+            temperature=self._template.manifest.turns.temperature,
+            stop=(syntax.answer_close,),
+            grammar=sentence_grammar(syntax, REPAIR_TOKENS, self._paths,
+                                     name_path=name_path),
+        ), opens=(syntax.answer_open,), close="<")
+        try:
+            session.append(self._chat.reply_tail(messages, ask))
+            messages += [{"role": "assistant", "content": text},
+                         {"role": "user", "content": ask}]
+            state.turns += 1
+            await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {state.turns}", state.turns))
+            result = await stream_turn(session, params, emit, state.turns, loop_stop=True)
+        except (ContextOverflow, EngineError, WorkerFailed):
+            return await self._whole(state, text, finish, shown, **extra)  # no room to repair
+        state.generated += result.num_generated
+        state.finishes.append(result.finish_reason)
+        if echoed(result.text, _REPAIR_SENTENCES):  # the request read back: no answer
+            return await self._whole(state, text, finish, shown, repaired=why, **extra)
+        return await self._whole(state, result.text, finish, shown, repaired=why, **extra)
+
+    async def _evidence(self, answer: str, shown: list[Evidence]) -> list[dict[str, object]]:
+        """The evidence ``answer`` names (:func:`mesh.worker.evidence.cited`). A project
+        file it names that no tool showed is cited with the lines its outline entry gives
+        for what the answer speaks of (source ``outline``: what the model saw); a file
+        the outline does not hold is read through the worker's own ``read_file`` for them
+        (:func:`~mesh.worker.evidence.defined_lines`)."""
+        files = self._paths.files if self._paths is not None else ()
+        outline = {entry.path: entry for entry in self._template.outline}
+        out: list[dict[str, object]] = []
+        read = self._tools.get("read_file")
+        for e in cited(answer, shown, files or tuple(outline)):
+            if e.source == "named" and e.path in outline:
+                e = Evidence(e.path, outline_lines(answer, outline[e.path]), "outline")
+            elif e.source == "named" and read is not None:
+                try:
+                    lines = defined_lines(answer, await read({"path": e.path, "lines": 2000}))
+                except (ToolError, OSError):
+                    lines = ""
+                e = Evidence(e.path, lines, "named")
+            out.append(e.to_dict())
+        return out
 
     def _grammar(self, budget: int, *, answer_only: bool = False,
                  call_only: bool = False) -> str | None:

@@ -14,7 +14,9 @@ and linear in the text's length:
   instruction text that an answer reproduces;
   (:func:`without_echo` drops them; :func:`template_texts` are a template's instruction
   texts, the worker's own request left out);
-* :func:`strip_markup` removes tool-call and answer tags.
+* :func:`strip_markup` removes tool-call and answer tags;
+* :func:`fragment` says why a text is not a whole answer (markup, part of a tool call,
+  brackets left open, cut mid-sentence), '' when it is one.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "clean",
     "cut_loop",
     "echoed",
+    "fragment",
     "has_loop",
     "instruction_sentences",
     "prose_params",
@@ -178,6 +181,49 @@ def strip_markup(text: str, tags: Iterable[str] = ()) -> str:
 def clean(text: str, tags: Iterable[str] = ()) -> str:
     """What a user may read of a generated answer: markup removed, a loop cut."""
     return cut_loop(strip_markup(text, tags)).strip()
+
+
+# Words a sentence does not end on: an answer ending on one was cut mid-sentence.
+_DANGLING = frozenset((
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "from", "by", "with", "and", "or",
+    "but", "nor", "is", "are", "was", "were", "be", "been", "as", "that", "which", "who",
+    "whose", "this", "these", "those", "its", "their", "his", "her", "our", "your", "my",
+    "into", "onto", "than", "then", "if", "when", "where", "while", "because", "so", "not",
+    "no"))
+_OPEN_CALL = re.compile(r"[A-Za-z0-9_]\([^()]*$")  # name( with nothing closing it
+_PAIRS = ("()", "[]", "{}")
+
+
+def fragment(text: str) -> str:
+    """Why ``text`` is not a whole answer, '' when it is one. Not whole: empty; holding
+    markup (``<``); part of a tool call (``name(`` never closed); a bracket, quote or
+    backtick left open; or cut mid-sentence (three words or more
+    without a closing ``.``, ``!`` or ``?`` unless the last is a name such as a path, or
+    ending on a word no sentence ends on: "the", "in", "and"...). One or two words may
+    stand alone ("ok", "30 kg")."""
+    body = text.strip()
+    if not body:
+        return "empty"
+    if "<" in body:
+        return "markup"
+    if _OPEN_CALL.search(body):
+        return "part of a tool call"
+    for pair in _PAIRS:
+        if body.count(pair[0]) != body.count(pair[1]):
+            return f"an open {pair[0]!r}"
+    if body.count("`") % 2 or body.count('"') % 2:
+        return "an open quote"
+    words = [w for w in (_key(w) for w in _WORD.findall(body)) if w]
+    if not words:
+        return "no words"
+    last = body.rstrip("\"')`*]")
+    if words[-1] in _DANGLING:
+        return f"cut mid-sentence (ends on {words[-1]!r})"
+    # A sentence may end on a name without its full stop ("... is in courier/parcels.py").
+    named = any(c in words[-1].strip(".") for c in "/._") or words[-1][-1:].isdigit()
+    if len(words) >= 3 and not last.endswith((".", "!", "?")) and not named:
+        return "cut mid-sentence (no full stop)"
+    return ""
 
 
 NO_ANSWER = "(no answer: the model only restated its instructions)"

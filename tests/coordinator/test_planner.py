@@ -10,7 +10,14 @@ import pytest
 from mesh.agent.config import AgentConfig
 from mesh.agent.history import Conversations
 from mesh.agent.plan_grammar import max_plan_chars, schema_to_gbnf
-from mesh.agent.plans import Plan, PlanError, PlannedSubtask, parse_plan, plan_schema
+from mesh.agent.plans import (
+    GUIDED_EXTRA,
+    Plan,
+    PlanError,
+    PlannedSubtask,
+    parse_plan,
+    plan_schema,
+)
 from mesh.agent.synthesis import Outcome, missing_note, summary
 from mesh.worker.types import WorkerResult
 from tests.worker.test_worker_grammar import grammar_regex
@@ -164,7 +171,7 @@ def test_a_guided_grammar_admits_one_subtask_per_part_opening_with_it() -> None:
     language = re.compile(grammar_regex(schema_to_gbnf(schema)))
     good = [
         _guided(list(GUIDED_PARTS)),
-        _guided([GUIDED_PARTS[0] + " Look at parcels.py.", GUIDED_PARTS[1]],
+        _guided(list(GUIDED_PARTS),
                 [["courier/parcels.py"], ["courier/routes.py", "courier/parcels.py"]]),
     ]
     for text in good:
@@ -178,7 +185,7 @@ def test_a_guided_grammar_admits_one_subtask_per_part_opening_with_it() -> None:
         _guided([*GUIDED_PARTS, GUIDED_PARTS[1]]),  # one too many
         _guided(["This is a test.", GUIDED_PARTS[1]]),  # instructions of its own
         _guided(list(GUIDED_PARTS), [["courier/nowhere.py"], []]),  # not a project file
-        _guided([GUIDED_PARTS[0] + "x" * 81, GUIDED_PARTS[1]]),  # past GUIDED_EXTRA
+        _guided([GUIDED_PARTS[0] + " Look at parcels.py.", GUIDED_PARTS[1]]),  # past the part
     ]
     for text in bad:
         assert not language.fullmatch(text), text
@@ -188,7 +195,7 @@ def test_the_length_bound_covers_the_longest_guided_plan() -> None:
     schema = plan_schema(3, ("read_file", "grep"), ("delegate",), 60, files=PROJECT_FILES,
                          parts=GUIDED_PARTS)
     # every string and list at its longest: the longer file name four times, and so on
-    longest = _guided([p + "x" * 80 for p in GUIDED_PARTS], [[PROJECT_FILES[0]] * 4] * 2)
+    longest = _guided([p + "x" * GUIDED_EXTRA for p in GUIDED_PARTS], [[PROJECT_FILES[0]] * 4] * 2)
     longest = longest.replace('"tools":[]', '"tools":["read_file","read_file"]')
     assert len(longest.encode()) <= max_plan_chars(schema)
     assert max_plan_chars(schema) - len(longest.encode()) < 16

@@ -175,7 +175,10 @@ async def test_noise_under_the_plan_grammar_writes_no_junk_instructions(
 async def test_a_planned_task_runs_workers_and_synthesizes(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    async with tiny_stack(tiny_model_path, tmp_path, actions=("delegate",)) as stack:
+    # Guided: one subtask per part of the request, so the noise plans two and synthesizes
+    # (a free plan's count is the noise's: one subtask needs no synthesis turn).
+    async with tiny_stack(tiny_model_path, tmp_path, actions=("delegate",),
+                          style="guided") as stack:
         task = await stack.send("Which function checks the weight, and what does 40 kg do?")
         assert stack.pool.load().sessions == ()
     assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]

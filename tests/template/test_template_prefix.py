@@ -14,7 +14,7 @@ import pytest
 
 from mesh.template.loader import load_template, sample_project_dir
 from mesh.template.manifest import TemplateError
-from mesh.template.outline import file_entry, reference_counts
+from mesh.template.outline import file_entry, matching, reference_counts
 from mesh.template.prefix import build_prefix
 from mesh.template.project import glob_match
 
@@ -176,7 +176,7 @@ def test_an_outline_line_names_path_size_summary_and_definitions() -> None:
     assert entry.summary == "Parcels"
     assert [(d.kind, d.name, d.line) for d in entry.definitions] == [
         ("const", "MAX_KG", 5), ("class", "Parcel", 8), ("def", "weigh", 12)]
-    assert entry.line(3) == ("courier/parcels.py (17 lines): Parcels | MAX_KG L5, "
+    assert entry.line(3) == ("courier/parcels.py (17 lines): Parcels | MAX_KG = 30 L5, "
                              "class Parcel L8, def weigh L12")
     # fewer names: classes first, then functions, then constants; how many were left out
     assert entry.line(1) == "courier/parcels.py (17 lines): Parcels | class Parcel L8 +2"
@@ -219,3 +219,19 @@ def test_whole_files_come_most_referenced_first(project: Path) -> None:
     prefix = build_prefix(load_template("light"), project, count)
     whole = [f.path for f in prefix.included if f.mode.startswith("full")]
     assert whole[0] == "pkg/core.py"
+
+
+def test_matching_lines_rank_the_outline_by_the_words_of_a_request() -> None:
+    pool = file_entry("mesh/engine/pool.py", '"""The shared KV pool."""\n\n\nclass SharedKVPool:'
+                      "\n    pass\n\n\nclass OrphanReaper:\n    pass\n", 90)
+    init = file_entry("mesh/engine/__init__.py", '"""The shared KV pool engine."""\n', 40)
+    parcels = file_entry("courier/parcels.py", "MAX_WEIGHT_KG = 30.0\n\n\nclass Parcel:\n"
+                         "    pass\n", 50)
+    entries = [init, parcels, pool]
+    best = matching("Which file defines the shared KV pool?", entries)
+    assert [e.path for e in best] == ["mesh/engine/pool.py", "mesh/engine/__init__.py"]
+    assert [d.name for d in best[0].definitions] == ["SharedKVPool"]  # what it asks about
+    (weight,) = matching("What is the maximum parcel weight in kilograms?", entries)
+    assert weight.line(3) == ("courier/parcels.py (5 lines): MAX_WEIGHT_KG = 30.0 L1, "
+                              "class Parcel L4")
+    assert matching("Reply with the single word: ok", entries) == []  # nothing matches

@@ -60,15 +60,19 @@ def test_finishes_on_a_final_answer() -> None:
 
 
 def test_runs_a_real_tool_then_answers(tmp_path: Path) -> None:
-    (tmp_path / "notes.txt").write_text("<answer>hello</answer>\n")
+    (tmp_path / "notes.txt").write_text("<answer>It says hello.</answer>\n")
     engine = FakeEngine()
     emit = Recorder()
     worker = AgentWorker(engine, LIGHT, ProjectTools(tmp_path).as_tools())
     result = run(worker, "<call>read_file(path='notes.txt')</call>", emit)
-    assert result.finish_reason == "answer" and result.answer == "hello"
+    # The fake echoes the tool result: the answer is that turn as a whole, tags removed.
+    assert result.finish_reason == "answer"
+    assert result.answer.endswith("read_file(path='notes.txt') returned: 1 It says hello.")
+    assert result.data["evidence"] == [{"path": "notes.txt", "lines": "1-1",
+                                        "source": "read_file"}]
     assert result.num_turns == 2 and result.num_tool_calls == 1
     assert [e.text for e in emit.kinds(EventKind.TOOL_CALL)] == ["read_file(path='notes.txt')"]
-    assert "<answer>hello" in emit.kinds(EventKind.TOOL_RESULT)[0].text
+    assert "<answer>It says hello." in emit.kinds(EventKind.TOOL_RESULT)[0].text
     assert [e.text for e in emit.kinds(EventKind.TURN_STARTED)] == ["turn 1", "turn 2"]
     assert emit.kinds(EventKind.TEXT)
     assert engine.sessions == {}
@@ -249,11 +253,11 @@ def test_heavy_template_json_calls(tmp_path: Path) -> None:
 
 
 def test_with_first_call_the_first_turn_must_call_a_tool(tmp_path: Path) -> None:
-    (tmp_path / "notes.txt").write_text("<answer>hello</answer>\n")
+    (tmp_path / "notes.txt").write_text("<answer>It says hello.</answer>\n")
     engine = GrammarLog()
     worker = AgentWorker(engine, LIGHT, ProjectTools(tmp_path).as_tools(), first_call=True)
     result = run(worker, "<call>read_file(path='notes.txt')</call>")
-    assert result.answer == "hello" and len(engine.grammars) == 2
+    assert result.answer.endswith("It says hello.") and len(engine.grammars) == 2
     first, second = (g or "" for g in engine.grammars)
     assert "root ::= free call\n" in first  # turn 1: a call, no answer
-    assert "root ::= free (call | answer)\n" in second
+    assert "root ::= free (call | answer) | reply\n" in second

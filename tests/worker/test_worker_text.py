@@ -25,7 +25,7 @@ from mesh.worker.text import (
 from mesh.worker.types import Subtask, WorkerResult
 
 LIGHT = load_template("light")
-PHRASE = "The Courier class is defined in the dispatch module,"  # 9 words
+PHRASE = "The Courier class is defined in the dispatch module."  # 9 words
 
 
 def run(worker: AgentWorker, instructions: str) -> WorkerResult:
@@ -146,12 +146,16 @@ def test_a_looping_answer_is_stopped_and_cut_to_one_copy() -> None:
 
 
 def test_markup_in_an_answer_never_reaches_the_user() -> None:
-    # A last turn cut with a call in it: the answer is its text, without the tags.
+    # A last turn cut with a call in it: its text without the tags is not a sentence, so
+    # one repair turn is asked for (the fake echoes the request: no sentence either), and
+    # the answer says that no whole answer came; the fragment stays in the data.
     limits = WorkerLimits(max_turns=1, max_tokens_per_turn=64, max_total_tokens=64)
     result = run(AgentWorker(FakeEngine(), LIGHT, {}, limits=limits),
                  "It is in <call>grep(text='KV')</call>")
     assert result.finish_reason == "max_turns"
-    assert "<" not in result.answer and "grep(text='KV')" in result.answer
+    assert "<" not in result.answer and result.answer.startswith("No complete answer")
+    assert result.data["repaired"] == "cut mid-sentence (no full stop)"
+    assert result.data["turn_finishes"] == ["stop", "stop"]  # the turn, then its repair
 
 
 def test_an_answer_that_restates_the_instructions_is_not_given_as_one() -> None:
