@@ -16,7 +16,7 @@ has one agent take 4T turns alone on two Ray pools: the hop without the N agents
 competing with it for this machine's cores.
 
     python -m bench.cluster_bench                 # -> bench/results/cluster.json
-    python -m bench.cluster_bench --quick --out /tmp/cluster.json   # the test's run
+    python -m bench.cluster_bench --quick         # the test's run, to a temporary path
     python -m bench.cluster_bench --ray HOST:PORT # on a cluster already running
 
 Without ``--ray`` it starts a local Ray instance of its own (2 CPUs, a small object store)
@@ -33,6 +33,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -49,7 +50,8 @@ from mesh.engine.llama import LlamaModel
 from mesh.engine.models import resolve_model
 from mesh.engine.pool import SharedKVPool
 
-OUT = Path(__file__).resolve().parent / "results" / "cluster.json"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "cluster.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "cluster.json"  # never a result
 PREFIX_LINE = "You are one agent of many; read the project, call tools, answer briefly. "
 
 
@@ -227,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ray", default=None, metavar="HOST:PORT",
                    help="join this cluster (default: start a local one, 2 CPUs)")
     p.add_argument("--quick", action="store_true", help="4 agents x 3 turns x 8 tokens")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
     a = p.parse_args(argv)
+    if a.out is None:
+        a.out = QUICK_OUT if a.quick else DEFAULT_OUT
     if a.quick:
         a.agents, a.turns, a.tokens, a.prefix_tokens, a.budget = 4, 3, 8, 256, 512
     if a.ray:

@@ -90,7 +90,7 @@ run() {  # name, seconds at most, command...
 }
 # The auto-tier for this GPU's free memory (what `mesh serve --kv-memory auto` prints).
 run "kv tier for this GPU" 30 "$py" - <<'EOF'
-from mesh.cli.engine_flags import free_gpu_bytes
+from mesh.cli.compose import free_gpu_bytes
 from mesh.engine.config import GIB, KVShape, choose_tier
 free = free_gpu_bytes()
 print(f"free GPU memory: {free / GIB if free else 0:.1f} GiB")

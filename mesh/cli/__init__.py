@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the one place an unexpected error becomes one line
         if args.debug:
             raise
-        from mesh.cli.errors import describe
+        from mesh.cli.client import describe
 
         print(f"mesh {args.command}: {describe(exc, getattr(args, 'url', None))}",
               file=sys.stderr)

@@ -1,7 +1,7 @@
 """``mesh serve``: one process with the engine pool, the gate and the A2A coordinator.
 
-Here the flags are declared and checked; what they build is wired in :mod:`mesh.cli.local`
-(its pools, local or Ray actors: :mod:`mesh.cli.engines`), inside the app's lifespan. The
+Here the flags are declared and checked; what they build is wired in :mod:`mesh.cli.compose`
+(its pools, local or Ray actors: :mod:`mesh.cli.compose`), inside the app's lifespan. The
 library never imports the CLI.
 """
 
@@ -12,10 +12,14 @@ import os
 import sys
 
 from mesh.a2a.config import CoordinatorConfig
-from mesh.cli.engine_flags import add_engine_flags
-from mesh.cli.engines import add_engine_args
-from mesh.cli.local import local_app
-from mesh.cli.preflight import floor_arg, preflight, print_cache_warnings
+from mesh.cli.compose import (
+    add_engine_args,
+    add_engine_flags,
+    floor_arg,
+    local_app,
+    preflight,
+    print_cache_warnings,
+)
 from mesh.engine.interface import EngineError
 
 __all__ = ["auth_line", "plan_actions", "register", "run"]
@@ -126,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the flags and folders and bind the port (fast, one line and exit 2 on a
     mistake), resolve the prefix (a bad ``--model`` fails here, the same way), then serve
     on that very socket: the app's lifespan builds the pool, the gate and the rest on the
-    loop that serves them (:mod:`mesh.cli.local`), and closes them
+    loop that serves them (:mod:`mesh.cli.compose`), and closes them
     there when a signal stops the server."""
     from mesh.a2a.app import run_server
 

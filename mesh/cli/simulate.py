@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import httpx
 from a2a.utils.errors import A2AError
 
-from mesh.cli.errors import describe
+from mesh.cli.client import describe
 from mesh.sim.processes import ServerCommand, ServerError, serve_command
 from mesh.sim.scenario import (
     POLICIES_HELP,

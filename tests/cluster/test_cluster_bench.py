@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from ray.cluster_utils import Cluster
@@ -34,3 +35,10 @@ def test_the_cluster_bench_quick(ray_cluster: Cluster, tmp_path: Path) -> None:
     assert two["overhead_p50_ms"] > 0 and two["sessions_moved"] == 0
     assert killed["killed_after_turns"] is not None and killed["sessions_moved"] >= 1
     assert "| two Ray pools, 1 thread each |" in done.stdout
+
+
+def test_the_quick_form_never_writes_a_result() -> None:
+    from bench import cluster_bench
+
+    assert cluster_bench.DEFAULT_OUT.parent == ROOT / "bench" / "results"
+    assert cluster_bench.QUICK_OUT.is_relative_to(tempfile.gettempdir())
