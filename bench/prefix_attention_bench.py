@@ -30,7 +30,8 @@ Reported (JSON and a table):
   matrix products reach in the same step (a bound: K/V read once, nothing re-read).
 
 Results go to ``bench/results/prefix_attention.json`` (``--quick``:
-``prefix_attention_quick.json``; or ``--out``).
+``prefix_attention_quick.json`` in a temporary folder, ``QUICK_OUT``, never over a result;
+or ``--out``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,7 +57,9 @@ from mesh.engine.models import resolve_model
 from mesh.sim.geometry import Geometry, write_geometry_model
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prefix_attention.json"
-QUICK_OUT = DEFAULT_OUT.with_name("prefix_attention_quick.json")
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "prefix_attention_quick.json"
+QUICK: dict[str, Any] = {"model": "tiny", "prefixes": "128,256,512", "long_prefixes": "512,1024",
+                         "rows": "1,4,8", "suffix": 16, "probe_suffix": 48, "steps": 3}
 
 # SmolLM2-135M's geometry (30 layers, 9 heads, 3 KV heads of 64) with a 32K trained context:
 # the real GGUF declares 8,192, so longer prefixes need this random-weight twin.
@@ -427,9 +431,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(e.g. which llama.cpp library LLAMA_CPP_LIB_PATH selected)")
     a = ap.parse_args(argv)
     long_geometry = SMOLLM2_LONG
-    if a.quick:
-        a.model, a.prefixes, a.long_prefixes, a.rows = "tiny", "128,256,512", "512,1024", "1,4,8"
-        a.suffix, a.probe_suffix, a.steps = 16, 48, 3
+    if a.quick:  # the quick sizes become the defaults; flags given still win
+        ap.set_defaults(**QUICK)
+        a = ap.parse_args(argv)
         long_geometry = dataclasses.replace(SMOLLM2_LONG.scaled_down(8), n_ctx_train=4096)
     out = a.out or (QUICK_OUT if a.quick else DEFAULT_OUT)
     base = Grid(_ints(a.prefixes), _ints(a.rows), a.suffix, a.probe_suffix,
@@ -450,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     result = analyse(points, a.suffix)
     doc = {"meta": {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "machine": platform.machine(), "processor": platform.processor(),
-                    "cpus": os.cpu_count(), "threads": a.threads, "argv": sys.argv[1:],
+                    "cpus": os.cpu_count(), "threads": a.threads,
+                    "argv": sys.argv[1:] if argv is None else argv,
                     "label": a.label, "llama_cpp_lib_path": os.environ.get("LLAMA_CPP_LIB_PATH"),
                     "suffix": a.suffix, "probe_suffix": a.probe_suffix, "steps": a.steps,
                     "wall_s": round(time.monotonic() - t0, 1)},
