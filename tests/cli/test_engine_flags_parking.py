@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from mesh.cli.engine_flags import add_engine_flags, engine_options
+from mesh.cli.compose import add_engine_flags, engine_options
 from mesh.engine.config import GIB
 
 

@@ -160,7 +160,7 @@ def test_mesh_serve_builds_pool_and_gate_on_the_loop_that_serves_them(
 ) -> None:
     """The real ``mesh serve`` (tiny model, in-process): the pool and the gate are built,
     asked and closed on one loop; SIGTERM closes the pool once and exits 0."""
-    import mesh.cli.engines as engines
+    import mesh.cli.compose as engines
     import mesh.gate.admission as gate_pkg
 
     loops: dict[str, list[asyncio.AbstractEventLoop]] = {}

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from mesh.cli import serve as serve_cli
-from mesh.cli.preflight import preflight
+from mesh.cli.compose import preflight
 from tests.reliability.serve_proc import free_port, serve_argv, serve_env, small_project, start
 
 

@@ -52,7 +52,7 @@ def test_serve_plan_actions_flag() -> None:
     from mesh.agent.plan_grammar import schema_to_gbnf
     from mesh.agent.plans import plan_schema
     from mesh.cli import serve as serve_cli
-    from mesh.cli.local import default_plan_actions, plan_style
+    from mesh.cli.compose import default_plan_actions, plan_style
 
     parser = argparse.ArgumentParser(prog="mesh")
     serve_cli.register(parser.add_subparsers(dest="command"))

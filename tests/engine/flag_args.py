@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mesh.cli.engine_flags import add_engine_flags
+from mesh.cli.compose import add_engine_flags
 
 __all__ = ["parse"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from mesh.cli import engine_flags
-from mesh.cli.engine_flags import apply_engine_flags, kv_memory_bytes
+from mesh.cli import compose as engine_flags
+from mesh.cli.compose import apply_engine_flags, kv_memory_bytes
 from mesh.engine.build import check_context
 from mesh.engine.config import GIB, EngineConfig, KVShape, SamplingParams, choose_tier
 from mesh.engine.llama import LlamaModel

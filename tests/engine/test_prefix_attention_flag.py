@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh.cli.engine_flags import apply_engine_flags
+from mesh.cli.compose import apply_engine_flags
 from mesh.engine import build as build_mod
 from mesh.engine import llama as prefix_attn
 from mesh.engine.config import (

@@ -17,7 +17,7 @@ from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.push import make_push_url_validator
 from mesh.cli import serve as serve_cli
-from mesh.cli.local import peer_tokens
+from mesh.cli.compose import peer_tokens
 from mesh.fleet.peers import PeerClient, PeerError
 from mesh.worker.tools import ToolError, delegate_tool
 from mesh.worker.types import Hops, Subtask, WorkerResult

@@ -14,8 +14,7 @@ from mesh.cli import simulate
 from mesh.sim.plots import PARKING_PLOT
 from mesh.sim.processes import serve_command
 from mesh.sim.report import parking_series, parking_summary
-from mesh.sim.scenario import plan_for
-from mesh.sim.scenario import IdleAgentsConfig, Sample, SimConfig, SimRun, TaskTimeline
+from mesh.sim.scenario import IdleAgentsConfig, Sample, SimConfig, SimRun, TaskTimeline, plan_for
 
 
 def _main(argv: list[str]) -> int:

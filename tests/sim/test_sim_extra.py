@@ -21,7 +21,7 @@ def test_the_server_and_the_cli_load_no_plotting_or_progress_bar() -> None:
         "import sys\n"
         "from mesh.cli import build_parser\n"
         "build_parser()\n"
-        "import mesh.cli.local, mesh.cli.simulate, mesh.a2a.app, mesh.engine.pool\n"
+        "import mesh.cli.compose, mesh.cli.simulate, mesh.a2a.app, mesh.engine.pool\n"
         "import mesh.api.dashboard, mesh.api.openai_api, mesh.sim.scenario\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'tqdm'))\n"
         "print(','.join(bad[:5]))\n"
