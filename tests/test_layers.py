@@ -107,7 +107,7 @@ RULES = (
         "only the CLI's --ray path reaches the cluster package",
         scope=("mesh/",),
         banned=("mesh.cluster",),
-        exempt=("mesh/cluster/", "mesh/cli/compose.py", "mesh/cli/compose.py"),
+        exempt=("mesh/cluster/", "mesh/cli/compose.py"),
     ),
     Rule(
         "the cluster package is an engine: nothing of A2A, the web, workers or the gate",
@@ -283,9 +283,7 @@ def test_serve_without_ray_loads_no_ray(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from mesh.cli import build_parser\n"
-        "from mesh.cli.compose import build_engine\n"
-        "from mesh.cli.compose import local_app\n"
-        "from mesh.cli.compose import preflight\n"
+        "from mesh.cli.compose import build_engine, preflight\n"
         "from mesh.engine.config import EngineConfig\n"
         f"args = build_parser().parse_args(['serve', '--data-dir', {str(tmp_path)!r}, "
         "'--port', '0'])\n"
