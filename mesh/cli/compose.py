@@ -340,6 +340,8 @@ def build_project_prefix(args: argparse.Namespace, *, want_ids: bool = False) ->
         prefix = build_prefix(template, project,
                               lambda text: len(vocab.tokenize(text, add_bos=False)),
                               target_tokens=target)
+        # The template bound to this prefix: workers see the outline's matching lines.
+        template = dataclasses.replace(template, outline=prefix.outlined)
         # The model's own chat format; one that breaks the token-prefix rule falls back.
         chat = ChatFormat.from_gguf(model.path, model_name=model.name).resolve(
             lambda text: vocab.tokenize(text, add_bos=vocab.add_bos),
