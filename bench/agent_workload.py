@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from mesh.backends.remote_wire import parse_prometheus
+from mesh.backends.openai import parse_prometheus
 
 __all__ = ["COUNTERS", "TOOL_RESULT", "Target", "Wave", "processed", "ratio_lines", "ratios",
            "run_target", "table"]

@@ -88,7 +88,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.a2a.config import CoordinatorConfig
 from mesh.agent.subtasks import SubtaskSpec, check_subtask_list
-from mesh.fleet.hops import HOPS_KEY, hops_of
+from mesh.fleet.peers import HOPS_KEY, hops_of
 from mesh.gate.queue import QueueCheck
 from mesh.worker.simulated import check_scenario_bounds
 from mesh.worker.types import NO_HOPS, Hops

@@ -1,4 +1,31 @@
-"""The engine seam over an OpenAI-compatible ``/v1/completions`` API (``--engine openai:URL``).
+"""``--engine openai:URL``: an OpenAI-compatible server (vLLM, SGLang, llama-server, another
+mesh) as the engine: its wire (SSE, grammars, metrics), a remote session, and the engine
+over them. Read top to bottom:
+
+**The wire.** What the OpenAI backend reads off the wire: the engine spec, SSE events, ``/metrics``.
+
+Pure functions, no I/O, so they are tested without a server.
+
+**Remote sessions.** A remote session: its conversation kept on mesh's side, one streamed
+completion a turn.
+
+See :mod:`mesh.backends.openai` for the wire contract. The rules mirror the local pool's
+(:mod:`mesh.engine.interface`): ``append`` never waits on the backend and raises
+:class:`~mesh.engine.interface.ContextOverflow` past the budget; a turn that runs out of budget
+ends ``context_full``; stop strings are cut by :class:`~mesh.engine.session.TurnOutput`
+and, as in the pool, the stop string stays in the session's context (its text is kept in
+the history, not in the turn's text); a backend that fails mid-turn detaches the session
+and the generation raises :class:`~mesh.engine.interface.SessionFailed` naming the backend.
+
+A stream that ends (``[DONE]``, or the body closes) without a ``finish_reason`` was cut
+by the backend, not finished: llama-cpp-python's server does that to a running stream the
+moment another request arrives (its ``--interrupt_requests``, on by default). The turn is
+then resumed with one more request whose prompt continues after the text streamed so far,
+for the tokens left. A stream that ends with no chunk at all is a failure, not a cut
+(llama-cpp-python's server ends one so when the prompt exceeds its context).
+
+**The engine.** The engine seam over an OpenAI-compatible ``/v1/completions`` API (``--engine
+openai:URL``).
 
 vLLM, SGLang, llama-server, llama-cpp-python's server and mesh's own ``/v1/completions``
 all serve it. :class:`OpenAIEngine` implements :class:`~mesh.engine.interface.Engine` on top:
@@ -34,37 +61,506 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
+import math
+import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
-from mesh.backends.remote_session import RemoteSession
-from mesh.backends.remote_wire import (
-    backend_counters,
-    backend_gauges,
-    check_context,
-    grammar_fields,
-    parse_prometheus,
-)
+from mesh.engine.config import SamplingParams
 from mesh.engine.interface import (
     AttachCheck,
+    ContextOverflow,
     ModelError,
+    Piece,
     PoolFull,
     PoolInfo,
     PoolLoad,
     PrefillBudget,
+    SessionFailed,
+    SessionLoad,
     SessionState,
     StepSample,
     TurnAdmission,
     TurnLine,
+    TurnResult,
 )
+from mesh.engine.session import TurnOutput
 
-__all__ = ["BackendConfig", "OpenAIEngine"]
+__all__ = [
+    "BackendConfig", "OpenAIEngine", "RemoteGeneration", "RemoteSession", "backend_counters",
+    "backend_gauges", "check_context", "grammar_fields", "parse_engine_spec", "parse_prometheus",
+    "sse_data"
+]
+
+
+# -------------------- the wire ------------------------------------------------
+
+ENGINE_LOCAL = "llama.cpp"
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_engine_spec(spec: str) -> str | None:
+    """``--engine`` value → the backend's base URL, or None for the local pool.
+
+    ``llama.cpp`` (or ``local``) is the local pool; ``openai:URL`` is an OpenAI-compatible
+    server at URL (``http://host:port``, with or without a trailing ``/v1``). Raises
+    ``ValueError`` naming the fix.
+    """
+    if spec in (ENGINE_LOCAL, "local"):
+        return None
+    if not spec.startswith("openai:"):
+        raise ValueError(f"--engine must be 'llama.cpp' or 'openai:URL', got {spec!r}")
+    url = spec.removeprefix("openai:").rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--engine openai:URL needs an absolute http(s) URL, got {url!r}")
+    return url.removesuffix("/v1")
+
+
+def sse_data(line: str) -> dict[str, Any] | None:
+    """The JSON object of one ``data: {...}`` SSE line; None for anything else (comments,
+    blank lines, ``[DONE]``, other fields). A ``data:`` line that is not JSON raises
+    ``ValueError`` (the backend broke the stream)."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if not payload or payload == "[DONE]":
+        return None
+    doc = json.loads(payload)
+    if not isinstance(doc, dict):
+        raise ValueError(f"SSE data is not a JSON object: {payload[:80]!r}")
+    return doc
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text → ``{name: value}``, samples of one name with several label sets
+    summed (a backend serving one model reports one set; summing is right for counts)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out
+
+
+def _ratio(metrics: Mapping[str, float], total: str, count: str) -> float | None:
+    n = metrics.get(count)
+    return metrics[total] / n if n and total in metrics else None
+
+
+def backend_gauges(metrics: Mapping[str, float]) -> dict[str, float | None]:
+    """The few numbers the gate's readers want, from vLLM's, llama-server's or mesh's own
+    metric names (whichever the backend exposes; absent ones are None)."""
+
+    def first(*names: str) -> float | None:
+        return next((metrics[n] for n in names if n in metrics), None)
+
+    itl = _ratio(metrics, "vllm:time_per_output_token_seconds_sum",
+                 "vllm:time_per_output_token_seconds_count")
+    if itl is None:
+        itl = _ratio(metrics, "vllm:inter_token_latency_seconds_sum",
+                     "vllm:inter_token_latency_seconds_count")
+    tps = first("llamacpp:predicted_tokens_seconds", "mesh_session_tps_p50")
+    if tps is None and itl:
+        tps = 1.0 / itl
+    return {
+        "running": first("vllm:num_requests_running", "llamacpp:requests_processing"),
+        "waiting": first("vllm:num_requests_waiting", "llamacpp:requests_deferred",
+                         "mesh_gate_queue_length"),
+        "inter_token_s": itl,
+        "decode_tps": tps,
+        "kv_usage": first("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+                          "llamacpp:kv_cache_usage_ratio"),
+    }
+
+
+def backend_counters(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The backend's prefix-cache counters since it started, where it counts them (vLLM:
+    ``vllm:prefix_cache_queries_total`` / ``hits_total``, in prompt tokens), and the hit
+    rate they give: how much of every prompt mesh sent was served from the cache."""
+    out: dict[str, float] = {}
+    queries = metrics.get("vllm:prefix_cache_queries_total")
+    hits = metrics.get("vllm:prefix_cache_hits_total")
+    if queries is not None and hits is not None:
+        out = {"prefix_cache_queries": queries, "prefix_cache_hits": hits}
+        if queries > 0:
+            out["prefix_cache_hit_rate"] = hits / queries
+    return out
+
+
+def grammar_fields(owner: str | None, grammar: str) -> dict[str, Any]:
+    """The request field that carries a GBNF ``grammar`` to a backend, by who serves the
+    model (``owned_by`` in its ``GET /v1/models``). vLLM reads ``structured_outputs.grammar``
+    (xgrammar takes GBNF) and silently ignores llama.cpp's ``grammar`` field, so a plan or a
+    tool call would go unconstrained there; SGLang reads ``ebnf``; llama.cpp's servers and
+    mesh read ``grammar``."""
+    if owner == "vllm":
+        return {"structured_outputs": {"grammar": grammar}}
+    if owner == "sglang":
+        return {"ebnf": grammar}
+    return {"grammar": grammar}
+
+
+def check_context(url: str, model_id: str | None, n_prefix: int, session_budget: int,
+                  max_model_len: object) -> None:
+    """A backend that says its context (vLLM: ``max_model_len`` in ``/v1/models``) must
+    hold the prefix plus one full session; otherwise a session would fail mid-turn (HTTP
+    400) once it grows past it, so refuse at start, naming the fix (``ModelError``)."""
+    if not isinstance(max_model_len, int) or max_model_len <= 0:
+        return
+    need = n_prefix + session_budget
+    if need > max_model_len:
+        raise ModelError(
+            f"{url} serves {model_id!r} with a context of {max_model_len} tokens; mesh "
+            f"needs the {n_prefix}-token prefix plus a {session_budget}-token session = "
+            f"{need}: start the backend with a longer context (vLLM: --max-model-len "
+            f"{need}) or lower --session-budget to {max_model_len - n_prefix} or less")
+
+# -------------------- remote sessions -----------------------------------------
+
+class SessionHost(Protocol):
+    """What a :class:`RemoteSession` needs from its engine (``OpenAIEngine`` is one), so
+    this module does not import the engine's."""
+
+    prefix_text: str
+    sessions: dict[str, RemoteSession]
+    turn_line: TurnLine
+
+    @property
+    def info(self) -> PoolInfo: ...
+
+    @property
+    def http(self) -> httpx.AsyncClient: ...
+
+    @property
+    def completions_url(self) -> str: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def record_token(self, gap_s: float | None, n: int = 1) -> None: ...
+
+    def record_resume(self) -> None: ...
+
+    def record_compaction(self, freed: int) -> None: ...
+
+    def request_body(self, prompt: str, **fields: Any) -> dict[str, Any]: ...
+
+
+_BUSY_RETRIES = 3  # a 429/503 from the backend is retried this often (Retry-After, ≤ 5 s)
+_EWMA = 0.2
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+class RemoteSession:
+    """One session on the backend (see the module docstring)."""
+
+    def __init__(self, engine: SessionHost, sid: str) -> None:
+        self.engine = engine
+        self.id = sid
+        self.history = ""  # every appended and generated text, in order
+        self.pending = ""  # appended, not yet sent
+        self.private = 0  # tokens of history (counted with the engine's tokenizer)
+        self.pending_tokens = 0
+        self.state = SessionState.IDLE
+        self.detached = False
+        self.created = time.monotonic()
+        self.num_generated = 0
+        self.decode_tps: float | None = None
+        self.busy_s = 0.0
+        self._busy_since: float | None = None
+
+    @property
+    def context_len(self) -> int:
+        return self.engine.info.prefix_tokens + self.private + self.pending_tokens
+
+    def append(self, text: str) -> None:
+        if self.detached:
+            raise SessionFailed(f"session {self.id} is detached")
+        n = self.engine.count_tokens(text)
+        budget = self.engine.info.session_budget
+        if self.private + self.pending_tokens + n > budget:
+            raise ContextOverflow(
+                f"appending {n} tokens would exceed session {self.id}'s budget of "
+                f"{budget} tokens")
+        self.pending += text
+        self.pending_tokens += n
+        self.state = SessionState.PREFILLING
+
+    def generate(self, params: SamplingParams) -> RemoteGeneration:
+        params.validate()
+        return RemoteGeneration(self, params)
+
+    async def compact(self, text: str) -> bool:
+        """Compaction: the history after the prefix becomes ``text`` (the next request sends
+        the prefix, then ``text``, then what is appended), as the pool's
+        :meth:`~mesh.engine.session.PooledSession.compact` does. False: a turn runs."""
+        if self.detached:
+            raise SessionFailed(f"session {self.id} is detached")
+        if self._busy_since is not None or self.state is SessionState.WAITING:
+            return False
+        n = self.engine.count_tokens(text)
+        budget = self.engine.info.session_budget
+        if n + self.pending_tokens > budget:
+            raise ContextOverflow(f"session {self.id}: a compacted history of {n} tokens with "
+                                  f"{self.pending_tokens} queued exceeds its budget of {budget}")
+        self.engine.record_compaction(self.private)
+        self.history, self.private = text, n
+        return True
+
+    async def detach(self) -> None:
+        if not self.detached:
+            self.detached = True
+            self.engine.sessions.pop(self.id, None)
+
+    def busy(self, on: bool) -> None:
+        now = time.monotonic()
+        if on and self._busy_since is None:
+            self._busy_since = now
+        elif not on and self._busy_since is not None:
+            self.busy_s += now - self._busy_since
+            self._busy_since = None
+
+    def snapshot(self, now: float) -> SessionLoad:
+        age = now - self.created
+        busy = self.busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
+        return SessionLoad(
+            id=self.id, state=self.state, private_cells=self.private + self.pending_tokens,
+            context_len=self.context_len, decode_tps=self.decode_tps,
+            duty_cycle=busy / age if age > 0 else None, age_s=age,
+            num_generated=self.num_generated)
+
+
+class RemoteGeneration:
+    """One turn: a streamed ``/v1/completions`` request (see the module docstring)."""
+
+    def __init__(self, session: RemoteSession, params: SamplingParams) -> None:
+        self._session = session
+        self._params = params
+        self._closed = False
+        self.result: TurnResult | None = None
+        self.usage: dict[str, Any] | None = None  # the backend's usage block, if it sent one
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self._run()
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    def _body(self, max_tokens: int, streamed: str = "") -> dict[str, Any]:
+        s, p = self._session, self._params
+        # The pool's sampler has no repetition penalty and no min-p; llama.cpp's servers
+        # default to repeat_penalty 1.1 (llama-cpp-python) and min_p 0.05, which change
+        # even a greedy turn. vLLM and SGLang take min_p too and ignore repeat_penalty.
+        fields: dict[str, Any] = {"max_tokens": max_tokens, "temperature": p.temperature,
+                                  "top_p": p.top_p, "min_p": 0.0, "repeat_penalty": 1.0}
+        if p.top_k:
+            fields["top_k"] = p.top_k
+        if p.seed is not None:
+            fields["seed"] = p.seed
+        if not p.stop_at_eos:
+            fields["ignore_eos"] = True  # vLLM, SGLang, llama-server
+        if p.grammar is not None:
+            fields["grammar"] = p.grammar  # llama.cpp servers; others ignore it
+        # The prefix first, byte-identical every turn, then this session's history (and,
+        # resuming a cut stream, what this turn streamed before the cut).
+        prompt = s.engine.prefix_text + s.history + s.pending + streamed
+        return s.engine.request_body(prompt, **fields)
+
+    async def _run(self) -> AsyncIterator[Piece]:
+        s = self._session
+        if s.detached:
+            raise SessionFailed(f"session {s.id} is detached")
+        room = s.engine.info.session_budget - s.private - s.pending_tokens
+        prompt_tokens = s.pending_tokens
+        out = TurnOutput(self._params.stop)  # the pool's own stop-string rules
+        start = time.monotonic()
+        generated, finish, usage = 0, "cancelled", None
+        s.state = SessionState.WAITING  # until the decode gate lets the turn run
+        try:
+            await s.engine.turn_line.enter()
+        except BaseException:
+            s.state = SessionState.IDLE if not s.pending else SessionState.PREFILLING
+            raise
+        s.busy(True)
+        try:
+            if room <= 0:
+                finish = "context_full"
+            else:
+                finish = "length"
+                limit = min(self._params.max_tokens, room)
+                # aclosing: leaving the loop early (a stop string, a cancel) closes the
+                # HTTP stream at once, which aborts the request on the backend.
+                async with contextlib.aclosing(self._stream(limit)) as stream:
+                    async for kind, value in stream:
+                        if kind == "usage":
+                            usage = value
+                            continue
+                        if kind == "finish":
+                            finish = "length" if value == "length" else "eos"
+                            continue
+                        generated += 1
+                        text = out.feed_text(value)
+                        if text:
+                            yield Piece(token=generated, text=text)
+                        if out.matched is not None:
+                            finish = "stop"
+                            break
+                        if self._closed:
+                            finish = "cancelled"
+                            break
+                n = (usage or {}).get("completion_tokens")
+                if finish in ("length", "eos") and isinstance(n, int) and n > generated:
+                    generated = n  # a chunk may carry several tokens
+                # Chunks are counted as tokens; a resumed stream can over-deliver (llama-cpp-
+                # python's server flushes held-back text past max_tokens): at most the limit.
+                generated = min(generated, limit)
+                if finish == "length" and room < self._params.max_tokens and generated >= room:
+                    finish = "context_full"
+            tail = out.finish()
+            if tail:
+                yield Piece(token=-1, text=tail)
+        finally:
+            # Whatever was generated stays in the session (a cancelled turn too), as in
+            # the pool; a failed session was detached and keeps nothing.
+            s.engine.turn_line.leave()
+            s.busy(False)
+            if not s.detached:
+                kept = out.text + (out.matched or out.held)
+                s.history += s.pending + kept
+                s.private += s.pending_tokens + s.engine.count_tokens(kept)
+                s.pending, s.pending_tokens = "", 0
+                s.num_generated += generated
+                s.state = SessionState.IDLE
+        self.usage = usage if isinstance(usage, dict) else None
+        self.result = TurnResult(
+            text=out.text, num_prompt_tokens=prompt_tokens, num_generated=generated,
+            finish_reason=finish, decode_s=time.monotonic() - start, stop=out.matched)
+
+    async def _stream(self, max_tokens: int) -> AsyncGenerator[tuple[str, Any]]:
+        """("text", chunk) per streamed chunk, ("finish", reason), ("usage", {...}); a
+        stream cut without a finish reason is resumed (module docstring)."""
+        s = self._session
+        streamed, n, busy, stale = "", 0, 0, 0
+        while True:
+            got, finished = 0, False
+            try:
+                request = self._request(max_tokens - n, streamed, busy < _BUSY_RETRIES,
+                                        stale < 1)
+                async with contextlib.aclosing(request) as events:
+                    async for kind, value in events:
+                        if kind == "busy":
+                            busy += 1
+                            await asyncio.sleep(_retry_after(value))
+                            break
+                        if kind == "stale":
+                            stale += 1
+                            break
+                        if kind == "text":
+                            got += 1
+                            streamed += value
+                        finished = finished or kind == "finish"
+                        yield kind, value
+                    else:
+                        if finished or n + got >= max_tokens:
+                            return
+                        if got == 0:  # not a cut (that follows a chunk): a failure
+                            raise SessionFailed(
+                                f"backend {s.engine.completions_url} ended a stream with no "
+                                f"token and no finish_reason ({_no_token_hint(s)})")
+                        s.engine.record_resume()
+            except SessionFailed:
+                await s.detach()
+                raise
+            n += got
+
+    async def _request(self, max_tokens: int, streamed: str, may_retry: bool,
+                       may_reconnect: bool) -> AsyncGenerator[tuple[str, Any]]:
+        """One streamed request: its events; or only ("busy", Retry-After) for a 429/503
+        when ``may_retry``; or only ("stale", None) when ``may_reconnect`` and the
+        connection broke before any answer (a kept-alive connection the server had
+        dropped, as llama-cpp-python's server does after a failed request): the request
+        never ran, so it is sent again, on a new connection."""
+        s = self._session
+        engine = s.engine
+        url = engine.completions_url
+        last: float | None = None
+        answered = False
+        try:
+            async with engine.http.stream("POST", url, json=self._body(max_tokens, streamed)) as r:
+                answered = True
+                if r.status_code in (429, 503) and may_retry:
+                    await r.aread()
+                    yield "busy", r.headers.get("retry-after")
+                    return
+                if r.status_code != 200:
+                    text = (await r.aread()).decode(errors="replace")[:400]
+                    raise SessionFailed(f"backend {url} answered HTTP {r.status_code}: "
+                                        f"{text}")
+                s.state = SessionState.PREFILLING
+                async for line in r.aiter_lines():
+                    doc = sse_data(line)
+                    if doc is None:
+                        continue
+                    if "error" in doc:
+                        raise SessionFailed(f"backend {url} failed mid-turn: {doc['error']}")
+                    if isinstance(doc.get("usage"), dict):
+                        yield "usage", doc["usage"]
+                    for choice in doc.get("choices") or ():
+                        text = choice.get("text") or ""
+                        # A chunk is a token, its text empty for some (a control token, a
+                        # partial UTF-8 character) — unless it is the one naming the finish.
+                        if text or not choice.get("finish_reason"):
+                            now = time.monotonic()
+                            s.state = SessionState.DECODING
+                            gap = None if last is None else now - last
+                            if gap is not None:
+                                s.decode_tps = _ewma(s.decode_tps, 1.0 / gap if gap else None)
+                            engine.record_token(gap)
+                            last = now
+                            yield "text", text
+                        if choice.get("finish_reason"):
+                            yield "finish", choice["finish_reason"]
+        except (httpx.HTTPError, ValueError) as exc:
+            if may_reconnect and not answered and isinstance(exc, _STALE):
+                yield "stale", None
+                return
+            hint = "" if last is not None else f" (before any token; {_no_token_hint(s)})"
+            raise SessionFailed(f"backend {url} failed mid-turn: "
+                                f"{type(exc).__name__}: {exc}{hint}") from exc
+
+
+def _no_token_hint(s: RemoteSession) -> str:
+    return ("its log says why; llama-cpp-python's server fails so when the prompt exceeds "
+            f"its --n_ctx: this session holds {s.context_len} tokens")
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return min(5.0, max(0.1, float(value or 1)))
+    except ValueError:
+        return 1.0
+
+
+def _ewma(old: float | None, new: float | None) -> float | None:
+    if new is None:
+        return old
+    return new if old is None else old + _EWMA * (new - old)
+
+# -------------------- the engine ----------------------------------------------
 
 logger = logging.getLogger(__name__)
 Tokenize = Callable[[str], list[int]]
@@ -355,7 +851,7 @@ class OpenAIEngine:
 
     def request_body(self, prompt: str, **fields: Any) -> dict[str, Any]:
         """A streamed completion of ``prompt``; a ``grammar`` field goes out in the field
-        this backend reads (:func:`~mesh.backends.remote_wire.grammar_fields`)."""
+        this backend reads (:func:`~mesh.backends.openai.grammar_fields`)."""
         grammar = fields.pop("grammar", None)
         if grammar is not None:
             fields.update(grammar_fields(self.owner, grammar))

@@ -246,8 +246,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def build_engine(args: argparse.Namespace, cfg: EngineConfig, prefix_text: str) -> Any:
     """The engine ``args.engine`` names, not started (``await engine.start(progress)``)."""
-    from mesh.backends.openai import BackendConfig, OpenAIEngine
-    from mesh.backends.remote_wire import parse_engine_spec
+    from mesh.backends.openai import BackendConfig, OpenAIEngine, parse_engine_spec
 
     url = parse_engine_spec(getattr(args, "engine", "llama.cpp"))
     if url is None and getattr(args, "ray", None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.backends.remote_wire import backend_gauges, parse_engine_spec, parse_prometheus, sse_data
+from mesh.backends.openai import backend_gauges, parse_engine_spec, parse_prometheus, sse_data
 
 
 def test_engine_spec() -> None:

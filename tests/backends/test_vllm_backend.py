@@ -12,8 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.backends.openai import BackendConfig, OpenAIEngine
-from mesh.backends.remote_wire import backend_counters, grammar_fields, parse_prometheus
+from mesh.backends.openai import (
+    BackendConfig,
+    OpenAIEngine,
+    backend_counters,
+    grammar_fields,
+    parse_prometheus,
+)
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import ModelError
 

@@ -23,8 +23,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mesh.a2a.push import make_push_url_validator
-from mesh.fleet.peer_guard import GuardedTransport, PeerAddressRefused, confine_card, within
-from mesh.fleet.peers import PeerClient, PeerError, PeerRefused
+from mesh.fleet.peers import (
+    GuardedTransport,
+    PeerAddressRefused,
+    PeerClient,
+    PeerError,
+    PeerRefused,
+    confine_card,
+    within,
+)
 from tests.coordinator.coord_helpers import serve_asgi
 
 pytestmark = pytest.mark.anyio

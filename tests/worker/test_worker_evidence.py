@@ -10,8 +10,6 @@ import pytest
 from mesh.sim.fake import FakeEngine
 from mesh.template.loader import load_template
 from mesh.template.outline import file_entry
-from mesh.worker.loop import AgentWorker
-from mesh.worker.tools import ProjectTools
 from mesh.worker.evidence import (
     Evidence,
     cited,
@@ -23,7 +21,9 @@ from mesh.worker.evidence import (
     unknown_files,
 )
 from mesh.worker.grammar import ProjectPaths
+from mesh.worker.loop import AgentWorker
 from mesh.worker.text import fragment
+from mesh.worker.tools import ProjectTools
 from tests.worker.test_worker_loop import GrammarLog, run
 
 LIGHT = load_template("light")
