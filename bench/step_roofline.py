@@ -5,7 +5,7 @@
     .venv/bin/python bench/step_roofline.py --quick    # the tiny model, seconds
 
 Writes a table to stdout, ``bench/results/step_roofline.json`` and a plot beside it
-(``--quick``: ``step_roofline_quick.*``; or ``--out``).
+(``--quick``: under the temp folder, never over the committed result; or ``--out``).
 
 **The machine's limits** come from micro-kernels compiled in the same run with the machine's
 C compiler (``-O3 -march=native``), run on 1 thread and on every thread mesh uses, best of a
@@ -113,6 +113,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -135,7 +136,7 @@ from mesh.worker.grammar import TOOL_ARGS, turn_grammar
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_OUT = RESULTS / "step_roofline.json"
-QUICK_OUT = RESULTS / "step_roofline_quick.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "step_roofline.json"
 NOOP_OPS = frozenset({"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 PARTS = ("weights", "prefix_attn", "suffix_attn", "other_ops", "sampling", "host_llama",
          "host_mesh")
