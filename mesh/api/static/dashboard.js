@@ -47,6 +47,8 @@
     var cap = frame.capacity || {};
     put("policy", cap.policy);
     put("floor", cap.floor_tps);
+    // --floor-tps auto: the floor shown is the per-row rate at the knee the gate chose.
+    put("floorMode", cap.floor_mode === "auto" ? " (auto: the knee it measured)" : "");
     var v = $("verdict");
     put("verdict", cap.verdict);
     v.className = cap.verdict || "";
