@@ -1,3 +1,3 @@
-"""Other A2A agents as peers (:mod:`.peers`, their addresses confined by :mod:`.peer_guard`;
-the delegation hops on the wire: :mod:`.hops`). Pools past one machine are Ray actors
-(:mod:`mesh.cluster`), not processes this package routes to."""
+"""Other A2A agents as peers (:mod:`.peers`: the client, the address guard and the
+delegation hops on the wire). Pools past one machine are Ray actors (:mod:`mesh.cluster`),
+not processes this package routes to."""
