@@ -1,17 +1,19 @@
-"""Record what the default model answers to the README's demo question: a transcript.
+"""Record what the default model answers to the README's example question: a transcript.
 
-Starts ``mesh serve`` on the sample project (the default model unless ``--model``), sends
-the demo question with ``mesh send --stream``, then the follow-up in the same context, and
-writes everything the two commands print, with their wall times, to one text file
-(``bench/results/demo/default.txt`` by default). Re-run it whenever the agent's behaviour
-changes, so the README's "what to expect" section stays true::
+Starts ``mesh serve`` as the README's quick start does (in this checkout, so the project
+is the checkout itself; the default model unless ``--model``), sends the README's question
+with ``mesh send --stream`` (and, with ``--follow-up``, a second message in the same
+context), and writes everything the commands print, with their wall times, to one text
+file (``bench/results/demo/default.txt`` by default). Re-run it whenever the agent's
+behaviour changes, so the README's transcript stays true::
 
     .venv/bin/python -m bench.demo_transcript
-    .venv/bin/python -m bench.demo_transcript --model gemma --out bench/results/demo/gemma.txt
+    .venv/bin/python -m bench.demo_transcript --project templates/sample \\
+        --question "Which file defines the Parcel class?" --out bench/results/demo/sample.txt
 
 The server gets its own data dir (a fresh task store) and shares the prefix snapshot and
 the gate's seed through ``--prefix-cache`` (default ``.mesh/prefix-cache``, what
-``bash scripts/run.sh`` uses), so a second run starts in seconds.
+``bash scripts/run.sh`` uses), so a second run on an unchanged checkout starts in seconds.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from pathlib import Path
 from bench.servers import free_port, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
-QUESTION = "In which file is the parcel weight checked, and what happens to a parcel of 40 kg?"
-FOLLOW_UP = "And for 25 kg?"
+QUESTION = "Which file defines the shared KV pool?"  # the README's example
 
 
 def _mesh() -> str:
@@ -57,8 +58,9 @@ def record(args: argparse.Namespace) -> str:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # Paths relative to the checkout (the server runs there), so the transcript shows them.
-    serve = ["serve", "--project", "templates/sample", "--port", str(port),
-             "--prefix-cache", str(args.prefix_cache)]
+    serve = ["serve", "--port", str(port), "--prefix-cache", str(args.prefix_cache)]
+    if args.project:
+        serve[1:1] = ["--project", args.project]
     if args.model:
         serve += ["--model", args.model]
     second = ""
@@ -70,10 +72,10 @@ def record(args: argparse.Namespace) -> str:
             try:
                 started = wait_healthy(url, proc, limit_s=args.start_timeout_s, log=log,
                                        name="mesh serve")
-                first, _ = _send(url, QUESTION, None, args.task_timeout_s)
+                first, _ = _send(url, args.question, None, args.task_timeout_s)
                 match = re.search(r"\(context ([0-9a-f-]+)\)", first)
-                if match and not args.no_follow_up:
-                    second, _ = _send(url, FOLLOW_UP, match.group(1), args.task_timeout_s)
+                if match and args.follow_up:
+                    second, _ = _send(url, args.follow_up, match.group(1), args.task_timeout_s)
             finally:
                 stop(proc)
         lines = log.read_text(errors="replace").splitlines()
@@ -92,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="shared prefix snapshot and gate seed (relative: to the checkout)")
     p.add_argument("--start-timeout-s", type=float, default=600.0)
     p.add_argument("--task-timeout-s", type=float, default=600.0)
-    p.add_argument("--no-follow-up", action="store_true", help="ask only the first question")
+    p.add_argument("--project", default=None,
+                   help="as mesh serve --project (default: the checkout itself)")
+    p.add_argument("--question", default=QUESTION, help="default: the README's example")
+    p.add_argument("--follow-up", default=None,
+                   help="a second message, sent in the first one's context")
     args = p.parse_args(argv)
     text = record(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
