@@ -41,8 +41,7 @@ Routes:
   shipped in the package (no build step, no CDN). Public: they hold no data.
 * ``GET /dashboard/events``: Server-Sent Events, one ``data:`` frame every ``interval_s``::
 
-      {"t": unix seconds, "capacity": Admission.capacity(), "tasks": TaskBoard.snapshot(),
-       "nodes": [...] or null}
+      {"t": unix seconds, "capacity": Admission.capacity(), "tasks": TaskBoard.snapshot()}
 
   Non-finite numbers are sent as ``null``. It sits behind the app's bearer auth like
   ``/capacity`` (mount :data:`DASHBOARD_PUBLIC_PATHS` as the app's public paths, not the
@@ -69,7 +68,6 @@ from importlib import resources
 from typing import Any, Protocol
 
 import anyio
-import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
@@ -79,8 +77,8 @@ from mesh.api.admit import Periodic, caller_of
 from mesh.gate.queue import Admission
 
 __all__ = [
-    "DASHBOARD_PUBLIC_PATHS", "DashboardHistory", "NodesSource", "TaskSource", "dashboard_routes",
-    "finite", "poll_nodes", "sample_of"
+    "DASHBOARD_PUBLIC_PATHS", "DashboardHistory", "TaskSource", "dashboard_routes",
+    "finite", "sample_of"
 ]
 
 
@@ -218,10 +216,6 @@ class TaskSource(Protocol):
     def snapshot(self) -> dict[str, Any]: ...
 
 
-# An async callable returning one JSON-able dict per node (its name, URL and capacity).
-NodesSource = Callable[[], Awaitable[list[dict[str, Any]]]]
-
-
 def finite(value: Any) -> Any:
     """``value`` with every NaN/inf float replaced by ``None`` (JSON has neither)."""
     if isinstance(value, float):
@@ -231,47 +225,6 @@ def finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
-
-
-def poll_nodes(
-    urls: list[str],
-    client: httpx.AsyncClient,
-    *,
-    token: str | None = None,
-    min_interval_s: float = 0.5,
-) -> NodesSource:
-    """A :data:`NodesSource` reading each node's ``/capacity``, at most once per
-    ``min_interval_s`` however many dashboards stream. A node that does not answer shows
-    ``{"url", "capacity": null, "error"}``; nothing raises."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    cache: list[dict[str, Any]] = []
-    fetched_at = -math.inf
-    lock = anyio.Lock()
-
-    async def one(url: str) -> dict[str, Any]:
-        try:
-            r = await client.get(url.rstrip("/") + "/capacity", headers=headers)
-            r.raise_for_status()
-            return {"url": url, "capacity": r.json(), "error": None}
-        except (httpx.HTTPError, ValueError) as exc:
-            return {"url": url, "capacity": None, "error": f"{type(exc).__name__}: {exc}"}
-
-    async def nodes() -> list[dict[str, Any]]:
-        nonlocal cache, fetched_at
-        async with lock:
-            if time.monotonic() - fetched_at >= min_interval_s:
-                results: list[dict[str, Any]] = [{} for _ in urls]
-
-                async def fill(i: int, url: str) -> None:
-                    results[i] = await one(url)
-
-                async with anyio.create_task_group() as tg:
-                    for i, url in enumerate(urls):
-                        tg.start_soon(fill, i, url)
-                cache, fetched_at = results, time.monotonic()
-            return cache
-
-    return nodes
 
 
 def _static(name: str) -> bytes:
@@ -308,7 +261,6 @@ def dashboard_routes(
     admission: Admission,
     *,
     tasks: TaskSource | None,
-    nodes: NodesSource | None = None,
     history: DashboardHistory | None = None,
     interval_s: float = 0.5,
     max_stream_s: float = 600.0,
@@ -340,7 +292,6 @@ def dashboard_routes(
             "t": time.time(),
             "capacity": admission.capacity(),
             "tasks": tasks.snapshot() if tasks is not None else None,
-            "nodes": await nodes() if nodes is not None else None,
         }
         return "data: " + json.dumps(finite(doc), allow_nan=False) + "\n\n"
 

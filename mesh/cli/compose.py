@@ -305,10 +305,9 @@ class ProjectPrefix:
     model: ResolvedModel
     prefix: Prefix
     chat: ChatFormat  # resolved against the model's vocabulary
-    ids: list[int] | None  # the chat prefix's token ids (when asked for)
 
 
-def build_project_prefix(args: argparse.Namespace, *, want_ids: bool = False) -> ProjectPrefix:
+def build_project_prefix(args: argparse.Namespace) -> ProjectPrefix:
     """Build from ``args`` (``--template``, ``--project``, ``--model``, ``--prefix-tokens``,
     ``--session-budget``); raises ValueError naming the fix."""
     from mesh.engine.llama import LlamaModel
@@ -345,11 +344,9 @@ def build_project_prefix(args: argparse.Namespace, *, want_ids: bool = False) ->
         chat = ChatFormat.from_gguf(model.path, model_name=model.name).resolve(
             lambda text: vocab.tokenize(text, add_bos=vocab.add_bos),
             lambda msg: print(msg, file=sys.stderr))
-        ids = (vocab.tokenize(chat.prefix_text(prefix.text), add_bos=vocab.add_bos)
-               if want_ids else None)
     finally:
         vocab.close()
-    return ProjectPrefix(template, project, model, prefix, chat, ids)
+    return ProjectPrefix(template, project, model, prefix, chat)
 
 # -------------------- preflight -----------------------------------------------
 

@@ -42,26 +42,25 @@ is clamped to the bound (it goes in when the queue, or its caller's share, is em
 task with more subtasks than the share is delayed, never refused forever.
 
 Who owns what: the one FIFO of waiters (:class:`~mesh.gate.queue.WaiterQueue`, behind
-the floor gate and the node pool) calls :meth:`QueueShares.add` and
+the floor gate) calls :meth:`QueueShares.add` and
 :meth:`QueueShares.remove` exactly when a waiter enters and leaves it, so
 ``waiting(caller)`` is always the caller's places in that FIFO.
 
-**The queue.** One FIFO of waiters for every admission queue: the floor gate's and the node pool's.
+**The queue.** One FIFO of waiters for every admission: the floor gate's.
 
 :class:`WaiterQueue` owns the queue's order, its per-caller places (:mod:`mesh.gate.queue`),
 the waits, their position reports, and what a cancelled wait gives back. What differs
 between admissions is one question, asked of the head only: *may it go now, and with
 what?* That is ``choose(head)``: the floor gate answers with a ticket when
-:func:`~mesh.gate.decide.decide` admits; the node pool with the node that has most room.
+:func:`~mesh.gate.decide.decide` admits.
 
 Invariants:
 
 * FIFO: only the head is ever granted, by :meth:`WaiterQueue.pump`, while ``choose``
   answers; a waiter leaves the queue only by its grant or by its own cancellation.
-  ``front=True`` enters at the head (a node pool's retry goes before new work).
 * ``shares`` counts exactly the waiters in the queue, per caller.
 * A grant made to a waiter that was cancelled before it could take it goes back through
-  ``abandon(grant)``, so cancellation never leaks a ticket (or a node's reserved room).
+  ``abandon(grant)``, so cancellation never leaks a ticket.
 * Every waiter is woken when the queue moves (:meth:`WaiterQueue.poke`): they re-report
   their positions. The head also re-asks every ``head_recheck_s`` (load changes while
   nobody releases), the others every ``rest_recheck_s`` (default: only when woken).
@@ -211,17 +210,13 @@ G = TypeVar("G")
 
 
 class Waiter(Generic[G]):
-    """One queued request: ``grant`` is set (and ``wake`` fired) when it may go.
-    ``exclude`` names what ``choose`` must not grant it (a node pool: the nodes a retried
-    subtask already failed on)."""
+    """One queued request: ``grant`` is set (and ``wake`` fired) when it may go."""
 
-    __slots__ = ("caller", "exclude", "grant", "key", "wake")
+    __slots__ = ("caller", "grant", "key", "wake")
 
-    def __init__(self, key: str, caller: str = ANONYMOUS,
-                 exclude: frozenset[str] = frozenset()) -> None:
+    def __init__(self, key: str, caller: str = ANONYMOUS) -> None:
         self.key = key
         self.caller = caller
-        self.exclude = exclude
         self.grant: G | None = None
         self.wake = anyio.Event()
 
@@ -250,12 +245,11 @@ class WaiterQueue(Generic[G]):
         """The 1-based positions of ``caller``'s waiters, head first."""
         return [i for i, w in enumerate(self._queue, 1) if w.caller == caller]
 
-    async def wait(self, waiter: Waiter[G], on_position: OnPosition | None = None, *,
-                   front: bool = False) -> G:
+    async def wait(self, waiter: Waiter[G], on_position: OnPosition | None = None) -> G:
         """Queue ``waiter`` and wait for its grant, reporting each new position to
         ``on_position``. Cancelled: the waiter leaves the queue (or hands its grant
         back through ``abandon``) and the rest move up."""
-        self._enter(waiter, front=front)
+        self._enter(waiter)
         last = -1
         try:
             while True:
@@ -304,11 +298,8 @@ class WaiterQueue(Generic[G]):
         for w in self._queue:
             w.wake.set()
 
-    def _enter(self, waiter: Waiter[G], *, front: bool) -> None:
-        if front:
-            self._queue.appendleft(waiter)
-        else:
-            self._queue.append(waiter)
+    def _enter(self, waiter: Waiter[G]) -> None:
+        self._queue.append(waiter)
         self.shares.add(waiter.caller)
 
     def _leave(self, waiter: Waiter[G]) -> None:

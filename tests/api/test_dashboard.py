@@ -24,7 +24,6 @@ from mesh.api.dashboard import (
     DashboardHistory,
     dashboard_routes,
     finite,
-    poll_nodes,
     sample_of,
 )
 from mesh.api.sessions import api_routes
@@ -109,7 +108,7 @@ async def test_frames_carry_the_capacity_document(served: Any) -> None:
         frames = await _frames(client, url, 2)
     assert frames[1]["t"] > frames[0]["t"]
     last = frames[-1]
-    assert set(last) == {"t", "capacity", "tasks", "nodes"} and last["nodes"] is None
+    assert set(last) == {"t", "capacity", "tasks"}
     assert set(last["capacity"]) == set(cap)
     for key in ("floor_tps", "policy", "sessions", "kv_cells", "max_queue", "headroom"):
         assert last["capacity"][key] == cap[key], key
@@ -224,28 +223,6 @@ async def test_observed_store_reports_only_accepted_saves() -> None:
     assert [r["id"] for r in board.snapshot()["live"]] == ["ok"]
 
 
-async def test_nodes_source_goes_into_each_frame() -> None:
-    engine = FakeEngine(prefix_tokens=10)
-    gate = FloorGate(engine, GateConfig.create(floor_tps=3.0))
-
-    async def nodes() -> list[dict[str, Any]]:
-        return [{"name": "n1", "url": "http://n1", "capacity": {"headroom": math.nan}}]
-
-    app = Starlette(routes=dashboard_routes(gate, tasks=None, nodes=nodes, max_stream_s=0.5))
-    port = free_port()
-    server = Server(Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve)
-        with anyio.fail_after(10):
-            while not server.started:
-                await anyio.sleep(0.02)
-        async with httpx.AsyncClient(timeout=10) as client:
-            frame = (await _frames(client, f"http://127.0.0.1:{port}", 1))[0]
-        server.should_exit = True
-    assert frame["tasks"] is None
-    assert frame["nodes"] == [{"name": "n1", "url": "http://n1", "capacity": {"headroom": None}}]
-
-
 def test_simulate_prints_the_dashboard_of_the_server_it_starts(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -256,28 +233,6 @@ def test_simulate_prints_the_dashboard_of_the_server_it_starts(
     config = SimConfig()
     assert _watched(config)(8123, tmp_path) == serve_command(config, 8123, tmp_path)
     assert "dashboard: http://127.0.0.1:8123/dashboard" in capsys.readouterr().err
-
-
-async def test_poll_nodes_reads_each_capacity_once_per_interval() -> None:
-    calls: list[str] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        calls.append(request.url.host)
-        if request.url.host == "down":
-            raise httpx.ConnectError("refused", request=request)
-        assert request.headers["authorization"] == "Bearer tok"
-        return httpx.Response(200, json={"headroom": 2, "verdict": "admit"})
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        nodes = poll_nodes(["http://up:1", "http://down:2"], client, token="tok",
-                           min_interval_s=60)
-        first = await nodes()
-        again = await nodes()
-    assert first == again
-    assert sorted(calls) == ["down", "up"]  # the second read came from the cache
-    assert first[0] == {"url": "http://up:1", "capacity": {"headroom": 2, "verdict": "admit"},
-                        "error": None}
-    assert first[1]["capacity"] is None and "ConnectError" in first[1]["error"]
 
 
 # ---------------------------------------------------------------- history (issue 30 item 2)

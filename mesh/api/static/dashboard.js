@@ -103,9 +103,6 @@
         return [r.id, r.state, r.ageS];
       });
     }
-    var nodes = frame.nodes;
-    $("nodes").hidden = !nodes;
-    if (nodes) renderNodes(nodes);
     keep([sampleOf(frame)]);
     drawAll();
   }
@@ -127,21 +124,6 @@
     put("pBytes", bytes === null ? null : Math.round(bytes / 1e4) / 100);
     put("pMemory", limit === null ? null : Math.round(limit / 1e4) / 100);
     $("pMemUsed").style.width = limit ? Math.min(100, 100 * (bytes || 0) / limit) + "%" : "0%";
-  }
-
-  function renderNodes(nodes) {
-    var box = $("nodesList");
-    box.textContent = "";
-    nodes.forEach(function (n, i) {
-      var c = n.capacity || {}, kv = c.kv_cells || {}, s = c.sessions || {};
-      var p = document.createElement("p");
-      p.id = "node-" + i;
-      p.textContent = (n.name || n.url || "node " + i) + ": " + fmt(c.verdict) +
-        " · workers " + fmt(s.total) + " · queue " + fmt(c.queue_len) +
-        " · KV " + fmt(kv.used) + "/" + fmt(kv.total) + " · reduction " + fmt(kv.reduction) +
-        (n.error ? " · " + n.error : "");
-      box.appendChild(p);
-    });
   }
 
   function num(v) { return typeof v === "number" && isFinite(v) ? v : null; }
