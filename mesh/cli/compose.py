@@ -271,8 +271,7 @@ def _ray_pools(args: argparse.Namespace, cfg: EngineConfig, prefix_text: str) ->
     """``--ray``: join or start the cluster (ValueError naming ``--ray`` when it cannot be
     reached), then the pools as actors, not started. Paths become absolute: an actor runs in
     Ray's own working directory."""
-    from mesh.cluster.connect import connect, parse_ray_address
-    from mesh.cluster.pools import PoolPlacement, RayPools
+    from mesh.cluster.pools import PoolPlacement, RayPools, connect, parse_ray_address
     from mesh.engine.llama import LlamaModel
     from mesh.engine.pool import SharedKVPool
 
@@ -497,7 +496,7 @@ def check_ray(args: argparse.Namespace) -> None:
     if args.ray_gpus < 0 or args.ray_memory < 0:
         raise ValueError("--ray-gpus and --ray-memory must not be negative")
     try:
-        from mesh.cluster.connect import parse_ray_address
+        from mesh.cluster.pools import parse_ray_address
     except ImportError:
         raise ValueError("--ray needs Ray: pip install 'mesh[cluster]'") from None
     parse_ray_address(args.ray)

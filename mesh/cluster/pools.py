@@ -1,4 +1,42 @@
-"""Pools as Ray actors behind the one engine interface: :class:`RayPools` is an
+"""``mesh serve --ray``: pools as Ray actors behind the engine interface. The pure routing
+rule, connecting to a cluster, then the engine over the actors. Read top to bottom:
+
+**Routing.** Which pool a new session goes to: prefix- and floor-aware routing, pure.
+
+The coordinator keeps one :class:`PoolView` per pool actor, refreshed from the pool's own
+load reports (:mod:`mesh.cluster.pools`); :func:`route` reads them and names a pool or
+says why none can take a session. No I/O, no Ray: tested with tables of views.
+
+The order, first rule first:
+
+1. **alive**: a pool whose actor died is never chosen again (its sessions resume elsewhere);
+2. **holds the prefix**: only a pool whose prefix hash equals the session's may take it
+   (a session's suffix is only meaningful after that exact prefix; a pool building its
+   prefix, or holding another project's, does not qualify);
+3. **can attach**: its last report said ``check_attach`` is ok and it has attach room
+   left after the sessions this coordinator holds on it and is attaching there;
+4. **room at the floor**: a pool whose decode gate holds turns waiting has no room at the
+   floor now; pools with none waiting come first;
+5. then the fewest running turns (the step a new row joins is the cheapest), the most
+   attach room, the most free cells, and the name (a stable tie-break).
+
+A session stays on its pool: routing runs once, at attach (and again only if the pool dies).
+
+**Connecting.** Joining a Ray cluster, or starting one on this machine: ``mesh serve --ray
+auto|ADDRESS``.
+
+* ``auto``: join the cluster this machine already runs (``$RAY_ADDRESS``, or the latest
+  ``ray start`` here); with none, start a local one (this process is its head; it stops
+  with mesh).
+* ``ADDRESS`` (``host:port`` of the head's GCS, as ``ray start --head`` prints it, or
+  ``ray://host:port`` of a Ray Client server): join that cluster.
+
+Ray retries an unreachable address for minutes; :func:`connect` first opens a TCP
+connection to it (a few seconds at most), so a wrong address fails at start in one line
+naming ``--ray``.
+
+**The engine over the actors.** Pools as Ray actors behind the one engine interface:
+:class:`RayPools` is an
 :class:`~mesh.engine.interface.Engine` over N :class:`~mesh.cluster.pool_actor.PoolActor`
 actors, so the gate, the worker and the A2A layers run on it as on a local pool.
 
@@ -47,11 +85,14 @@ import asyncio
 import contextlib
 import functools
 import logging
+import signal
+import socket
+import threading
 import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -59,7 +100,6 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from mesh.cluster.pool_actor import Chunk, HostedPool, PoolActor, PoolReport, TurnEnd
-from mesh.cluster.routing import PoolView, Route, route
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import (
     AttachCheck,
@@ -77,7 +117,158 @@ from mesh.engine.interface import (
     TurnResult,
 )
 
-__all__ = ["PoolHandle", "PoolPlacement", "RayGeneration", "RayPools", "RaySession"]
+__all__ = [
+    "PoolHandle", "PoolPlacement", "PoolView", "RayAddress", "RayGeneration", "RayPools",
+    "RaySession", "Route", "connect", "disconnect", "parse_ray_address", "route"
+]
+
+
+# -------------------- routing -------------------------------------------------
+
+@dataclass(frozen=True)
+class PoolView:
+    """What the coordinator knows of one pool, from its latest report."""
+
+    name: str
+    is_alive: bool
+    prefix_hash: str  # "" until the pool has built (or restored) its prefix
+    can_attach: bool
+    attach_reason: str  # why not, when ``can_attach`` is False
+    attach_room: int  # sessions it may attach, less those held and attaching there
+    waiting_turns: int  # turns its decode gate holds
+    running_turns: int  # turns prefilling or decoding
+    cells_free: int
+
+
+@dataclass(frozen=True)
+class Route:
+    """The answer of :func:`route`: ``pool`` (None: no pool can take a session now) and
+    ``reason`` (why that one, or why none: each pool's reason, named)."""
+
+    pool: str | None
+    reason: str
+
+
+def _why_not(v: PoolView, prefix_hash: str) -> str:
+    if not v.is_alive:
+        return "its actor died"
+    if v.prefix_hash != prefix_hash:
+        held = v.prefix_hash[:12] or "no prefix yet"
+        return f"holds {held}, not the session's prefix {prefix_hash[:12]}"
+    if not v.can_attach:
+        return v.attach_reason or "it refuses attaches"
+    if v.attach_room <= 0:
+        return "no attach room left"
+    return ""
+
+
+def route(pools: Sequence[PoolView], prefix_hash: str, exclude: Iterable[str] = ()) -> Route:
+    """The pool a new session of ``prefix_hash`` should attach to (see the module
+    docstring); pools named in ``exclude`` (tried and refused just now) are skipped."""
+    skip = set(exclude)
+    fit: list[PoolView] = []
+    refusals: list[str] = []
+    for v in pools:
+        why = "refused this session just now" if v.name in skip else _why_not(v, prefix_hash)
+        if why:
+            refusals.append(f"{v.name}: {why}")
+        else:
+            fit.append(v)
+    if not fit:
+        detail = "; ".join(refusals) or "there are no pools"
+        return Route(None, f"no pool can take a session ({detail})")
+    best = min(fit, key=lambda v: (v.waiting_turns > 0, v.running_turns, -v.attach_room,
+                                   -v.cells_free, v.name))
+    floor = "room at the floor" if best.waiting_turns == 0 else "no pool has room at the floor"
+    return Route(best.name, f"{best.name}: holds the prefix, {floor}, "
+                            f"{best.running_turns} turns running")
+
+# -------------------- connecting ----------------------------------------------
+
+PROBE_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class RayAddress:
+    """A parsed ``--ray`` value: ``auto`` or a host and port (``client``: ``ray://``)."""
+
+    value: str
+    host: str = ""
+    port: int = 0
+    client: bool = False
+
+    @property
+    def is_auto(self) -> bool:
+        return self.value == "auto"
+
+
+def parse_ray_address(value: str) -> RayAddress:
+    """``--ray`` → :class:`RayAddress`; ValueError naming the fix. Does no I/O."""
+    value = value.strip()
+    if value == "auto":
+        return RayAddress("auto")
+    client = value.startswith("ray://")
+    rest = value.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--ray must be 'auto' or the head's HOST:PORT (as `ray start --head` "
+                         f"prints it; ray://HOST:PORT for Ray Client), got {value!r}")
+    return RayAddress(value, host.strip("[]"), int(port), client)
+
+
+def _probe(address: RayAddress) -> None:
+    try:
+        with socket.create_connection((address.host, address.port), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"--ray {address.value}: no Ray cluster answers at {address.host}:{address.port} "
+            f"({exc.strerror or exc}); start its head with `ray start --head --port "
+            f"{address.port}` there, or use --ray auto to start one here") from None
+
+
+def connect(address: RayAddress, *, namespace: str = "mesh") -> str:
+    """Join (or, for ``auto`` with none running, start) the cluster; returns a line
+    saying which. ValueError naming ``--ray`` when it cannot be reached."""
+    if ray.is_initialized():
+        return "Ray: already connected in this process"
+    if not address.is_auto:
+        _probe(address)
+    started = False
+    # ray.init sets a SIGTERM handler that exits at once (sys.exit): the server's own
+    # handler (uvicorn's graceful shutdown, which closes the pools) is put back after it.
+    on_term = (signal.getsignal(signal.SIGTERM)
+               if threading.current_thread() is threading.main_thread() else None)
+    try:
+        try:
+            ctx = ray.init(address="auto" if address.is_auto else address.value,
+                           namespace=namespace, log_to_driver=False, configure_logging=False)
+        except ConnectionError:
+            if not address.is_auto:
+                raise
+            # auto, and no cluster runs here: start one (this process is its head)
+            ctx = ray.init(address="local", include_dashboard=False, namespace=namespace,
+                           log_to_driver=False, configure_logging=False)
+            started = True
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ValueError(f"--ray {address.value}: cannot join the Ray cluster ({exc}); check "
+                         "that its Ray version matches this one "
+                         f"({ray.__version__})") from None
+    finally:
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    where = getattr(ctx, "address_info", {}).get("gcs_address") or address.value
+    how = "started a local cluster at" if started else "joined"
+    return f"Ray {ray.__version__}: {how} {where} ({len(nodes)} nodes alive)"
+
+
+def disconnect() -> None:
+    """Leave the cluster (and stop it, if this process started it)."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+# -------------------- the engine over the actors ------------------------------
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

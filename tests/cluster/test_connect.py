@@ -1,10 +1,10 @@
-"""``--ray`` values (mesh.cluster.connect.parse_ray_address): pure, no cluster."""
+"""``--ray`` values (mesh.cluster.pools.parse_ray_address): pure, no cluster."""
 
 from __future__ import annotations
 
 import pytest
 
-from mesh.cluster.connect import RayAddress, parse_ray_address
+from mesh.cluster.pools import RayAddress, parse_ray_address
 
 
 @pytest.mark.parametrize(("value", "want"), [

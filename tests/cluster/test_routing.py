@@ -1,10 +1,10 @@
-"""Prefix- and floor-aware routing (mesh.cluster.routing): pure, a table of pool views."""
+"""Prefix- and floor-aware routing (mesh.cluster.pools): pure, a table of pool views."""
 
 from __future__ import annotations
 
 import pytest
 
-from mesh.cluster.routing import PoolView, route
+from mesh.cluster.pools import PoolView, route
 
 H = "a" * 64  # the session's prefix hash
 
