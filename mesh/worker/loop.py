@@ -23,7 +23,8 @@ An answer is never a fragment. When the answer (or the text a subtask ended with
 a tool call, cut mid-sentence) or names a file the project does not have
 (:func:`mesh.worker.evidence.unknown_files`), one more turn is asked for under the sentence
 grammar (:func:`mesh.worker.grammar.sentence_grammar`: one complete sentence; naming one of
-the project's paths, for a made-up file); if that is not whole either, the answer says so
+the project's files when the answer meant to name one or the outline matched the request);
+if that is not whole either, the answer says so
 instead of passing the fragment on (``data["fragment"]`` keeps it).
 Every answer names its evidence in ``data["evidence"]`` (:mod:`mesh.worker.evidence`):
 the project files it names, then the lines the worker's tools showed.
@@ -191,7 +192,7 @@ class AgentWorker:
 
         async def done(text: str, finish: str, **extra: object) -> WorkerResult:
             return await self._answer(session, messages, state, emit, text, finish,
-                                      shown, subtask.priority, **extra)
+                                      shown, subtask.priority, bool(lines), **extra)
 
         try:
             session.append(chat.continuation(SESSION_SYSTEM, messages))
@@ -314,17 +315,19 @@ class AgentWorker:
 
     async def _answer(self, session: Session, messages: list[Message], state: Tally,
                       emit: Emit, text: str, finish: str, shown: list[Evidence],
-                      priority: float | None, **extra: object) -> WorkerResult:
+                      priority: float | None, hinted: bool, **extra: object) -> WorkerResult:
         """The subtask's result for the final ``text``: whole, or repaired by one more turn
-        under the sentence grammar (see the module doc)."""
+        under the sentence grammar (see the module doc); ``hinted``: the first message
+        showed outline lines that match the request."""
         answer, _ = self._readable(text)
         why = fragment(answer)
         files = self._paths.files if self._paths is not None else ()
         made_up = unknown_files(answer, files)
         if made_up and not why:  # a file the project does not have
             why = f"it names {', '.join(made_up[:3])}, which the project does not have"
-        # An answer that meant to name a file: the repair names one of the project's.
-        name_path = bool(made_up or named_files(answer, files))
+        # An answer that meant to name a file, or a request the outline matched (its
+        # lines were shown): the repair names one of the project's files.
+        name_path = bool(made_up or named_files(answer, files) or hinted)
         if not why or answer == NO_ANSWER:  # NO_ANSWER: says itself what went wrong
             return await self._whole(state, text, finish, shown, **extra)
         syntax = self._template.manifest.tool_calls

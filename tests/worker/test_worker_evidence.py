@@ -127,3 +127,15 @@ def test_a_made_up_file_is_repaired_under_a_grammar_that_names_a_real_one() -> N
     assert "which the project does not have" in result.data["repaired"]
     repair = engine.grammars[1] or ""
     assert '"courier" ("/" ' in repair or '"courier/" ' in repair  # the project's paths
+
+
+def test_after_outline_lines_were_shown_the_repair_must_name_a_file() -> None:
+    text = '"""The shared KV pool."""\n\n\nclass SharedKVPool:\n    pass\n'
+    template = dataclasses.replace(LIGHT, outline=(file_entry("courier/parcels.py", text, 9),))
+    engine = GrammarLog()
+    paths = ProjectPaths.of(FILES, ["courier"])
+    run(AgentWorker(engine, template, {}, paths=paths),
+        "Which file defines the shared KV pool?")  # the fake's echo: not one sentence
+    repair = engine.grammars[-1] or ""
+    assert repair.startswith('root ::= "<answer>" sentence "</answer>"')
+    assert "[ ] path-prose (" in repair and "([ ] path-prose" not in repair  # not optional
