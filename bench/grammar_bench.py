@@ -56,9 +56,8 @@ def tool_grammar() -> str:
 
 
 def plan_grammar() -> str:
-    from mesh.agent.config import AgentConfig
-    from mesh.agent.plan_grammar import schema_to_gbnf
-    from mesh.agent.plans import plan_schema
+    from mesh.agent.plans import plan_schema, schema_to_gbnf
+    from mesh.agent.task import AgentConfig
 
     cfg = AgentConfig()
     return schema_to_gbnf(plan_schema(cfg.max_subtasks, ("list_files", "read_file", "grep"),

@@ -131,7 +131,7 @@ from mesh.engine.native import load as load_native
 from mesh.engine.pool import SharedKVPool
 from mesh.engine.sampling import Sampler, make_sampler
 from mesh.engine.session import PooledSession
-from mesh.template.manifest import ToolCallSyntax
+from mesh.template.loader import ToolCallSyntax
 from mesh.worker.grammar import TOOL_ARGS, turn_grammar
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -112,8 +112,7 @@ from mesh.a2a.push import BackgroundPushSender, build_push_sender, make_push_url
 from mesh.a2a.store import TaskBoard, TaskStores, open_stores
 from mesh.a2a.validation import CheckedContextBuilder, RequestGuard
 from mesh.a2a_names import CARD_PATH, LEGACY_CARD_PATH
-from mesh.agent.fanout import WorkerFactory
-from mesh.agent.task import Agent
+from mesh.agent.task import Agent, WorkerFactory
 from mesh.engine.interface import PoolInfo
 from mesh.gate.queue import Admission, QueueCheck
 

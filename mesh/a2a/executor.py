@@ -43,9 +43,7 @@ from a2a.types import a2a_pb2 as pb
 
 from mesh.a2a.store import owner_of
 from mesh.a2a.validation import checked_message
-from mesh.agent.events import TextSink
-from mesh.agent.fanout import WorkerFactory
-from mesh.agent.task import Agent, AgentTask
+from mesh.agent.task import Agent, AgentTask, TextSink, WorkerFactory
 from mesh.gate.queue import Admission, QueueFull
 from mesh.worker.types import EventKind, WorkerEvent
 
@@ -58,7 +56,7 @@ _FLUSH_CHARS = 4096
 
 
 class _Run:
-    """One execution's event writer (:class:`~mesh.agent.events.TaskEvents`). Once
+    """One execution's event writer (:class:`~mesh.agent.task.TaskEvents`). Once
     ``closed`` (the task ended, or was canceled), it writes nothing more, so no event can
     follow the terminal one. ``is_working`` once any working status was written: progress
     lines never take the task back to submitted."""

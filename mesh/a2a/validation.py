@@ -87,7 +87,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.a2a.config import CoordinatorConfig
-from mesh.agent.subtasks import SubtaskSpec, check_subtask_list
+from mesh.agent.plans import SubtaskSpec, check_subtask_list
 from mesh.fleet.peers import HOPS_KEY, hops_of
 from mesh.gate.queue import QueueCheck
 from mesh.worker.simulated import check_scenario_bounds

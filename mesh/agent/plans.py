@@ -1,4 +1,43 @@
-"""The coordinator's planning turn: the plan's JSON schema, its GBNF grammar, prompt, parser.
+"""The coordinator's plan: its grammar, the shape of an explicit subtask list, the parts of
+a request, and the planning turn itself (schema, prompt, parser). Read top to bottom:
+
+**The plan grammar.** A plan's JSON schema → a llama.cpp GBNF grammar, and the longest text it
+admits. Pure.
+
+The subset :func:`mesh.agent.plans.plan_schema` writes: every property required and
+in order; strings bounded and without escapes (``pattern`` only as the letter-first rule;
+``x-startsWith``: a fixed JSON-escaped opening the model continues); arrays bounded, or a
+fixed tuple (``prefixItems``); ``const``, ``enum`` and ``oneOf``. No free whitespace, so
+every text the grammar admits is a plan of at most :func:`max_plan_chars` characters.
+
+**Explicit subtasks.** The shape of an explicit subtask list, and subtask ids.
+
+A message carries either plain text (planned, or one subtask) or a data part listing
+subtasks::
+
+    {"subtasks": [{"instructions": "...", "params": {...}, "id": "optional"}, ...]}
+
+Text parts next to a subtask list are shared context: each subtask gets it as
+``params["context"]`` (:func:`mesh.agent.plans.explicit_plan`). :func:`check_subtask_list`
+runs once, on the raw JSON at the door (:mod:`mesh.a2a.validation`), so a client's mistake
+is reported as invalid params, never discovered half-way through a task; what it returns
+travels with the request to the task.
+
+**Request parts.** The parts of a user's request: its questions and clauses, in order. Pure.
+
+Guided planning (:mod:`mesh.agent.plans`, ``style="guided"``) anchors each planned
+subtask on one part of the request, so a small model's plan keeps what was asked::
+
+    "In which file is the parcel weight checked, and what happens to a parcel of 40 kg?"
+    -> ("In which file is the parcel weight checked?", "What happens to a parcel of 40 kg?")
+
+A request splits between sentences, at ``;``, and before a question word that opens a new
+clause (``, which ...``, ``, and what ...``, `` and how ...``). A part of fewer than
+:data:`MIN_WORDS` words joins the one before it, so ``"Where, and why?"`` stays whole.
+Each part starts with a capital letter and ends with its sentence's punctuation.
+
+**The planning turn.** The coordinator's planning turn: the plan's JSON schema, its GBNF
+grammar, prompt, parser.
 
 A plan is one JSON object of three shapes (the ``action`` decides)::
 
@@ -18,32 +57,226 @@ noise cannot plan ", ". Everything here is pure.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mesh.agent.plan_grammar import (
-    LETTER_FIRST,
-    STARTS_WITH,
-    max_plan_chars,
-    schema_to_gbnf,
-)
-from mesh.agent.subtasks import SubtaskSpec
+from mesh.worker.types import Subtask
 
 __all__ = [
-    "ACTIONS",
-    "INSTRUCTIONS_MIN",
-    "Plan",
-    "PlanError",
-    "PlannedSubtask",
-    "explicit_plan",
-    "fallback_plan",
-    "max_plan_chars",
-    "parse_plan",
-    "plan_prompt",
-    "plan_schema",
-    "schema_to_gbnf",
+    "ACTIONS", "INSTRUCTIONS_MIN", "LETTER_FIRST", "MIN_WORDS", "STARTS_WITH", "Plan", "PlanError",
+    "PlannedSubtask", "SubtaskSpec", "check_subtask_list", "explicit_plan", "fallback_plan",
+    "local_id", "max_plan_chars", "parse_plan", "plan_prompt", "plan_schema", "request_parts",
+    "schema_to_gbnf"
 ]
+
+
+# -------------------- the plan grammar ----------------------------------------
+
+LETTER_FIRST = "^[A-Za-z]"
+STARTS_WITH = "x-startsWith"  # a string that begins with this text, then free characters
+
+
+class _Gbnf:
+    def __init__(self) -> None:
+        self.rules: dict[str, str] = {}
+
+    def add(self, name: str, body: str) -> str:
+        self.rules.setdefault(name, body)
+        return name
+
+    def visit(self, node: Mapping[str, Any], name: str) -> str:
+        if "oneOf" in node:
+            alts = [self.visit(n, f"{name}-{i}") for i, n in enumerate(node["oneOf"])]
+            return self.add(name, " | ".join(alts))
+        if "const" in node:
+            return self.add(name, _literal(json.dumps(node["const"])))
+        if "enum" in node:
+            return self.add(name, " | ".join(_literal(json.dumps(v)) for v in node["enum"]))
+        kind = node.get("type")
+        if kind == "string":
+            return self._string(node, name)
+        if kind == "array" and "prefixItems" in node:
+            items = [self.visit(n, f"{name}-{i}") for i, n in enumerate(node["prefixItems"])]
+            return self.add(name, '"[" ' + ' "," '.join(items) + ' "]"')
+        if kind == "array":
+            item = self.visit(node["items"], f"{name}-item")
+            lo, hi = int(node.get("minItems", 0)), int(node["maxItems"])
+            more = f'("," {item}){{0,{hi - 1}}}'
+            body = f'"[" {item} {more} "]"' if lo >= 1 else f'"[" ({item} {more})? "]"'
+            return self.add(name, body)
+        if kind == "object":
+            pieces = []
+            for i, (key, sub) in enumerate(node["properties"].items()):
+                rule = self.visit(sub, f"{name}-{key}")
+                sep = "{" if i == 0 else ","
+                pieces.append(f"{_literal(sep + json.dumps(key) + ':')} {rule}")
+            return self.add(name, " ".join(pieces) + ' "}"')
+        raise ValueError(f"schema node not supported by the plan grammar: {node}")
+
+    def _string(self, node: Mapping[str, Any], name: str) -> str:
+        lo, hi = int(node.get("minLength", 0)), int(node["maxLength"])
+        self.add("char", r'[^"\\\x00-\x1f]')
+        self.add("char0", r'[^"\\\x00-\x20]')  # a char that is not blank
+        opening = node.get(STARTS_WITH)
+        if opening is not None:
+            # the opening as JSON writes it, then up to the rest of the bound freely
+            fixed = json.dumps(opening, ensure_ascii=False)[1:-1]
+            room = max(0, hi - len(opening))
+            return self.add(name, f'"\\"" {_literal(fixed)} char{{0,{room}}} "\\""')
+        pattern = node.get("pattern")
+        if pattern is not None:
+            if pattern != LETTER_FIRST:
+                raise ValueError(f"the plan grammar supports only the pattern "
+                                 f"{LETTER_FIRST!r}, got {pattern!r}")
+            # a letter, then a last char that is not blank: stripped, still >= lo
+            self.add("letter", "[A-Za-z]")
+            mid = f"char{{{max(lo, 2) - 2},{hi - 2}}}"
+            return self.add(name, f'"\\"" letter {mid} char0 "\\""')
+        if lo >= 1:
+            return self.add(name, f'"\\"" char0 char{{0,{hi - 1}}} "\\""')
+        return self.add(name, f'"\\"" char{{0,{hi}}} "\\""')
+
+
+def _literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def schema_to_gbnf(schema: Mapping[str, Any]) -> str:
+    """A GBNF grammar (root rule ``root``) accepting exactly the JSON texts of ``schema``."""
+    g = _Gbnf()
+    top = g.visit(schema, "plan")
+    lines = [f"root ::= {top}"] + [f"{name} ::= {body}" for name, body in g.rules.items()]
+    return "\n".join(lines) + "\n"
+
+
+def max_plan_chars(schema: Mapping[str, Any]) -> int:
+    """An upper bound of a plan's length in characters (so in tokens: every token the
+    grammar accepts writes at least one character)."""
+
+    def size(node: Mapping[str, Any]) -> int:
+        if "oneOf" in node:
+            return max(size(n) for n in node["oneOf"])
+        if "const" in node:
+            return len(json.dumps(node["const"]))
+        if "enum" in node:
+            return max(len(json.dumps(v)) for v in node["enum"])
+        if node.get("type") == "string":
+            opening = node.get(STARTS_WITH)
+            if opening is not None:  # in bytes: a token may write part of a character
+                room = max(0, int(node["maxLength"]) - len(opening))
+                return len(json.dumps(opening, ensure_ascii=False).encode()) + room
+            return int(node["maxLength"]) + 2
+        if node.get("type") == "array" and "prefixItems" in node:
+            return 1 + sum(size(n) + 1 for n in node["prefixItems"])
+        if node.get("type") == "array":
+            return 2 + int(node["maxItems"]) * (size(node["items"]) + 1)
+        return 2 + sum(len(json.dumps(k)) + 2 + size(v) for k, v in node["properties"].items())
+
+    return size(schema)
+
+# -------------------- explicit subtasks ---------------------------------------
+
+_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class SubtaskSpec:
+    """One entry of a ``subtasks`` list, checked."""
+
+    id: str
+    instructions: str
+    params: Mapping[str, Any]
+
+
+def check_subtask_list(value: Any, max_subtasks: int, where: str = "subtasks") -> list[SubtaskSpec]:
+    """Check a ``subtasks`` value; raise ``ValueError`` naming the bad entry and the fix."""
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list of objects, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{where} is empty; list at least one {{'instructions': ...}}")
+    if len(value) > max_subtasks:
+        raise ValueError(f"{where} has {len(value)} entries; at most {max_subtasks} are allowed")
+    specs: list[SubtaskSpec] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{at} must be an object, got {type(entry).__name__}")
+        instructions = entry.get("instructions")
+        if not isinstance(instructions, str) or not instructions.strip():
+            raise ValueError(f"{at}.instructions must be a non-empty string")
+        params = entry.get("params", {})
+        if not isinstance(params, dict):
+            raise ValueError(f"{at}.params must be an object, got {type(params).__name__}")
+        sid = entry.get("id", f"s{i + 1}")
+        if not isinstance(sid, str) or not _ID.match(sid):
+            raise ValueError(f"{at}.id must match [A-Za-z0-9_.-]{{1,64}}")
+        if sid in seen:
+            raise ValueError(f"{at}.id {sid!r} is used twice; subtask ids must be unique")
+        seen.add(sid)
+        unknown = sorted(set(entry) - {"instructions", "params", "id"})
+        if unknown:
+            raise ValueError(f"{at} has unknown keys {unknown}; allowed: id, instructions, params")
+        specs.append(SubtaskSpec(id=sid, instructions=instructions, params=params))
+    return specs
+
+
+def local_id(subtask: Subtask) -> str:
+    """The id a client used for the subtask (the part after the task id)."""
+    return subtask.id.rsplit("/", 1)[-1]
+
+# -------------------- request parts -------------------------------------------
+
+MIN_WORDS = 3
+_WH = r"(?:what|which|where|when|who|whom|whose|why|how)\b"
+_SENTENCE = re.compile(r"(?<=[?!.])\s+(?=[A-Z0-9\"'`(])")
+# a clause boundary: "; ", or a comma / "and" / "then" / "also" before a question word
+_CLAUSE = re.compile(
+    rf"\s*;\s*|,\s*(?:and\s+|or\s+|then\s+|also\s+)?(?={_WH})|\s+(?:and|then)\s+(?={_WH})",
+    re.IGNORECASE,
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _words(text: str, span: tuple[int, int]) -> int:
+    return len(text[span[0]:span[1]].split())
+
+
+def _finish(part: str, end: str) -> str:
+    part = part[0].upper() + part[1:]
+    return part if part[-1] in ".?!" else part + end
+
+
+def request_parts(message: str, max_parts: int) -> tuple[str, ...]:
+    """The request's parts, at most ``max_parts`` (the tail joins the last one); the whole
+    request (whitespace folded) when it has no parts to split."""
+    if max_parts < 1:
+        raise ValueError(f"max_parts must be >= 1, got {max_parts}")
+    text = " ".join(_CONTROL.sub(" ", message).split())
+    parts: list[str] = []
+    for sentence in _SENTENCE.split(text) if text else ():
+        end = sentence[-1] if sentence[-1] in ".?!" else "."
+        # (start, stop) spans of the clauses; a short one (either side) joins its
+        # neighbour with the text between them kept: "Where, and why?" stays one part
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for cut in [*_CLAUSE.finditer(sentence), None]:
+            stop = cut.start() if cut else len(sentence)
+            if sentence[at:stop].strip(" ,;:"):
+                if spans and (_words(sentence, (at, stop)) < MIN_WORDS
+                              or _words(sentence, spans[-1]) < MIN_WORDS):
+                    spans[-1] = (spans[-1][0], stop)
+                else:
+                    spans.append((at, stop))
+            at = cut.end() if cut else stop
+        parts.extend(_finish(sentence[a:b].strip(" ,;:"), end) for a, b in spans)
+    if len(parts) > max_parts:
+        parts[max_parts - 1:] = [" ".join(parts[max_parts - 1:])]
+    return tuple(parts)
+
+# -------------------- the planning turn ---------------------------------------
 
 ACTIONS = ("delegate", "answer", "ask")
 _NAME_MAX = 80
@@ -154,7 +387,7 @@ def plan_schema(
     Instructions are at most ``text_max`` characters (at least ``min(INSTRUCTIONS_MIN,
     text_max)``, the first a letter), a direct answer or a question twice that, a file name
     ``min(80, text_max)``. With ``files`` (at most :data:`FILES_ENUM_MAX`) a plan names
-    only those. With ``parts`` (guided: :func:`mesh.agent.request_parts.request_parts`)
+    only those. With ``parts`` (guided: :func:`mesh.agent.plans.request_parts`)
     a delegate plan has exactly one subtask per part, each one's instructions opening with
     its part, then at most :data:`GUIDED_EXTRA` characters of the model's own.
     """

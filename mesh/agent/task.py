@@ -1,4 +1,26 @@
-"""The one task path: plan (or take the client's plan), fan out through the gate, answer.
+"""A task's life: how the coordinator plans (its configuration), what a task says while it
+runs (the event writer's seam), the one fan-out to workers, and the one task path. Read
+top to bottom:
+
+**Configuration.** How the coordinator plans (:class:`AgentConfig`), checked once at start-up.
+
+**Events.** What a task says while it runs, as the agent sees it: the event writer's seam.
+
+The A2A executor (:mod:`mesh.a2a.executor`) implements :class:`TaskEvents` over the SDK's
+event queue (status updates, artifacts, the terminal state); the agent (:mod:`.task`,
+:mod:`.fanout`) only calls it. The artifact names are the task's public surface.
+
+**The fan-out.** Every subtask of a task through the gate to a worker, side by side: the one
+fan-out.
+
+:func:`run_subtask` is one subtask's life: queue for the gate (its queue position said as
+progress), admitted, the worker runs (its text streamed as ``stream-<id>``, its other
+events as status lines), the admission released in a ``finally``. :func:`fan_out` runs a
+task's subtasks at once: a worker that raises fails only its own subtask
+(:class:`SubtaskFailed`, the sibling workers go on); anything else (the gate breaking, a
+write failing, a full queue) cancels the rest and is raised, so the task fails with it.
+
+**The task.** The one task path: plan (or take the client's plan), fan out through the gate, answer.
 
 Every task runs here, whatever its message (the executor only writes its events)::
 
@@ -24,22 +46,32 @@ Planned tasks (not explicit ones) remember their context's conversation.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import anyio
 from a2a.types import a2a_pb2 as pb
 
-from mesh.agent.config import PLAN_MODES, PLAN_STYLES, AgentConfig
-from mesh.agent.events import ANSWER_ARTIFACT, PLAN_ARTIFACT, TaskEvents, TextSink
-from mesh.agent.fanout import SubtaskFailed, WorkerFactory, fan_out, run_subtask
 from mesh.agent.history import Conversations
-from mesh.agent.plan_grammar import max_plan_chars, schema_to_gbnf
-from mesh.agent.plans import Plan, PlanError, explicit_plan, fallback_plan, parse_plan, plan_prompt
-from mesh.agent.request_parts import request_parts
-from mesh.agent.subtasks import SubtaskSpec
+from mesh.agent.plans import (
+    ACTIONS,
+    Plan,
+    PlanError,
+    SubtaskSpec,
+    explicit_plan,
+    fallback_plan,
+    local_id,
+    max_plan_chars,
+    parse_plan,
+    plan_prompt,
+    plan_schema,
+    request_parts,
+    schema_to_gbnf,
+)
 from mesh.agent.synthesis import (
     Outcome,
     answer_parts,
@@ -53,23 +85,180 @@ from mesh.agent.synthesis import (
 )
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Engine, EngineError, Session, TurnResult
-from mesh.gate.queue import Admission, admitted
-from mesh.worker.stream import WorkerFailed, release, stream_turn
+from mesh.gate.queue import Admission, QueueFull, admitted
+from mesh.worker.loop import WorkerFailed, release, stream_turn
 from mesh.worker.text import fragment, prose_params
-from mesh.worker.types import NO_HOPS, EventKind, Hops, Subtask, WorkerEvent, WorkerResult
+from mesh.worker.types import NO_HOPS, EventKind, Hops, Subtask, Worker, WorkerEvent, WorkerResult
 
 __all__ = [
-    "ANSWER_ARTIFACT",
-    "PLAN_ARTIFACT",
-    "PLAN_MODES",
-    "PLAN_STYLES",
-    "Agent",
-    "AgentConfig",
-    "AgentTask",
-    "plain_turn",
+    "ANSWER_ARTIFACT", "PLAN_ARTIFACT", "PLAN_MODES", "PLAN_STYLES", "Agent", "AgentConfig",
+    "AgentTask", "SubtaskFailed", "TaskEvents", "TextSink", "WorkerFactory", "fan_out",
+    "plain_turn", "run_subtask"
 ]
 
+
+# -------------------- configuration -------------------------------------------
+
+PLAN_MODES = ("auto", "always", "never")
+# free: the model writes each subtask's instructions; guided: each subtask is one part of
+# the request (mesh.agent.plans) and the model adds files, tools and detail.
+PLAN_STYLES = ("free", "guided")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How the coordinator plans. ``history_tokens`` bounds what a follow-up's plan sees
+    of the earlier conversation; ``text_max`` bounds each string of a plan (characters);
+    ``style`` is one of :data:`PLAN_STYLES`; ``files`` (the project's, as the prefix names
+    them) are the only file names a plan may give, when there are any."""
+
+    plan: str = "auto"
+    style: str = "free"
+    files: tuple[str, ...] = ()
+    max_subtasks: int = 4
+    text_max: int = 240
+    history_tokens: int = 512
+    temperature: float = 0.0
+    synthesis_max_tokens: int = 256
+    actions: tuple[str, ...] = ACTIONS
+    tools: tuple[str, ...] = ()
+    # The instruction texts of the shared prefix (a template's own text, not the
+    # project's): a synthesis or direct answer that reproduces a sentence of them is an echo.
+    instructions: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.plan not in PLAN_MODES:
+            raise ValueError(f"plan must be one of {PLAN_MODES}, got {self.plan!r}")
+        if self.style not in PLAN_STYLES:
+            raise ValueError(f"style must be one of {PLAN_STYLES}, got {self.style!r}")
+        if self.max_subtasks < 1:
+            raise ValueError(f"max_subtasks must be >= 1, got {self.max_subtasks}")
+        if self.history_tokens < 0:
+            raise ValueError(f"history_tokens must be >= 0, got {self.history_tokens}")
+        if self.synthesis_max_tokens < 1:
+            raise ValueError("synthesis_max_tokens must be >= 1")
+        plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
+                    files=self.files)  # checks
+
+    def schema(self, message: str) -> dict[str, Any]:
+        """The plan schema for ``message``: guided plans follow the request's parts."""
+        parts = request_parts(message, self.max_subtasks) if self.style == "guided" else ()
+        return plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
+                           files=self.files, parts=parts)
+
+# -------------------- events --------------------------------------------------
+
+#: The artifact holding a task's answer: its text, then a data part ``{"plan": ...,
+#: "subtasks": [...]}`` (:func:`mesh.agent.synthesis.summary`). Peers and nodes read it.
+ANSWER_ARTIFACT = "answer"
+#: The artifact holding a planned task's plan (a data part, :meth:`Plan.to_dict`).
+PLAN_ARTIFACT = "plan"
+
+
+class TextSink(Protocol):
+    """Generated text streamed as chunks of one artifact."""
+
+    async def add(self, text: str) -> None: ...
+
+    async def flush(self, now: float | None = None, *, last: bool = False) -> None: ...
+
+
+class TaskEvents(Protocol):
+    """The executor's event writer, as the agent uses it. Once the task reached a
+    terminal state (``finish``, or a cancel) every call is a no-op."""
+
+    async def status(
+        self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None
+    ) -> None: ...
+
+    async def progress(self, text: str, metadata: dict[str, Any]) -> None:
+        """A status line in the task's current state (submitted while nothing ran yet)."""
+
+    async def artifact(self, parts: list[pb.Part], **kwargs: Any) -> None: ...
+
+    async def finish(self, state: pb.TaskState, text: str) -> None: ...
+
+    def stream(self, artifact_id: str, name: str) -> TextSink:
+        """A sink streaming text as chunks of the artifact ``artifact_id``."""
+        ...
+
+    async def worker_event(self, sink: TextSink, sid: str, event: WorkerEvent) -> None:
+        """What subtask ``sid``'s worker reported: text to ``sink``, the rest as status."""
+
+# -------------------- the fan-out ---------------------------------------------
+
 logger = logging.getLogger(__name__)
+
+WorkerFactory = Callable[[], Worker]
+
+
+class SubtaskFailed(Exception):
+    """A worker raised; the message is the reason the client sees."""
+
+
+async def run_subtask(events: TaskEvents, admission: Admission, workers: WorkerFactory,
+                      subtask: Subtask, caller: str = "") -> WorkerResult:
+    """Run ``subtask`` on a fresh worker once the gate admits it (see the module doc);
+    ``caller``: whose share of the gate's queue it takes. Raises :class:`SubtaskFailed`
+    when the worker raised."""
+    sid = local_id(subtask)
+    meta: dict[str, Any] = {"subtask": sid}
+
+    async def on_position(position: int) -> None:
+        if position > 0:
+            await events.progress(f"[{sid}] queued for the gate at position {position}",
+                                  {**meta, "event": "queued", "queue_position": position})
+
+    # The request passed check_queue at the door for all its places (or its plan waited
+    # for room): it queues, it is never rejected here. The worker attaches its own session;
+    # the ticket is released (shielded) whatever the exit.
+    async with admitted(admission, subtask.id, on_position=on_position, accepted=True,
+                        caller=caller):
+        await events.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] admitted; worker started",
+                            {**meta, "event": "admitted"})
+        sink = events.stream(f"stream-{sid}", f"{sid} output")
+
+        async def emit(event: WorkerEvent) -> None:
+            await events.worker_event(sink, sid, event)
+
+        try:
+            result = await workers().run(subtask, emit)
+        except (asyncio.CancelledError, QueueFull):
+            raise
+        except Exception as e:
+            logger.info("subtask %s failed: %s", subtask.id, e, exc_info=True)
+            raise SubtaskFailed(f"subtask {sid} failed: {str(e) or type(e).__name__}") from e
+        await sink.flush(last=True)
+        return result
+
+
+RunOne = Callable[[Subtask], Awaitable[WorkerResult]]
+
+
+async def fan_out(subtasks: Sequence[Subtask],
+                  run_one: RunOne) -> list[WorkerResult | SubtaskFailed]:
+    """Every subtask's result, or how its worker failed, in order (see the module doc)."""
+
+    async def one(s: Subtask) -> WorkerResult | SubtaskFailed:
+        try:
+            return await run_one(s)
+        except SubtaskFailed as e:
+            return e
+
+    if len(subtasks) == 1:
+        return [await one(subtasks[0])]
+    try:
+        async with asyncio.TaskGroup() as group:
+            jobs = [group.create_task(one(s)) for s in subtasks]
+    except BaseExceptionGroup as eg:
+        for exc in eg.exceptions:
+            if isinstance(exc, QueueFull):
+                raise exc from None
+        raise
+    return [job.result() for job in jobs]
+
+# -------------------- the task ------------------------------------------------
+
 
 S = pb.TaskState
 

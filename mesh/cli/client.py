@@ -302,7 +302,7 @@ def _interrupted(args: argparse.Namespace, task_id: str) -> int:
 
 
 def _answer(task: pb.Task) -> str:
-    from mesh.agent.events import ANSWER_ARTIFACT
+    from mesh.agent.task import ANSWER_ARTIFACT
 
     for artifact in task.artifacts:
         if artifact.artifact_id == ANSWER_ARTIFACT:

@@ -86,7 +86,7 @@ if TYPE_CHECKING:
 
     from mesh.a2a.app import AppParts
     from mesh.gate.admission import FloorGate
-    from mesh.template.project import ProjectScan
+    from mesh.template.prefix import ProjectScan
 
 __all__ = [
     "GUIDED_BELOW_PARAMS", "Checked", "ProjectPrefix", "add_engine_args", "add_engine_flags",
@@ -634,7 +634,7 @@ async def _seed_gate(gate: FloorGate, pool: Any, cache: Path) -> str:
 def _project_paths(template: Any, project: Path) -> ProjectScan:
     """The project's files and folders as the prefix's scan sees them: the names a plan
     and a worker's tool call may give."""
-    from mesh.template.project import scan_project
+    from mesh.template.prefix import scan_project
 
     spec = template.manifest.prefix
     return scan_project(Path(project).resolve(), tuple(spec.exclude), spec.include_hidden)
@@ -652,8 +652,7 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     from mesh.a2a.app import AppParts
     from mesh.a2a.push import make_push_url_validator
     from mesh.a2a.store import TaskBoard
-    from mesh.agent.config import AgentConfig
-    from mesh.agent.task import Agent
+    from mesh.agent.task import Agent, AgentConfig
     from mesh.api.dashboard import DashboardHistory, dashboard_routes
     from mesh.api.openai_api import OpenAIAPI
     from mesh.api.sessions import SessionAPI, api_routes

@@ -74,13 +74,13 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError
 
-from mesh.agent.events import ANSWER_ARTIFACT
+from mesh.agent.task import ANSWER_ARTIFACT
 from mesh.worker.types import NO_HOPS, Hops
 
 __all__ = [
-    "CHAIN_KEY", "HOPS_KEY", "GuardedTransport", "Hops", "Origin", "PeerClient", "PeerError",
-    "PeerInfo", "PeerRefused", "answer_text", "confine_card", "hops_metadata", "hops_of",
-    "origin_of", "parse_peer", "peer_token_env", "within"
+    "CHAIN_KEY", "HOPS_KEY", "GuardedTransport", "Origin", "PeerClient", "PeerError", "PeerInfo",
+    "PeerRefused", "answer_text", "confine_card", "hops_metadata", "hops_of", "origin_of",
+    "parse_peer", "peer_token_env", "within"
 ]
 
 

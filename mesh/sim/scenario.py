@@ -44,8 +44,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mesh.template.loader import load_template
-from mesh.template.manifest import ScenarioSpec
+from mesh.template.loader import ScenarioSpec, load_template
 from mesh.worker.simulated import ScenarioParams, StepPlan, plan_schedule
 
 __all__ = [

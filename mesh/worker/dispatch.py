@@ -19,9 +19,8 @@ from mesh.engine.interface import Engine
 from mesh.template.chat import ChatFormat
 from mesh.template.loader import Template
 from mesh.worker.grammar import ProjectPaths
-from mesh.worker.loop import AgentWorker
+from mesh.worker.loop import AgentWorker, WorkerFailed
 from mesh.worker.simulated import ScenarioWorker
-from mesh.worker.stream import WorkerFailed
 from mesh.worker.tools import DelegateTool, ToolFn
 from mesh.worker.types import Emit, Subtask, Worker, WorkerResult
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from mesh.template.outline import FileEntry
+from mesh.template.loader import FileEntry
 
 __all__ = ["Evidence", "cited", "defined_lines", "evidence_of", "named_files",
            "outline_lines", "render_evidence", "unknown_files"]

@@ -1,4 +1,25 @@
-"""GBNF grammars for worker turns: free text, then one well-formed tool call or an answer.
+"""What a worker's turn may say and how it is read back: parsing a turn into tool calls and
+an answer, then the GBNF grammars it is sampled under. Read top to bottom:
+
+**Reading a turn.** Parsing a generated turn into tool calls and a final answer, in a template's
+syntax.
+
+Models, small ones most of all, write garbage: unterminated tags, invalid JSON, calls with
+positional arguments, nested junk. :func:`parse_turn` never raises; what it cannot read
+becomes an entry of :attr:`ParsedTurn.errors`, which the worker reports back to the model
+as a tool error so it can try again.
+
+Syntaxes (see :class:`~mesh.template.loader.ToolCallSyntax`):
+
+* ``json``: ``<open>{"name": "grep", "arguments": {"text": "x"}}<close>``;
+* ``call``: ``<open>grep(text="x")<close>``: keyword arguments with literal values only,
+  read with :func:`ast.literal_eval` (never evaluated).
+
+A call whose close tag is missing at the very end of the text is accepted (generation may
+have stopped on the close tag without emitting it).
+
+**Grammars.** GBNF grammars for worker turns: free text, then one well-formed tool call or an
+answer.
 
 :func:`turn_grammar` builds, for a template's call syntax and its enabled tools, a grammar
 (llama.cpp's GBNF, root rule ``root``) whose sentences are exactly
@@ -10,7 +31,7 @@
 * ``TEXT``: a plain reply, the model's own way to answer in its chat format (the turn
   ends at its end-of-turn token); the worker reads it as the answer.
 
-Nothing else can be sampled, so every turn :func:`~mesh.worker.toolcalls.parse_turn` reads
+Nothing else can be sampled, so every turn :func:`~mesh.worker.grammar.parse_turn` reads
 has no errors. All characters are printable ASCII (plus newlines in free text and answers),
 and free text and answers contain no ``<``: a tag can only be a real tag. Given the
 project's :class:`ProjectPaths`, free text and answers write a ``/`` only inside one of the
@@ -35,16 +56,112 @@ sentence (see :mod:`mesh.worker.loop`).
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from mesh.template.manifest import ToolCallSyntax
+from mesh.template.loader import ToolCallSyntax
 
-__all__ = ["PATHS_MAX", "TOOL_ARGS", "ProjectPaths", "sentence_grammar", "turn_grammar"]
+__all__ = [
+    "MAX_CALL_CHARS", "PATHS_MAX", "TOOL_ARGS", "ParsedTurn", "ProjectPaths", "ToolCall",
+    "parse_turn", "sentence_grammar", "turn_grammar"
+]
+
+
+# -------------------- reading a turn ------------------------------------------
+
+MAX_CALL_CHARS = 8192  # a call body longer than this is refused unparsed
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    def display(self) -> str:
+        """The call as a short Python-like string, e.g. ``read_file(path='x')``."""
+        args = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
+        text = f"{self.name}({args})"
+        return text if len(text) <= 300 else text[:297] + "..."
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """What a turn asked for. ``answer`` is None unless the answer tags were used."""
+
+    calls: tuple[ToolCall, ...]
+    answer: str | None
+    errors: tuple[str, ...]
+
+
+def _blocks(text: str, open_tag: str, close_tag: str) -> list[str]:
+    out: list[str] = []
+    pos = 0
+    while (start := text.find(open_tag, pos)) != -1:
+        body_start = start + len(open_tag)
+        end = text.find(close_tag, body_start)
+        if end == -1:
+            out.append(text[body_start:])  # unterminated: the rest of the turn
+            break
+        out.append(text[body_start:end])
+        pos = end + len(close_tag)
+    return out
+
+
+def _parse_json(body: str) -> ToolCall:
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("a tool call must be a JSON object")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError('a tool call needs a "name" string')
+    args = data.get("arguments", data.get("args", {}))
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ValueError('"arguments" must be a JSON object')
+    unknown = set(data) - {"name", "arguments", "args"}
+    if unknown:
+        raise ValueError(f"unexpected keys in the call: {sorted(unknown)}")
+    return ToolCall(name, args)
+
+
+def _parse_call(body: str) -> ToolCall:
+    node = ast.parse(body.strip(), mode="eval").body
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError("expected name(key=value, ...)")
+    if node.args:
+        raise ValueError("pass arguments by name, e.g. read_file(path='x')")
+    args: dict[str, Any] = {}
+    for kw in node.keywords:
+        if kw.arg is None:
+            raise ValueError("**kwargs are not allowed in a tool call")
+        args[kw.arg] = ast.literal_eval(kw.value)
+    return ToolCall(node.func.id, args)
+
+
+def parse_turn(text: str, syntax: ToolCallSyntax) -> ParsedTurn:
+    """Read the tool calls and the final answer of one generated turn. Never raises."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for body in _blocks(text, syntax.open, syntax.close):
+        if len(body) > MAX_CALL_CHARS:
+            errors.append(f"tool call longer than {MAX_CALL_CHARS} characters")
+            continue
+        try:
+            parse = _parse_json if syntax.style == "json" else _parse_call
+            calls.append(parse(body.strip()))
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
+            errors.append(f"could not read the tool call {body.strip()[:120]!r}: {exc}")
+    answers = _blocks(text, syntax.answer_open, syntax.answer_close)
+    answer = answers[0].strip() if answers else None
+    return ParsedTurn(tuple(calls), answer, tuple(errors))
+
+# -------------------- grammars ------------------------------------------------
 
 # "str" | "bool" | a path kind ("file", "dir", "place": either) | a number kind (_NUMBERS)
 ArgType = str

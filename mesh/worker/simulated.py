@@ -32,10 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import ContextOverflow, Engine, EngineError
-from mesh.template.loader import Template
-from mesh.template.manifest import Distribution, FixedDist, LogNormalDist, UniformDist
-from mesh.worker.loop import release
-from mesh.worker.stream import WorkerFailed, stream_turn
+from mesh.template.loader import Distribution, FixedDist, LogNormalDist, Template, UniformDist
+from mesh.worker.loop import WorkerFailed, release, stream_turn
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
 
 __all__ = [

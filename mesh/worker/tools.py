@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from mesh.template.project import DEFAULT_EXCLUDED_DIRS
+from mesh.template.prefix import DEFAULT_EXCLUDED_DIRS
 from mesh.worker.types import NO_HOPS, Hops
 
 __all__ = ["DelegateTool", "ProjectTools", "ToolError", "ToolFn", "delegate_tool"]

@@ -15,8 +15,7 @@ from a2a.types import a2a_pb2 as pb
 
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
-from mesh.agent.config import AgentConfig
-from mesh.agent.task import Agent
+from mesh.agent.task import Agent, AgentConfig
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import ContextOverflow, Piece, SessionState, TurnResult
 from mesh.sim.fake import FakeEngine, FakeSession

@@ -7,18 +7,19 @@ from typing import Any
 
 import pytest
 
-from mesh.agent.config import AgentConfig
 from mesh.agent.history import Conversations
-from mesh.agent.plan_grammar import max_plan_chars, schema_to_gbnf
 from mesh.agent.plans import (
     GUIDED_EXTRA,
     Plan,
     PlanError,
     PlannedSubtask,
+    max_plan_chars,
     parse_plan,
     plan_schema,
+    schema_to_gbnf,
 )
 from mesh.agent.synthesis import Outcome, missing_note, summary
+from mesh.agent.task import AgentConfig
 from mesh.worker.types import WorkerResult
 from tests.worker.test_worker_grammar import grammar_regex
 

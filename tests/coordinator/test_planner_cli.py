@@ -48,9 +48,8 @@ def test_send_answers_a_question_with_task_and_follows_up_with_context(
 def test_serve_plan_actions_flag() -> None:
     import argparse
 
-    from mesh.agent.config import AgentConfig
-    from mesh.agent.plan_grammar import schema_to_gbnf
-    from mesh.agent.plans import plan_schema
+    from mesh.agent.plans import plan_schema, schema_to_gbnf
+    from mesh.agent.task import AgentConfig
     from mesh.cli import serve as serve_cli
     from mesh.cli.compose import default_plan_actions, plan_style
 

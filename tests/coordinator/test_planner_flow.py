@@ -9,7 +9,7 @@ import pytest
 from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
-from mesh.agent.config import AgentConfig
+from mesh.agent.task import AgentConfig
 from mesh.sim.scenario import PackagePlan
 from tests.coordinator.agent_helpers import (
     Scripted,

@@ -19,9 +19,8 @@ import pytest
 
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
-from mesh.agent.config import AgentConfig
 from mesh.agent.plans import parse_plan
-from mesh.agent.task import Agent
+from mesh.agent.task import Agent, AgentConfig
 from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.pool import SharedKVPool
 from mesh.gate.admission import FloorGate

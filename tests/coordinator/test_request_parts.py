@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.agent.request_parts import request_parts
+from mesh.agent.plans import request_parts
 
 
 @pytest.mark.parametrize(("message", "parts"), [

@@ -13,8 +13,8 @@ import pytest
 from mesh.sim.fake import FakeEngine
 from mesh.template.loader import load_template
 from mesh.worker.dispatch import DispatchWorker
+from mesh.worker.loop import WorkerFailed
 from mesh.worker.simulated import SCENARIO_BOUNDS, ScenarioParams, check_scenario_bounds
-from mesh.worker.stream import WorkerFailed
 from mesh.worker.types import Subtask, WorkerEvent
 from tests.reliability.fake_stack import fake_stack
 

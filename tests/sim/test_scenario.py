@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.agent.subtasks import check_subtask_list
+from mesh.agent.plans import check_subtask_list
 from mesh.sim.scenario import plan_scenario
 from mesh.template.loader import load_template
 from mesh.worker.simulated import ScenarioParams, plan_schedule

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh.template.loader import BUILTIN_TEMPLATES, export_template, load_template
-from mesh.template.manifest import TemplateError
+from mesh.template.loader import BUILTIN_TEMPLATES, TemplateError, export_template, load_template
 
 
 @pytest.mark.parametrize("name", BUILTIN_TEMPLATES)

@@ -12,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from mesh.template.loader import load_template, sample_project_dir
-from mesh.template.manifest import TemplateError
-from mesh.template.outline import file_entry, matching, reference_counts
-from mesh.template.prefix import build_prefix
-from mesh.template.project import glob_match
+from mesh.template.loader import (
+    TemplateError,
+    file_entry,
+    load_template,
+    matching,
+    reference_counts,
+    sample_project_dir,
+)
+from mesh.template.prefix import build_prefix, glob_match
 
 
 def count(text: str) -> int:

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from mesh.sim.fake import FakeEngine
-from mesh.template.loader import load_template
-from mesh.template.outline import file_entry
+from mesh.template.loader import file_entry, load_template
 from mesh.worker.evidence import (
     Evidence,
     cited,

@@ -16,16 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.template.loader import load_template
-from mesh.template.manifest import ToolCallSyntax
+from mesh.template.loader import ToolCallSyntax, load_template
 from mesh.worker.grammar import (
     PATHS_MAX,
     TOOL_ARGS,
     ProjectPaths,
+    parse_turn,
     sentence_grammar,
     turn_grammar,
 )
-from mesh.worker.toolcalls import parse_turn
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[a-z][a-z0-9-]*|\{\d+,\d+\}|[()|?*]')
 

@@ -15,8 +15,7 @@ import pytest
 
 from mesh.sim.fake import FakeEngine
 from mesh.template.loader import load_template
-from mesh.worker.loop import AgentWorker, WorkerLimits
-from mesh.worker.stream import WorkerFailed
+from mesh.worker.loop import AgentWorker, WorkerFailed, WorkerLimits
 from mesh.worker.tools import ProjectTools
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 

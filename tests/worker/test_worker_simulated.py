@@ -9,8 +9,8 @@ import pytest
 
 from mesh.sim.fake import FakeEngine
 from mesh.template.loader import load_template
+from mesh.worker.loop import WorkerFailed
 from mesh.worker.simulated import ScenarioParams, ScenarioWorker, plan_schedule, simulated_output
-from mesh.worker.stream import WorkerFailed
 from mesh.worker.types import EventKind, Subtask, WorkerEvent, WorkerResult
 
 HEAVY = load_template("heavy")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.template.manifest import ToolCallSyntax
-from mesh.worker.toolcalls import ToolCall, parse_turn
+from mesh.template.loader import ToolCallSyntax
+from mesh.worker.grammar import ToolCall, parse_turn
 
 JSON = ToolCallSyntax(style="json")
 CALL = ToolCallSyntax(style="call", open="<call>", close="</call>")
