@@ -188,6 +188,7 @@ class Tally:
     tool_calls: int = 0
     parse_errors: int = 0
     repeated_calls: int = 0
+    compactions: int = 0
     last_text: str = ""
     finishes: list[str] = field(default_factory=list)
 
@@ -202,6 +203,7 @@ class Tally:
                 "session_id": self.session_id,
                 "parse_errors": self.parse_errors,
                 "repeated_calls": self.repeated_calls,
+                "compactions": self.compactions,
                 "turn_finishes": list(self.finishes),
                 **extra,
             },
@@ -214,6 +216,9 @@ class Tally:
 SESSION_SYSTEM = "(the shared prefix)"
 # The one repair turn a fragment gets: room for a sentence naming a path.
 REPAIR_TOKENS = 160
+# A session whose suffix would pass this share of its budget with the next tool results
+# and a turn compacts first (the prefix is shared and never compacted).
+COMPACT_AT = 0.8
 _HINT_NAMES = 6  # names an outline line repeated in the first message shows
 _REPAIR = ("Your answer is not whole or not grounded ({why}): {answer}. Write the whole "
            "answer again as one complete sentence, naming the project file it comes from if "
@@ -388,7 +393,24 @@ class AgentWorker:
                         )
                     )
                 user = "\n\n".join(r.strip("\n") for r in results)
-                session.append(chat.reply_tail(messages, user))
+                tail = chat.reply_tail(messages, user)
+                if self._near_budget(session, tail):
+                    summary = self._summary(subtask, seen, shown, user)
+                    compacted = [{"role": "user", "content": summary}]
+                    text = chat.continuation(SESSION_SYSTEM, compacted)
+                    freed = session.context_len - self._engine.info.prefix_tokens
+                    try:
+                        done_compacting = await session.compact(text)
+                    except ContextOverflow:  # not even the summary fits: as before
+                        done_compacting = False
+                    if done_compacting:
+                        state.compactions += 1
+                        messages[:] = compacted
+                        await emit(WorkerEvent(
+                            EventKind.STATUS, f"compacted {freed} tokens of turns into a "
+                            f"summary", turn, {"compaction": state.compactions}))
+                        continue
+                session.append(tail)
                 messages += [
                     {"role": "assistant", "content": reply},
                     {"role": "user", "content": user},
@@ -408,6 +430,28 @@ class AgentWorker:
         except EngineError as exc:
             raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
         return await done(state.last_text, "max_turns")
+
+    def _near_budget(self, session: Session, tail: str) -> bool:
+        """Whether appending ``tail`` and one more turn would take the session's suffix past
+        :data:`COMPACT_AT` of its budget."""
+        info = self._engine.info
+        need = self._engine.count_tokens(tail) + self.limits.max_tokens_per_turn
+        return session.context_len - info.prefix_tokens + need > COMPACT_AT * info.session_budget
+
+    def _summary(self, subtask: Subtask, seen: Mapping[str, int], shown: list[Evidence],
+                 latest: str) -> str:
+        """The turns so far as one message: the task, the calls made, the evidence found
+        (the files and lines the tools showed, not their text), the latest tool results
+        whole, and the open question. Built, not generated: a small model's summary loses
+        exactly what matters, and this one is exact."""
+        syntax = self._template.manifest.tool_calls
+        calls = ", ".join(f"{key} (turn {turn})" for key, turn in seen.items()) or "none"
+        found = "; ".join(dict.fromkeys(e.label() for e in shown)) or "nothing yet"
+        return (f"{subtask.instructions}\n\n"
+                f"(Earlier turns, compacted.) Calls made: {calls}. Evidence found: {found}.\n\n"
+                f"The latest results:\n{latest.strip()}\n\n"
+                f"The open question is the request above: answer it between "
+                f"{syntax.answer_open} and {syntax.answer_close}, or make one new tool call.")
 
     def _readable(self, text: str) -> tuple[str, int]:
         """What a user may read of ``text``: no turn markup, no loop, none of the

@@ -260,3 +260,44 @@ def test_with_first_call_the_first_turn_must_call_a_tool(tmp_path: Path) -> None
     first, second = (g or "" for g in engine.grammars)
     assert "root ::= free call\n" in first  # turn 1: a call, no answer
     assert "root ::= free (call | answer) | reply\n" in second
+
+
+
+def _long_grep() -> tuple[list[Mapping[str, Any]], Any]:
+    calls: list[Mapping[str, Any]] = []
+
+    async def grep(args: Mapping[str, Any]) -> str:
+        calls.append(args)
+        filler = " ".join(f"w{i}x{len(calls)}" for i in range(40))  # no loop to catch
+        return f"{filler} again <call>grep(text='x{len(calls)}')</call>"
+
+    return calls, grep
+
+
+def test_a_worker_near_its_budget_compacts_its_turns_and_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's suffix would outgrow its budget: the turns so far become one summary
+    (the task, the calls made, the evidence, the latest results), their cells are freed,
+    and the loop goes on; without compaction the same run ends on its budget."""
+    limits = WorkerLimits(max_turns=12, max_total_tokens=40000)
+    calls, grep = _long_grep()
+    assert not calls
+    engine = FakeEngine(session_budget=800)
+    emit = Recorder()
+    result = run(AgentWorker(engine, LIGHT, {"grep": grep}, limits=limits),
+                 "<call>grep(text='x')</call>", emit)
+    assert result.data["compactions"] >= 1, result.data
+    assert engine.load().compactions == result.data["compactions"]
+    assert result.finish_reason not in ("context_full", "max_tokens")
+    status = [e.text for e in emit.kinds(EventKind.STATUS) if "compacted" in e.text]
+    assert len(status) == result.data["compactions"]
+    assert engine.sessions == {} and len(calls) >= 2
+
+    import mesh.worker.loop as loop_mod
+    monkeypatch.setattr(loop_mod, "COMPACT_AT", 100.0)  # never
+    _, grep = _long_grep()
+    engine = FakeEngine(session_budget=800)
+    plain = run(AgentWorker(engine, LIGHT, {"grep": grep}, limits=limits),
+                "<call>grep(text='x')</call>")
+    assert plain.data["compactions"] == 0
+    assert plain.finish_reason in ("context_full", "max_tokens"), plain.finish_reason
