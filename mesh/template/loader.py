@@ -658,7 +658,9 @@ def matching(request: str, entries: Sequence[FileEntry], limit: int = 3,
              least: float = 2.0) -> list[FileEntry]:
     """The ``limit`` outline entries that best match ``request``, best first, each with
     only the names that share a word with it (all of them when none does); none unless
-    the best scores ``least``, and none under half the best. A word of the request counts
+    the best scores ``least``, and none under half the best; when the best defines a name
+    the request holds, only entries that define one too (the file that defines the shared
+    KV pool, not its test that mentions it). A word of the request counts
     once where the entry's path, summary or names hold it (``Parcel`` holds "parcel"),
     twice more where it is a name the entry defines; a run of two or three words counts
     again where the entry writes them as one (the summary "The shared KV pool", the class
@@ -671,7 +673,7 @@ def matching(request: str, entries: Sequence[FileEntry], limit: int = 3,
     stems = {k.rstrip("s") for k in keys}
     runs = [_squash("".join(words[i:i + n])) for n in (2, 3) for i in range(len(words) - n + 1)
             if not all(w in _COMMON for w in words[i:i + n])]
-    scored: list[tuple[float, str, FileEntry]] = []
+    scored: list[tuple[float, bool, str, FileEntry]] = []
     for entry in entries:
         names = [d.name for d in entry.definitions]
         own = {w.rstrip("s") for part in (entry.path, entry.summary, *names)
@@ -681,19 +683,23 @@ def matching(request: str, entries: Sequence[FileEntry], limit: int = 3,
         score = sum(1.0 + 2.0 * (k in defined) for k in keys if k.rstrip("s") in own)
         if not score:
             continue
+        defines = any(k in defined for k in keys)
         for run in runs:
             if run in text:
                 score += 1.0
             if run in defined:
                 score += 2.0
-        scored.append((-score, entry.path, entry))
-    scored.sort(key=lambda item: (item[0], item[1]))
+                defines = True
+        scored.append((-score, defines, entry.path, entry))
+    scored.sort(key=lambda item: (item[0], item[2]))
     if not scored or -scored[0][0] < least:
         return []
     scored = [s for s in scored if s[0] <= scored[0][0] / 2]  # at least half the best
+    if scored[0][1]:  # the best defines what was asked: so must the others
+        scored = [s for s in scored if s[1]]
     asked = _squash(request)
     out: list[FileEntry] = []
-    for _, _, entry in scored[:limit]:
+    for _, _, _, entry in scored[:limit]:
         exact = [d for d in entry.definitions
                  if len(_squash(d.name)) > 2 and _squash(d.name) in asked]
         near = [d for d in entry.definitions if d not in exact
