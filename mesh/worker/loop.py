@@ -487,6 +487,10 @@ class AgentWorker:
         made_up = unknown_files(answer, files)
         if made_up and not why:  # a file the project does not have
             why = f"it names {', '.join(made_up[:3])}, which the project does not have"
+        if hinted and not why and files and not named_files(answer, files):
+            # The request matched the outline (its lines were shown): an answer grounded
+            # in the project names one of its files.
+            why = "it names none of the project's files, though the request is about them"
         # An answer that meant to name a file, or a request the outline matched (its
         # lines were shown): the repair names one of the project's files.
         name_path = bool(made_up or named_files(answer, files) or hinted)
