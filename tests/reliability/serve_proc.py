@@ -129,17 +129,24 @@ def start(
             stdout=out, stderr=subprocess.STDOUT, env=serve_env(cache),
         )
     served = ServeProc(proc, f"http://127.0.0.1:{port}", log)
+    return wait_up(served, timeout)
+
+
+def wait_up(served: ServeProc, timeout: float, pause: float = 0.05) -> ServeProc:
+    """Wait (bounded) until ``served`` answers ``/healthz``; a server that exits or does
+    not come up in ``timeout`` seconds fails the test with its log (and is killed)."""
     deadline = time.monotonic() + timeout
     while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"mesh serve exited {proc.returncode}:\n{served.stderr()}")
+        if served.proc.poll() is not None:
+            raise AssertionError(
+                f"mesh serve exited {served.proc.returncode}:\n{served.stderr()}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(served.url + "/healthz", timeout=2).status_code == 200:
                 return served
         if time.monotonic() > deadline:
             served.stop(signal.SIGKILL)
             raise AssertionError(f"mesh serve did not start:\n{served.stderr()}")
-        time.sleep(0.05)
+        time.sleep(pause)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ reaped), and a new task must still run to completion.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from tests.reliability.serve_proc import (
     message,
     serve_env,
     small_project,
+    wait_up,
 )
 
 DELAYS_S = (0.0, 0.0, 0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
@@ -55,15 +55,7 @@ def served(tmp_path: Path) -> Any:
                                 env=serve_env(tmp_path / "cache"))
     srv = ServeProc(proc, f"http://127.0.0.1:{port}", log)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, srv.stderr()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(srv.url + "/healthz", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, srv.stderr()
-            time.sleep(0.2)
-        yield srv
+        yield wait_up(srv, 180, 0.2)
     finally:
         if proc.poll() is None:
             srv.stop(signal.SIGKILL)
