@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mesh.cli import main
-from tests.coordinator.coord_helpers import TOKEN_A, Served, serve
 from tests.reliability.serve_proc import free_port
+from tests.support.coord_helpers import TOKEN_A, Served, serve
 
 
 def _closed_url() -> str:

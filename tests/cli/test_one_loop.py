@@ -29,8 +29,8 @@ from starlette.routing import Route
 from mesh.a2a.app import AppParts, create_app, run_server
 from mesh.a2a.config import CoordinatorConfig
 from mesh.cli import serve as serve_cli
-from tests.coordinator.coord_helpers import POOL_INFO, FakeAdmission, Probe, ScriptedWorker
 from tests.reliability.serve_proc import small_project
+from tests.support.coord_helpers import POOL_INFO, FakeAdmission, Probe, ScriptedWorker
 
 pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
                                 reason="signal handlers need the main thread")

@@ -2,7 +2,7 @@
 ``mesh result URL ID`` prints a task's answer, or its state while it runs (issue 41 item 7.1).
 
 A real ``mesh send`` process, interrupted with a real SIGINT, against a coordinator on a
-real uvicorn (fake gate and worker: :mod:`tests.coordinator.coord_helpers`).
+real uvicorn (fake gate and worker: :mod:`tests.support.coord_helpers`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mesh.cli import main
-from tests.coordinator.coord_helpers import TOKEN_A, Served, serve, wait_for
+from tests.support.coord_helpers import TOKEN_A, Served, serve, wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
 

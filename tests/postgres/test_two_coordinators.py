@@ -1,7 +1,7 @@
 """Two coordinators on one PostgreSQL (``task_store``): a task made on one is read, listed,
 resubscribed and cancelled on the other, and a coordinator whose session dies has its
 running tasks failed by the other. Real uvicorn servers on 127.0.0.1, in threads, with the
-scripted workers of the coordinator tests."""
+scripted workers of :mod:`tests.support.coord_helpers`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from a2a.types import a2a_pb2 as pb
 
 from mesh.a2a.postgres import LOCK_SPACE, open_postgres_stores
 from mesh.a2a.store import INTERRUPTED_REASON, owner_context
-from tests.coordinator.coord_helpers import (
+from tests.support.coord_helpers import (
     Probe,
     S,
     artifact,

@@ -18,7 +18,7 @@ from mesh.api.sessions import SessionAPI, api_routes
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.sim.fake import FakeEngine
-from tests.coordinator.coord_helpers import Probe, ScriptedWorker
+from tests.support.coord_helpers import Probe, ScriptedWorker
 
 
 @dataclass

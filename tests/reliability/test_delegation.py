@@ -21,7 +21,7 @@ from mesh.cli.compose import peer_tokens
 from mesh.fleet.peers import PeerClient, PeerError
 from mesh.worker.tools import ToolError, delegate_tool
 from mesh.worker.types import Hops, Subtask, WorkerResult
-from tests.coordinator.coord_helpers import FakeAdmission
+from tests.support.coord_helpers import FakeAdmission
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ import pytest
 from mesh.a2a import executor as executor_mod
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
-from tests.coordinator.coord_helpers import FakeAdmission, Probe, ScriptedWorker
+from tests.support.coord_helpers import FakeAdmission, Probe, ScriptedWorker
 
 pytestmark = pytest.mark.anyio
 

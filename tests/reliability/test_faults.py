@@ -20,15 +20,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from mesh.engine.llama import Batch
-from tests.coordinator.coord_helpers import (
+from tests.reliability.real_stack import real_stack
+from tests.reliability.serve_proc import TERMINAL, free_port, message, text_of
+from tests.support.coord_helpers import (
     Served,
     await_for,
     free_socket,
     serve,
     serve_asgi,
 )
-from tests.reliability.real_stack import real_stack
-from tests.reliability.serve_proc import TERMINAL, free_port, message, text_of
 
 pytestmark = pytest.mark.anyio
 

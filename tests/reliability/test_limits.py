@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.coordinator.coord_helpers import Served, serve
 from tests.reliability.real_stack import real_stack
 from tests.reliability.serve_proc import free_port, message, serve_argv, serve_env, text_of
+from tests.support.coord_helpers import Served, serve
 
 
 def raw_exchange(url: str, head: bytes, body: bytes = b"") -> bytes:

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from a2a.types import a2a_pb2 as pb
 
-from tests.coordinator.coord_helpers import request, sdk, send_all, serve
 from tests.reliability.fake_stack import fake_stack
+from tests.support.coord_helpers import request, sdk, send_all, serve
 
 pytestmark = pytest.mark.anyio
 

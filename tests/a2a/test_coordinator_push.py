@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.coordinator.coord_helpers import (
+from tests.support.coord_helpers import (
     Served,
     await_for,
     request,

@@ -9,7 +9,7 @@ import pytest
 
 from bench.agent_bench import Question, check, questions
 
-SAMPLE = Path(__file__).resolve().parents[1] / "templates" / "sample"
+SAMPLE = Path(__file__).resolve().parents[2] / "templates" / "sample"
 
 
 def _file(name: str) -> str:

@@ -20,7 +20,7 @@ from mesh.engine.config import SamplingParams
 from mesh.engine.interface import ContextOverflow, Piece, SessionState, TurnResult
 from mesh.sim.fake import FakeEngine, FakeSession
 from mesh.worker.types import Worker
-from tests.coordinator.coord_helpers import (
+from tests.support.coord_helpers import (
     POOL_INFO,
     FakeAdmission,
     Probe,

@@ -11,14 +11,14 @@ from google.protobuf.json_format import MessageToDict
 
 from mesh.agent.task import AgentConfig
 from mesh.sim.scenario import PackagePlan
-from tests.coordinator.agent_helpers import (
+from tests.support.agent_helpers import (
     Scripted,
     ScriptedEngine,
     plan_json,
     reply,
     serve_agent,
 )
-from tests.coordinator.coord_helpers import artifact, request, sdk, send_all, text_of
+from tests.support.coord_helpers import artifact, request, sdk, send_all, text_of
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ from mesh.a2a import validation as shapes_mod
 from mesh.agent import plans as subtasks_mod
 from mesh.worker.tools import DelegateTool, ToolError, delegate_tool
 from mesh.worker.types import NO_HOPS, Hops, Subtask, WorkerResult
-from tests.coordinator.coord_helpers import FakeAdmission
+from tests.support.coord_helpers import FakeAdmission
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Fixtures of the coordinator tests: the app over ``httpx.ASGITransport`` (lifespan run)."""
+"""Fixtures of the A2A server tests: the app over ``httpx.ASGITransport`` (lifespan run)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 
 from mesh.a2a.app import build_app
 from mesh.a2a.config import CoordinatorConfig
-from tests.coordinator.coord_helpers import POOL_INFO, FakeAdmission, Probe, ScriptedWorker
+from tests.support.coord_helpers import POOL_INFO, FakeAdmission, Probe, ScriptedWorker
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from mesh.fleet.peers import (
     confine_card,
     within,
 )
-from tests.coordinator.coord_helpers import serve_asgi
+from tests.support.coord_helpers import serve_asgi
 
 pytestmark = pytest.mark.anyio
 TOKEN = "peer-token-canary-789"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.coordinator.agent_helpers import Scripted, ScriptedEngine, plan_json, serve_agent
-from tests.coordinator.test_coordinator_cli import run
+from tests.cli.test_coordinator_cli import run
+from tests.support.agent_helpers import Scripted, ScriptedEngine, plan_json, serve_agent
 
 
 def test_send_answers_a_question_with_task_and_follows_up_with_context(

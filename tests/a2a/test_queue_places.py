@@ -14,7 +14,7 @@ import pytest
 from mesh.gate.admission import FloorGate
 from mesh.gate.config import GateConfig
 from mesh.sim.fake import FakeEngine
-from tests.coordinator.coord_helpers import TOKEN_A, TOKEN_B, await_for
+from tests.support.coord_helpers import TOKEN_A, TOKEN_B, await_for
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,8 @@ from mesh.agent.synthesis import (
     synthesis_answer,
 )
 from mesh.worker.types import WorkerResult
-from tests.coordinator.agent_helpers import Scripted, ScriptedEngine, plan_json, serve_agent
-from tests.coordinator.coord_helpers import artifact, request, sdk, send_all, text_of
+from tests.support.agent_helpers import Scripted, ScriptedEngine, plan_json, serve_agent
+from tests.support.coord_helpers import artifact, request, sdk, send_all, text_of
 
 S = pb.TaskState
 

@@ -9,7 +9,7 @@ import pytest
 from a2a.types import a2a_pb2 as pb
 
 from mesh.a2a.store import INTERRUPTED_REASON, mark_interrupted, open_stores, owner_context
-from tests.coordinator.coord_helpers import (
+from tests.support.coord_helpers import (
     S,
     artifact,
     await_for,

@@ -11,7 +11,7 @@ import pytest
 from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
-from tests.coordinator.coord_helpers import (
+from tests.support.coord_helpers import (
     FakeAdmission,
     Served,
     artifact,

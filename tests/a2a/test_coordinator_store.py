@@ -20,7 +20,7 @@ from mesh.a2a.store import (
     owner_context,
     owner_of,
 )
-from tests.coordinator.coord_helpers import await_for
+from tests.support.coord_helpers import await_for
 
 pytestmark = pytest.mark.anyio
 

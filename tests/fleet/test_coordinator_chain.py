@@ -8,7 +8,7 @@ import pytest
 from a2a.types import a2a_pb2 as pb
 
 from mesh.fleet.peers import PeerClient, PeerError
-from tests.coordinator.coord_helpers import (
+from tests.support.coord_helpers import (
     TOKEN_B,
     Probe,
     artifact,

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.coordinator.coord_helpers import FakeAdmission
+from tests.support.coord_helpers import FakeAdmission
 
 pytestmark = pytest.mark.anyio
 

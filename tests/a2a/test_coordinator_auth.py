@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.coordinator.coord_helpers import TOKEN_A, TOKEN_B
+from tests.support.coord_helpers import TOKEN_A, TOKEN_B
 
 pytestmark = pytest.mark.anyio
 

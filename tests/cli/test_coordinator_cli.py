@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mesh.cli import client as cli
-from tests.coordinator.coord_helpers import TOKEN_A, Served, serve, wait_for
+from tests.support.coord_helpers import TOKEN_A, Served, serve, wait_for
 
 
 def run(*argv: str) -> int:

@@ -1,0 +1,1 @@
+"""Helpers shared by test folders: fake gate and workers, served coordinators."""
