@@ -1,7 +1,7 @@
 """``bench/prefix_attention_bench.py --quick`` through its ``main``, on the tiny model with the
 long-context twin left out (``--long-prefixes ''``: writing and prefilling the twin takes
 half a minute on two cores), so the whole path — the grid, the fits, the analysis and the
-JSON — never rots. tests/test_prefix_attention_bench.py checks the grid's points and the
+JSON — never rots. tests/bench/test_prefix_attention_bench.py checks the grid's points and the
 fits' arithmetic. No time is asserted."""
 
 from __future__ import annotations
