@@ -84,6 +84,7 @@ def _pool_params(info: PoolInfo) -> Struct:
             "session_budget": info.session_budget,
             "n_ctx": info.n_ctx,
             "engine": info.engine,
+            "weights": info.weights,
         }
     )
     return params

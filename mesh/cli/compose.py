@@ -117,6 +117,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "patch, CPU): shared requires it and turns flash attention on; off "
                         "keeps llama.cpp's path; auto (default): shared where the patch is "
                         "built and the pool runs on the CPU")
+    p.add_argument("--weights", choices=("auto", "as-is", "q8_0", "q4_0"), default="auto",
+                   help="the weights the engine loads (default auto: a type without a fast "
+                        "CPU kernel, SmolLM2's Q4_1, is converted once to Q8_0 and cached; "
+                        "as-is: the file unchanged; q4_0: faster still, less accurate)")
     p.add_argument("--kv-type", choices=KV_TYPES, default=None,
                    help="KV cache element type (default f16, or what --kv-memory picks)")
     p.add_argument("--max-attached", type=int, default=None,
@@ -142,6 +146,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--park-memory must be >= 0 GiB, got {args.park_memory:g}")
     return {"native": native, "n_gpu_layers": args.gpu_layers, "flash_attn": args.flash_attn,
             "prefix_attention": args.prefix_attention, "kv_type": args.kv_type or "f16",
+            "weights": args.weights,
             "max_attached": args.max_attached,
             "park_idle_s": args.park_idle, "park_memory": int(args.park_memory * GIB)}
 
@@ -698,6 +703,8 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     print(f"prefix: {info.prefix_tokens} tokens, sha256 {info.prefix_hash[:16]}, {how}; "
           f"engine: {info.engine}; pool: {args.pool}, {info.max_sessions} sessions x "
           f"{info.session_budget} tokens, {info.n_ctx} KV cells", file=sys.stderr)
+    if info.weights:
+        print(f"weights: {info.weights} (--weights {cfg.weights})", file=sys.stderr)
     if info.flash_attn:  # what --flash-attn / --prefix-attention auto chose (llama.cpp)
         print(f"attention: flash {info.flash_attn} (--flash-attn {cfg.flash_attn}), "
               f"shared prefix {info.prefix_attention} (--prefix-attention "

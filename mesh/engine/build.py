@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mesh.engine import llama
@@ -35,6 +35,7 @@ from mesh.engine.config import (
 )
 from mesh.engine.interface import PoolInfo
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel, gpu_offload_supported
+from mesh.engine.models import cpu_weights
 
 __all__ = [
     "PREFIX_SEQ", "Built", "Progress", "Tokenizer", "build", "check_context", "open_tokenizer",
@@ -146,17 +147,22 @@ class Built:
 def build(cfg: EngineConfig, prefix_input: str | list[int], progress: Progress | None) -> Built:
     """Load the model, size and create the context, build or restore the prefix."""
     t0 = time.monotonic()
-    model = LlamaModel(cfg.model_path, n_gpu_layers=cfg.n_gpu_layers,
-                       extra_buffers=cfg.extra_buffers)
+    weights = cpu_weights(cfg.model_path, cfg.weights,
+                          on_gpu=cfg.n_gpu_layers != 0 and gpu_offload_supported(),
+                          threads=cfg.n_threads or 0)
+    model = LlamaModel(weights.path, n_gpu_layers=cfg.n_gpu_layers,
+                       extra_buffers=cfg.extra_buffers or weights.extra_buffers)
     try:
-        return _build(cfg, model, prefix_input, progress, t0)
+        built = _build(cfg, model, prefix_input, progress, t0, str(weights.path))
+        built.info = replace(built.info, weights=weights.described)
+        return built
     except BaseException:
         model.close()
         raise
 
 
 def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
-           progress: Progress | None, t0: float) -> Built:
+           progress: Progress | None, t0: float, loaded: str) -> Built:
     if isinstance(prefix_input, str):
         tokens = model.tokenize(prefix_input, add_bos=model.add_bos)
     else:
@@ -197,7 +203,8 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
     warm_started = False
     snap = None
     if cfg.cache_dir and cfg.share_prefix:
-        snap = snapshot_path(Path(cfg.cache_dir), cfg.model_path, prefix_hash,
+        # keyed by the file loaded: converted weights give other K/V than the source's
+        snap = snapshot_path(Path(cfg.cache_dir), loaded, prefix_hash,
                                   ctx_key=_ctx_key(n_ctx, n_seq_max, cfg.swa_full, flash_attn,
                                                    prefix_attention))
         warm_started = restore_snapshot(ctx, snap, PREFIX_SEQ, tokens)

@@ -219,6 +219,9 @@ class EngineConfig:
     # llama.cpp's extra CPU buffer types (repacked weights, AMX). Off by default: the AMX
     # path segfaults on AMX-capable Xeons with llama-cpp-python 0.3.36.
     extra_buffers: bool = False
+    # What the engine loads (mesh.engine.models.cpu_weights, --weights): auto | as-is |
+    # q8_0 | q4_0. auto converts SmolLM2's Q4_1 to Q8_0 on a CPU (measured faster).
+    weights: str = "auto"
     # False is the baseline without a pool: every session prefills its own private copy
     # of the prefix (for comparisons; sizes n_ctx for max_sessions * (prefix + budget)).
     share_prefix: bool = True
@@ -273,6 +276,8 @@ class EngineConfig:
             )
         if not 1 <= self.prefill_chunk <= self.n_batch:
             raise ValueError(f"prefill_chunk must be in 1..n_batch, got {self.prefill_chunk}")
+        if self.weights not in ("auto", "as-is", "q8_0", "q4_0"):
+            raise ValueError(f"weights must be auto, as-is, q8_0 or q4_0, got {self.weights!r}")
         if self.flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, "
                              f"got {self.flash_attn!r}")

@@ -145,6 +145,9 @@ class PoolInfo:
     # shared-prefix attention (shared | off).
     flash_attn: str = ""
     prefix_attention: str = ""
+    # The weights loaded, in words (mesh.engine.models.cpu_weights): "as-is (Q4_1)",
+    # "q8_0 from Q4_1"; "" where the engine does not load a GGUF itself.
+    weights: str = ""
 
 
 # --------------------------------------------------------------------------- load

@@ -72,9 +72,9 @@ from mesh.engine.interface import ModelError
 __all__ = [
     "ENV_DISABLE", "ENV_MIN", "FLASH_ATTN_TYPE", "SET_SYMBOL", "SYMBOL", "Batch", "CellCensus",
     "LlamaContext", "LlamaModel", "backend_init", "disabled_by_env", "gpu_offload_supported",
-    "library_version", "ll", "llama_library", "min_prefix", "parse_cell_census",
+    "library_version", "ll", "llama_library", "min_prefix", "parse_cell_census", "quantize_file",
     "set_shared_prefix_attn", "shared_prefix_attn_available", "shared_prefix_attn_version",
-    "version_in"
+    "system_info", "version_in"
 ]
 
 
@@ -113,6 +113,25 @@ def backend_init(verbose: bool = False) -> None:
 
 def library_version() -> str:
     return str(getattr(llama_cpp, "__version__", "unknown"))
+
+def system_info() -> str:
+    """llama.cpp's build line (``AVX2 = 1 | ... | REPACK = 1 | AMX_INT8 = 0 ...``)."""
+    return bytes(ll.llama_print_system_info()).decode("utf-8", "replace")
+
+
+def quantize_file(src: str | Path, dst: str | Path, ftype: int, threads: int) -> None:
+    """Write ``src``'s weights as llama.cpp file type ``ftype`` (``LLAMA_FTYPE_*``) to
+    ``dst``, requantizing quantized tensors. ModelError when llama.cpp refuses."""
+    backend_init()
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    params.nthread = threads
+    rc = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise ModelError(f"llama.cpp could not convert {src} to file type {ftype} (code {rc}); "
+                         "pass --weights as-is to load the file unchanged")
+
 
 # -------------------- the model -----------------------------------------------
 

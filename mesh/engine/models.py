@@ -49,6 +49,10 @@ text. Write ``./tiny`` for a file of that name.
 :func:`file_sha256` memoizes a file's hash on disk, keyed by (path, size, mtime_ns), so a
 restart does not re-read a 240 MB model. The assumption, as with ``make``: a file whose
 size and nanosecond mtime are unchanged has unchanged content.
+
+**The weights this CPU runs.** :func:`cpu_weights` (``--weights``): a file whose type has no
+fast CPU kernel in llama.cpp (SmolLM2's Q4_1) is converted once to one that has (Q8_0),
+cached by the source's hash; ``as-is`` loads the file unchanged.
 """
 
 from __future__ import annotations
@@ -71,9 +75,10 @@ from numpy.typing import NDArray
 from mesh.engine.interface import ModelError
 
 __all__ = [
-    "BUILTIN_NAMES", "ENV_VAR", "TINY_FORMAT_VERSION", "ModelSource", "ResolvedModel",
-    "TinyVariant", "add_vocabulary", "default_cache_dir", "file_sha256", "resolve_model",
-    "smollm2_path", "tiny_model_path", "vocabulary_size", "write_tiny_model"
+    "BUILTIN_NAMES", "ENV_VAR", "TINY_FORMAT_VERSION", "WEIGHT_CHOICES", "ModelSource",
+    "ResolvedModel", "TinyVariant", "Weights", "add_vocabulary", "cpu_weights",
+    "default_cache_dir", "file_sha256", "file_type", "resolve_model", "smollm2_path",
+    "tiny_model_path", "vocabulary_size", "write_tiny_model"
 ]
 
 
@@ -562,3 +567,79 @@ def _write_memo(path: Path, digest: str, memo_dir: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+# -------------------- the weights this CPU runs --------------------------------
+
+#: ``--weights`` choices. ``auto``: convert where a measured faster CPU path exists (below);
+#: ``as-is``: load the file unchanged; ``q8_0`` / ``q4_0``: convert to that type.
+WEIGHT_CHOICES = ("auto", "as-is", "q8_0", "q4_0")
+# llama.cpp's LLAMA_FTYPE_* numbers (llama.h) for the types mesh reads or writes.
+_FTYPE = {"q4_0": 2, "q4_1": 3, "q8_0": 7}
+_FTYPE_NAMES = {0: "F32", 1: "F16", **{v: k.upper() for k, v in _FTYPE.items()}}
+# Bump when the conversion's output for the same input changes: it keys the cache.
+_CONVERT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The file the engine loads and how: ``path`` (the model, or its converted copy in the
+    cache), ``extra_buffers`` (llama.cpp's repacked-weight buffers on) and, in words, what
+    was done (``as-is (Q4_1)``, ``q8_0 from Q4_1``) for the start-up log and ``/capacity``."""
+
+    path: Path
+    extra_buffers: bool
+    described: str
+
+
+def file_type(path: Path) -> int | None:
+    """The GGUF's ``general.file_type`` (a ``LLAMA_FTYPE_*`` number), None when absent
+    (read through a vocabulary-only load: gguf's reader maps every tensor, seconds)."""
+    from mesh.engine.llama import LlamaModel
+
+    model = LlamaModel(path, vocab_only=True)
+    try:
+        value = model.meta("general.file_type")
+    finally:
+        model.close()
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def cpu_weights(path: str | os.PathLike[str], choice: str, *, on_gpu: bool,
+                cache_dir: str | os.PathLike[str] | None = None, threads: int = 0) -> Weights:
+    """The weights to load for ``choice`` (one of :data:`WEIGHT_CHOICES`).
+
+    ``auto`` converts only where this repository measured a faster path on CPUs without a
+    repacked kernel for the file's type (``bench/weights_bench.py``): Q4_1 (SmolLM2's file)
+    → Q8_0, whose integer dot products need no nibble unpacking — prefill 1.4×, a 32-row
+    decode step 1.6× on an AVX2 EPYC — and which holds every Q4_1 weight within half a
+    Q8_0 step (near-lossless: greedy text can still differ after some tokens). On a GPU
+    (``on_gpu``) and for every other type ``auto`` loads the file as is. ``q4_0`` trades
+    accuracy (a second 4-bit rounding) for llama.cpp's repacked Q4_0 kernels, so it turns
+    the extra buffers on unless this llama.cpp was built with AMX (whose path crashed on
+    AMX Xeons). A conversion runs once; its file is cached by the source's hash.
+    """
+    from mesh.engine import llama
+
+    src = Path(path)
+    if choice not in WEIGHT_CHOICES:
+        raise ValueError(f"--weights must be one of {', '.join(WEIGHT_CHOICES)}, got {choice!r}")
+    kind = file_type(src) if src.is_file() else None
+    have = _FTYPE_NAMES.get(kind, f"type {kind}") if kind is not None else "unknown type"
+    target = choice
+    if choice == "auto":
+        target = "q8_0" if (kind == _FTYPE["q4_1"] and not on_gpu) else "as-is"
+    if target == "as-is" or kind == _FTYPE[target]:
+        return Weights(src, False, f"as-is ({have})")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    digest = file_sha256(src, memo_dir=cache / ".sha256")
+    dst = cache / "weights" / f"{src.stem}.{digest[:16]}.v{_CONVERT_VERSION}.{target}.gguf"
+    if not dst.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f"{dst.name}.tmp{os.getpid()}")
+        try:
+            llama.quantize_file(src, tmp, _FTYPE[target], threads or os.cpu_count() or 1)
+            os.replace(tmp, dst)
+        finally:
+            tmp.unlink(missing_ok=True)
+    extra = target == "q4_0" and "AMX_INT8 = 1" not in llama.system_info()
+    return Weights(dst, extra, f"{target} from {have}" + (", repacked" if extra else ""))
