@@ -101,6 +101,8 @@ class CapacityCollector(Collector):
         yield from (g for g in gauges if g is not None)
         yield self._labelled("sessions", "Sessions by state.", "state", sessions)
         yield self._labelled("kv_cells", "KV cells by kind.", "kind", kv)
+        yield self._labelled("kv_bytes", "KV cache bytes: allocated, used, per cell.", "kind",
+                             cap.get("kv_bytes", {}))
 
 
 def capacity_routes(admission: Admission) -> list[BaseRoute]:

@@ -685,6 +685,7 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     data_dir = Path(args.data_dir)  # preflight created it
     cfg = EngineConfig(model_path=str(model.path), max_sessions=args.max_sessions,
                        session_budget=args.session_budget, n_threads=args.threads,
+                       kv_cells=getattr(args, "kv_cells", None),
                        cache_dir=prefix_cache_dir(args, data_dir),
                        share_prefix=args.pool == "shared")
     cfg = apply_engine_flags(cfg, args, prefix_text)

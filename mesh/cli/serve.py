@@ -51,6 +51,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-sessions", type=int, default=16, help="pool session slots")
     p.add_argument("--session-budget", type=int, default=2048,
                    help="most suffix tokens one session may hold")
+    p.add_argument("--kv-cells", type=int, default=None,
+                   help="suffix KV cells all sessions share; each takes what it uses, up to "
+                        "--session-budget (default: sized to need, max-sessions x "
+                        "min(budget, 512), at least one budget)")
     p.add_argument("--pool", choices=("shared", "naive"), default="shared",
                    help="naive: every worker prefills its own prefix copy (baseline)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all)")

@@ -178,7 +178,7 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
                 f"-element blocks; {model.description} has heads of {head_k} elements: "
                 "use --kv-type f16")
     if cfg.share_prefix:
-        n_ctx = cfg.n_ctx or len(tokens) + cfg.max_sessions * cfg.session_budget
+        n_ctx = cfg.n_ctx or len(tokens) + cfg.suffix_cells  # one pool, sized to need
     else:
         n_ctx = cfg.n_ctx or cfg.max_sessions * (len(tokens) + cfg.session_budget)
     n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the cache to 256 cells anyway
@@ -221,6 +221,7 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
         prefix_tokens=len(tokens), prefix_hash=prefix_hash, warm_started=warm_started,
         build_s=time.monotonic() - t0, n_params=model.n_params,
         flash_attn=flash_attn, prefix_attention=prefix_attention,
+        cell_bytes=KVShape(*model.kv_shape()[:4]).cell_bytes(cfg.kv_type),
     )
     shared = len(tokens) if cfg.share_prefix else 0  # naive: no shared prefix sequence
     return Built(model=model, ctx=ctx, batch=batch, prefix=tokens, info=info,

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "FA_ON_VS_OFF", "FLASH_ATTN", "FLASH_ATTN_CONFLICT", "KV_GGML_TYPE", "KV_TYPES",
-    "PREFIX_ATTENTION", "PREFIX_ATTENTION_NOT_BUILT", "EngineConfig", "KVShape", "SamplingParams",
-    "Tier", "batch_problem", "choose_tier", "elements_per_block", "fa_on_vs_off",
+    "PREFIX_ATTENTION", "PREFIX_ATTENTION_NOT_BUILT", "TYPICAL_SUFFIX", "EngineConfig", "KVShape",
+    "SamplingParams", "Tier", "batch_problem", "choose_tier", "elements_per_block", "fa_on_vs_off",
     "kv_shape_from_meta", "resolve_flash_attn", "resolve_prefix_attention"
 ]
 
@@ -191,6 +191,10 @@ FLASH_ATTN_CONFLICT = (
 # -------------------- the configuration ---------------------------------------
 
 FLASH_ATTN = ("auto", "on", "off")
+# The suffix cells a session is expected to hold, for sizing the pool (kv_cells None):
+# mesh's agents held ~0.4 GB of SmolLM2 KV at N = 32 with a 4K prefix, ~410 suffix cells
+# each (issue 44); a session that needs more takes them from the pool, up to its budget.
+TYPICAL_SUFFIX = 512
 PREFIX_ATTENTION = ("auto", "shared", "off")
 KV_TYPES = ("f16", "q8_0", "q4_0")  # highest precision first
 
@@ -200,15 +204,19 @@ class EngineConfig:
     """How the pool is built. Validation does no I/O; see :meth:`validate`.
 
     ``n_ctx`` is the KV buffer in cells, shared by the prefix and every session's private
-    suffix; ``None`` sizes it as ``prefix + max_sessions * session_budget`` (rounded up).
+    suffix; ``None`` sizes it as ``prefix + suffix_cells`` (rounded up to 256).
     ``session_budget`` is the most private cells one session may hold (its context limit
-    beyond the prefix).
+    beyond the prefix). ``kv_cells`` is the one pool of suffix cells every session takes
+    from as it grows (``None``: sized to need, see :attr:`suffix_cells`).
     """
 
     model_path: str
     max_sessions: int = 16
     session_budget: int = 2048
     n_ctx: int | None = None
+    # Suffix cells of all sessions together (vLLM's pool of blocks: sessions take what they
+    # use, each up to session_budget). None: sized to need (suffix_cells).
+    kv_cells: int | None = None
     n_threads: int | None = None  # None: every core
     n_batch: int = 512  # token budget of one decode step (decode tokens + prefill chunks)
     prefill_chunk: int = 256  # most prefix tokens decoded per call while building the prefix
@@ -247,6 +255,16 @@ class EngineConfig:
     park_memory: int = 0
 
     @property
+    def suffix_cells(self) -> int:
+        """``kv_cells`` resolved: ``max_sessions * min(session_budget, TYPICAL_SUFFIX)``,
+        and never less than one whole ``session_budget`` (so one session can always grow
+        to its cap once the others are parked)."""
+        if self.kv_cells is not None:
+            return self.kv_cells
+        return max(self.session_budget,
+                   self.max_sessions * min(self.session_budget, TYPICAL_SUFFIX))
+
+    @property
     def attached_limit(self) -> int:
         """``max_attached`` resolved."""
         return 4 * self.max_sessions if self.max_attached is None else self.max_attached
@@ -265,6 +283,10 @@ class EngineConfig:
             raise ValueError(f"park_idle_s must be >= 0 seconds, got {self.park_idle_s}")
         if self.session_budget < 16:
             raise ValueError(f"session_budget must be >= 16 tokens, got {self.session_budget}")
+        if self.kv_cells is not None and self.kv_cells < self.session_budget:
+            raise ValueError(f"kv_cells ({self.kv_cells}) must hold at least one session's "
+                             f"budget ({self.session_budget}); raise --kv-cells or lower "
+                             "--session-budget")
         if self.n_ctx is not None and self.n_ctx < 64:
             raise ValueError(f"n_ctx must be >= 64 cells, got {self.n_ctx}")
         if self.n_threads is not None and self.n_threads < 1:

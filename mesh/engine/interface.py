@@ -148,6 +148,8 @@ class PoolInfo:
     # The weights loaded, in words (mesh.engine.models.cpu_weights): "as-is (Q4_1)",
     # "q8_0 from Q4_1"; "" where the engine does not load a GGUF itself.
     weights: str = ""
+    # Bytes of one KV cell (K and V of every layer at the cache's type; 0: unknown).
+    cell_bytes: float = 0.0
 
 
 # --------------------------------------------------------------------------- load
@@ -230,6 +232,7 @@ class PoolLoad:
     # suffix cells that freed; the shared prefix is never touched.
     compactions: int = 0
     compacted_cells: int = 0
+    cell_bytes: float = 0.0  # bytes of one KV cell (0: unknown); cells x this = KV bytes
 
     @property
     def num_parked(self) -> int:

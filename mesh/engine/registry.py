@@ -105,16 +105,18 @@ class SessionRegistry:
 
     # -- parking -----------------------------------------------------------------------
 
-    def _idle(self) -> list[SeqState]:
-        """Resident sessions not in a turn, least recently busy first (park order)."""
-        return sorted((st for st in self._sessions.values() if st.turn is None),
+    def _idle(self, keep: SeqState | None = None) -> list[SeqState]:
+        """Resident sessions not in a turn (but ``keep``), least recently busy first (park
+        order)."""
+        return sorted((st for st in self._sessions.values()
+                       if st.turn is None and st is not keep),
                       key=lambda st: st.idle_since)
 
     def _parkable(self) -> tuple[int, int]:
         # Any thread: tuple() copies the dict's values under the GIL; the idle sessions in
         # it could be parked to make room (the attach itself checks again).
         idle = [st for st in tuple(self._sessions.values()) if st.turn is None]
-        return len(idle), sum(st.reserved for st in idle)
+        return len(idle), sum(st.reserved - st.owed for st in idle)
 
     def park(self, st: SeqState) -> bool:
         """Park an idle resident session (False: it is in a turn, parked or detached)."""
@@ -177,20 +179,38 @@ class SessionRegistry:
             return None
         return ctx.seq_get_data(st.seq) or None
 
-    def make_room(self, cells: int) -> bool:
-        """Park LRU idle sessions until a sequence id and ``cells`` cells are free; parks
-        nothing and returns False if even every idle session would not make the room."""
+    def make_room(self, cells: int, *, seq: bool = True,
+                  keep: SeqState | None = None) -> bool:
+        """Park LRU idle sessions (never ``keep``) until ``cells`` cells and (``seq``) a
+        sequence id are free; parks nothing and returns False if even every idle session
+        would not make the room."""
         ledger = self._ledger
-        if ledger.free_seq_ids > 0 and ledger.free_cells() >= cells:
+
+        def room() -> bool:
+            return (not seq or ledger.free_seq_ids > 0) and ledger.free_cells() >= cells
+
+        if room():
             return True
-        idle = self._idle()  # parking one frees its cells and its queued text's promises
-        if not idle or ledger.free_cells() + sum(st.reserved for st in idle) < cells:
+        idle = self._idle(keep)  # parking one frees its cells and its queued text's promises
+        if not idle or ledger.free_cells() + sum(st.reserved - st.owed for st in idle) < cells:
             return False
         for st in idle:
             self.park(st)
-            if ledger.free_seq_ids > 0 and ledger.free_cells() >= cells:
+            if room():
                 return True
         return False
+
+    def settle(self, st: SeqState) -> None:
+        """Before a resident session's turn opens: take its owed cells (text queued while
+        the pool was short) from the pool, parking LRU idle sessions for them; if even
+        that leaves too few, park the session itself: its turn waits, as any parked
+        session's does, until :meth:`resume` finds the room (turns end, their sessions
+        go idle and can be parked)."""
+        if st.parked or not st.owed or self._ledger.settle(st):
+            return
+        if self.make_room(st.owed, seq=False, keep=st) and self._ledger.settle(st):
+            return
+        self.park(st)
 
     def resume(self, st: SeqState) -> bool:
         """Bring a parked session back (False: no room yet; its turn keeps waiting)."""

@@ -341,7 +341,8 @@ class StepStats:
     def snapshot(self, states: Iterable[SeqState], *, prefix_cells: int, prefix_len: int,
                  n_ctx: int, free_seq_ids: int, max_sessions: int,
                  session_budget: int, sessions_attached: int = 0,
-                 sessions_reaped: int = 0, parking: Parking = NO_PARKING) -> Capture:
+                 sessions_reaped: int = 0, parking: Parking = NO_PARKING,
+                 cell_bytes: float = 0.0) -> Capture:
         """Capture the pool between steps (engine thread): plain tuples, cheap; the
         :class:`PoolLoad` is built from them when someone reads it."""
         now = time.monotonic()
@@ -351,7 +352,8 @@ class StepStats:
         return Capture(now, rows, self.step_ms, self.agg_tps(now), tuple(self.recent),
                        prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
                        session_budget,
-                       (sessions_attached, self.prefill_tokens, sessions_reaped), parking)
+                       (sessions_attached, self.prefill_tokens, sessions_reaped), parking,
+                       cell_bytes)
 
 
 class Capture:
@@ -361,9 +363,9 @@ class Capture:
                  agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int,
                  prefix_len: int, n_ctx: int, free_seq_ids: int, max_sessions: int,
                  session_budget: int, totals: tuple[int, int, int] = (0, 0, 0),
-                 parking: Parking = NO_PARKING) -> None:
+                 parking: Parking = NO_PARKING, cell_bytes: float = 0.0) -> None:
         self._args = (now, rows, step_ms, agg_tps, recent, prefix_cells, prefix_len, n_ctx,
-                      free_seq_ids, max_sessions, session_budget, totals, parking)
+                      free_seq_ids, max_sessions, session_budget, totals, parking, cell_bytes)
         self._load: PoolLoad | None = None
 
     def load(self) -> PoolLoad:
@@ -376,7 +378,7 @@ class Capture:
 def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
            agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int, prefix_len: int,
            n_ctx: int, free_seq_ids: int, max_sessions: int, session_budget: int,
-           totals: tuple[int, int, int], parking: Parking) -> PoolLoad:
+           totals: tuple[int, int, int], parking: Parking, cell_bytes: float) -> PoolLoad:
     sessions = tuple(
         SessionLoad(id=sid, state=state, private_cells=private,
                     context_len=ctx_len if parked else pos,
@@ -399,7 +401,7 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
         parks=parking.parks, resumes=parking.resumes, resume_tokens=parking.resume_tokens,
         parked_bytes=parking.parked_bytes, swaps=parking.swaps,
         park_memory=parking.park_memory, compactions=parking.compactions,
-        compacted_cells=parking.compacted_cells,
+        compacted_cells=parking.compacted_cells, cell_bytes=cell_bytes,
     )
 
 # -------------------- snapshots -----------------------------------------------
@@ -434,7 +436,8 @@ class Snapshots:
             parking=Parking(ledger.max_attached, registry.parked_tokens(), registry.parks,
                             registry.resumes, registry.resume_tokens,
                             registry.parked_bytes, registry.swaps, config.park_memory,
-                            registry.compactions, registry.compacted_cells))
+                            registry.compactions, registry.compacted_cells),
+            cell_bytes=built.info.cell_bytes)
 
     def due(self, changes: int, now: float) -> bool:
         """Whether a step that ends at ``now`` publishes (see the module docstring)."""
@@ -477,6 +480,7 @@ class Scheduler:
         self._snapshots = snapshots
         self._stats = stats
         self._park_checked = 0.0
+        self._warned = False  # the pool-full warning is logged once
 
     # -- commands (engine thread) ------------------------------------------------------
 
@@ -491,6 +495,7 @@ class Scheduler:
 
     def open_turn(self, st: SeqState, params: SamplingParams,
                   loop: asyncio.AbstractEventLoop) -> Turn:
+        self.registry.settle(st)  # text queued while the pool was short: take its cells
         turn = self.turns.open(st, params, loop)
         if self._limits.turn_admission is None:  # no decode gate: the turn runs at once
             turn.admitted_at = turn.started
@@ -540,8 +545,9 @@ class Scheduler:
         turns.finish_cancelled(reg.all_states())  # cancelled turns take no room
         if reg.has_waiting():  # parked sessions whose turn was asked for
             reg.resume_waiting()
-        cells = reg.cells_used()
         sessions = reg.resident()
+        self._room_to_grow(sessions.values())
+        cells = reg.cells_used()
         plan = plan_sessions(sessions.values(), self.ledger, n_batch=self._config.n_batch,
                              output_rows=self._built.ctx.n_outputs_max, cells_used=cells,
                              prefill_budget=self._limits.prefill_budget,
@@ -557,6 +563,20 @@ class Scheduler:
                 time.sleep(0.005)
             return None
         return plan, cells
+
+    def _room_to_grow(self, states: Iterable[SeqState]) -> None:
+        """Every session in a turn may take one cell this step (its sampled token): when
+        the pool has fewer free, park LRU idle sessions for them. A turn that still finds
+        none ends with ``context_full`` (its session lives; the caller may compact it)."""
+        in_turns = [st for st in states if st.turn is not None]
+        for st in in_turns:
+            if st.owed:  # text appended while its turn was being opened
+                self.registry.settle(st)
+        short = self.ledger.free_cells() < len(in_turns)
+        if short and not self.registry.make_room(len(in_turns), seq=False) and not self._warned:
+            self._warned = True
+            logger.warning("the KV pool (%d cells) is full: turns end with context_full "
+                           "until sessions go idle; raise --kv-cells", self.ledger.n_ctx)
 
     def decode_failed(self, seqs: list[int], reason: str) -> None:
         """llama_decode refused the step: release its sessions with ``reason``."""

@@ -213,6 +213,10 @@ class SeqState:
     carry: int | None = None  # sampled, not yet decoded (the next decode row)
     private: int = 0  # suffix cells decoded into this sequence
     reserved: int = 0  # private + len(pending) + (carry is not None)
+    # Of ``reserved``, queued cells not yet taken from the pool: an idle session's text
+    # that found the pool short (the pool takes them when its turn opens, parking idle
+    # sessions for them, or parks this one to resume when room frees up).
+    owed: int = 0
     turn: Turn | None = None
     turns_started: int = 0
     num_generated: int = 0
@@ -464,7 +468,8 @@ class CellLedger:
                                "(none idle to park); wait for a turn to end or raise "
                                "--max-sessions")
         if self._free_locked() + parkable_cells < self._attach_need:
-            return AttachCheck(False, f"the KV buffer ({self.n_ctx} cells) is full")
+            return AttachCheck(False, f"the KV buffer ({self.n_ctx} cells) is full and no "
+                               "idle session can be parked; raise --kv-cells")
         return AttachCheck(True)
 
     # -- commits -----------------------------------------------------------------------
@@ -497,9 +502,10 @@ class CellLedger:
         with self._lock:
             if st.carry is not None:
                 raise AssertionError(f"session {st.id} is parked with a carry token")
-            self._reserved -= st.reserved
+            self._reserved -= st.reserved - st.owed
             st.reserved -= st.private
             st.private = 0
+            st.owed = 0
             self._free_seqs.append(st.seq)
             st.seq = -1
             st.parked = True
@@ -540,7 +546,9 @@ class CellLedger:
 
     def queue(self, st: SeqState, tokens: list[int]) -> None:
         """Promise cells for ``tokens`` and queue them; raises ContextOverflow if they do
-        not fit the session's budget or the buffer."""
+        not fit the session's budget (or the pool, during a turn). An idle session's
+        tokens that find the pool short are queued as ``owed``: the pool takes them when
+        its turn opens (:meth:`mesh.engine.registry.SessionRegistry.settle`)."""
         n = len(tokens)
         with self._lock:
             if st.detached:  # checked under the lock: a release cannot slip in between
@@ -557,13 +565,29 @@ class CellLedger:
                 st.reserved += n
                 return
             free = self._free_locked()
-            if n > free:
-                raise ContextOverflow(
-                    f"the KV buffer has {free} free cells; appending {n} tokens does not fit"
-                )
+            if st.owed or n > free:
+                if st.turn is not None or st.carry is not None:
+                    raise ContextOverflow(
+                        f"the KV pool has {free} free cells; appending {n} tokens to "
+                        f"session {st.id} in a turn does not fit (raise --kv-cells, or "
+                        "append between turns: the pool then parks idle sessions for it)")
+                # Idle: queued now, taken from the pool when its turn opens (see owed).
+                st.pending.extend(tokens)
+                st.reserved += n
+                st.owed += n
+                return
             st.pending.extend(tokens)
             st.reserved += n
             self._reserved += n
+
+    def settle(self, st: SeqState) -> bool:
+        """Take the session's owed cells from the pool; False: not enough are free."""
+        with self._lock:
+            if st.owed > self._free_locked():
+                return False
+            self._reserved += st.owed
+            st.owed = 0
+            return True
 
     def pending(self, st: SeqState) -> int:
         with self._lock:
@@ -572,7 +596,8 @@ class CellLedger:
     def pending_in_turns(self, states: Iterable[SeqState]) -> list[tuple[SeqState, int]]:
         """(session, queued tokens) of every session in a turn, under one lock."""
         with self._lock:
-            return [(st, len(st.pending)) for st in states if st.turn is not None]
+            return [(st, 0 if st.owed else len(st.pending))
+                    for st in states if st.turn is not None]
 
     def take(self, st: SeqState, n: int) -> list[int]:
         """Pop up to ``n`` queued tokens (oldest first) for the step being built."""
@@ -603,8 +628,9 @@ class CellLedger:
             st.failed = reason
             st.detached = True
             if not st.parked:  # a parked session's promises went back when it was parked
-                self._reserved -= st.reserved
+                self._reserved -= st.reserved - st.owed
             st.reserved = 0
+            st.owed = 0
             st.pending.clear()
             st.carry = None
             st.private = 0

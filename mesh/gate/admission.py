@@ -350,6 +350,13 @@ def capacity_doc(gate: GateView, inp: GateInput, load: PoolLoad, d: Decision,
             "naive_equivalent": load.naive_cells,
             "reduction": load.reduction,
         },
+        # the KV cache in bytes (cells x bytes a cell): allocated (the whole context),
+        # in use (prefix + resident suffixes); 0 where the engine does not know a cell's size
+        "kv_bytes": {
+            "allocated": int(load.cells_total * load.cell_bytes),
+            "used": int(load.cells_used * load.cell_bytes),
+            "per_cell": load.cell_bytes,
+        },
         "retry_after_s": d.retry_after_s,
         "projected_idle_estimate": proj.idle_estimate,
         "model": {**gate.model.describe(), "live_scale": proj.scale},
