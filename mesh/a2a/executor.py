@@ -15,6 +15,10 @@ streamed to subscribers and pushed)::
               ─▶ completed with the ``answer`` artifact │ failed with the reason │
                  rejected (queue full) │ canceled
 
+Generated text that is progress, not an output (the plan forming), streams as working
+status lines instead (:meth:`_Run.notes`), and the plan rides in the task's metadata: the
+``answer`` is the task's last artifact and no artifact holds the plan (issue 41).
+
 A worker that fails does not cancel its siblings: the task completes with the answers it
 has and says which subtasks are missing and why; it fails only when every worker failed.
 
@@ -53,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 _TOOL_TEXT_MAX = 500
 _FLUSH_CHARS = 4096
+# status-line text (a note stream) flushes at most this often: each line stays in history
+_NOTE_FLUSH_S = 1.0
 
 
 class _Run:
@@ -73,14 +79,19 @@ class _Run:
         return self.updater.new_agent_message([pb.Part(text=text)], metadata=metadata)
 
     async def status(
-        self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None
+        self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None,
+        *, task_metadata: dict[str, Any] | None = None,
     ) -> None:
-        # Metadata rides on the status message: event metadata would be merged into the
-        # task's own metadata by the SDK.
+        # ``metadata`` rides on the status message; ``task_metadata`` on the event, which
+        # the SDK merges into the task's own metadata (what a finished task keeps).
         if self.closed:
             return
         self.is_working = self.is_working or state == pb.TaskState.TASK_STATE_WORKING
-        await self.updater.update_status(state, message=self._message(text, metadata))
+        message = self._message(text, metadata)
+        if task_metadata:
+            await self.updater.update_status(state, message=message, metadata=task_metadata)
+        else:
+            await self.updater.update_status(state, message=message)
 
     async def progress(self, text: str, metadata: dict[str, Any]) -> None:
         state = pb.TaskState.TASK_STATE_WORKING if self.is_working else (
@@ -102,6 +113,10 @@ class _Run:
     def stream(self, artifact_id: str, name: str) -> _TextStream:
         return _TextStream(self, artifact_id=artifact_id, name=name, flush_s=self.flush_s,
                            clock=self.clock)
+
+    def notes(self, key: str) -> _NoteStream:
+        return _NoteStream(self, artifact_id=key, name=key,
+                           flush_s=max(self.flush_s, _NOTE_FLUSH_S), clock=self.clock)
 
     async def worker_event(self, sink: TextSink, sid: str, event: WorkerEvent) -> None:
         """Text to ``sink``; a turn, tool call or result, or status line as a status."""
@@ -157,6 +172,10 @@ class _TextStream:
         self.buffer.clear()
         self.size = 0
         self.last_flush = self.clock() if now is None else now
+        await self._write(text, last)
+        self.num_chunks += 1
+
+    async def _write(self, text: str, last: bool) -> None:
         await self.run.artifact(
             [pb.Part(text=text)] if text else [],
             artifact_id=self.artifact_id,
@@ -164,7 +183,19 @@ class _TextStream:
             append=self.num_chunks > 0,
             last_chunk=last,
         )
-        self.num_chunks += 1
+
+
+@dataclass
+class _NoteStream(_TextStream):
+    """The same coalescing, written as working status lines instead of an artifact
+    (metadata ``{"subtask": <key>, "event": "text"}``): text that is progress, not an
+    output, such as the plan forming. Every status line goes to the task's history, so
+    these flush at most every :data:`_NOTE_FLUSH_S`."""
+
+    async def _write(self, text: str, last: bool) -> None:
+        if text:
+            await self.run.status(pb.TaskState.TASK_STATE_WORKING, text,
+                                  {"subtask": self.artifact_id, "event": "text"})
 
 
 class CoordinatorExecutor(AgentExecutor):

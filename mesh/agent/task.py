@@ -25,7 +25,8 @@ write failing, a full queue) cancels the rest and is raised, so the task fails w
 Every task runs here, whatever its message (the executor only writes its events)::
 
     explicit subtasks, or planning off ─▶ the explicit plan (no planning turn)
-    otherwise: working "planning" ─▶ stream-plan chunks ─▶ working event=plan + ``plan``
+    otherwise: working "planning" ─▶ the plan forming as status lines ─▶ working
+      event=plan (the plan in the task's metadata, ``plan``)
       ├─ action answer   ─▶ completed with the ``answer`` artifact (no worker)
       ├─ action ask      ─▶ input-required with the question (the reply resumes the task)
       └─ action delegate ─▶
@@ -91,7 +92,7 @@ from mesh.worker.text import fragment, prose_params
 from mesh.worker.types import NO_HOPS, EventKind, Hops, Subtask, Worker, WorkerEvent, WorkerResult
 
 __all__ = [
-    "ANSWER_ARTIFACT", "PLAN_ARTIFACT", "PLAN_MODES", "PLAN_STYLES", "Agent", "AgentConfig",
+    "ANSWER_ARTIFACT", "PLAN_METADATA", "PLAN_MODES", "PLAN_STYLES", "Agent", "AgentConfig",
     "AgentTask", "SubtaskFailed", "TaskEvents", "TextSink", "WorkerFactory", "fan_out",
     "plain_turn", "run_subtask"
 ]
@@ -150,9 +151,13 @@ class AgentConfig:
 
 #: The artifact holding a task's answer: its text, then a data part ``{"plan": ...,
 #: "subtasks": [...]}`` (:func:`mesh.agent.synthesis.summary`). Peers and nodes read it.
+#: It is always the task's last artifact, and the only one that is not a ``stream-<id>``
+#: of generated text: a client that shows the last artifact (or the only one, for a task
+#: the plan answered) shows the answer. The plan is never an artifact (issue 41).
 ANSWER_ARTIFACT = "answer"
-#: The artifact holding a planned task's plan (a data part, :meth:`Plan.to_dict`).
-PLAN_ARTIFACT = "plan"
+#: The key of a planned task's metadata that holds its plan (:meth:`Plan.to_dict`); the
+#: plan's status line (``event: plan``) carries it too, and the answer's data part.
+PLAN_METADATA = "plan"
 
 
 class TextSink(Protocol):
@@ -168,8 +173,11 @@ class TaskEvents(Protocol):
     terminal state (``finish``, or a cancel) every call is a no-op."""
 
     async def status(
-        self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None
-    ) -> None: ...
+        self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None,
+        *, task_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """A status line; ``metadata`` rides on its message, ``task_metadata`` is merged
+        into the task's own metadata."""
 
     async def progress(self, text: str, metadata: dict[str, Any]) -> None:
         """A status line in the task's current state (submitted while nothing ran yet)."""
@@ -180,6 +188,11 @@ class TaskEvents(Protocol):
 
     def stream(self, artifact_id: str, name: str) -> TextSink:
         """A sink streaming text as chunks of the artifact ``artifact_id``."""
+        ...
+
+    def notes(self, key: str) -> TextSink:
+        """A sink streaming text as working status lines (``subtask`` ``key``, ``event``
+        ``text``): progress that is not an output (the plan forming)."""
         ...
 
     async def worker_event(self, sink: TextSink, sid: str, event: WorkerEvent) -> None:
@@ -396,7 +409,9 @@ class AgentTask:
             await self._delegate(plan, history)
 
     async def _admitted_turn(self, agent: Agent, key: str, prompt: str,
-                             params: SamplingParams) -> TurnResult:
+                             params: SamplingParams, *, notes: bool = False) -> TurnResult:
+        """One coordinator turn through the gate; its text streams as ``stream-<key>``,
+        or as status lines when ``notes`` (the plan: never an artifact)."""
         async def on_position(position: int) -> None:
             if position > 0:
                 await self.events.progress(f"[{key}] queued for the gate at position {position}",
@@ -408,7 +423,8 @@ class AgentTask:
                             accepted=True, caller=self.caller) as hold:
             await self.events.status(S.TASK_STATE_WORKING, f"[{key}] admitted; {key} turn",
                                      {"subtask": key, "event": "admitted"})
-            sink = self.events.stream(f"stream-{key}", f"{key} output")
+            sink = (self.events.notes(key) if notes
+                    else self.events.stream(f"stream-{key}", f"{key} output"))
             session = await hold.attach(agent.engine)
             return await agent.turn_on(session, prompt, params, sink)
 
@@ -419,7 +435,7 @@ class AgentTask:
         try:
             turn = await self._admitted_turn(
                 agent, "plan", prompt,
-                replace(agent.plan_params(self.message), priority=self.priority))
+                replace(agent.plan_params(self.message), priority=self.priority), notes=True)
             return parse_plan(turn.text, cfg.max_subtasks)
         except (PlanError, EngineError) as e:
             if cfg.plan == "always":
@@ -437,11 +453,10 @@ class AgentTask:
                 f"[p{i + 1}] {s.instructions[:80]}" for i, s in enumerate(plan.subtasks))
         else:
             text = f"plan: {plan.action}"
-        await self.events.status(S.TASK_STATE_WORKING, text, {"event": "plan", "plan": data})
-        part = pb.Part()
-        part.data.struct_value.update(data)
-        await self.events.artifact([part], artifact_id=PLAN_ARTIFACT, name=PLAN_ARTIFACT,
-                                   last_chunk=True)
+        # Metadata, never an artifact: a client that shows a task's first (or only)
+        # artifact must not show the plan's JSON instead of the answer.
+        await self.events.status(S.TASK_STATE_WORKING, text, {"event": "plan", "plan": data},
+                                 task_metadata={PLAN_METADATA: data})
 
     def _worker_subtasks(self, plan: Plan, history: str) -> list[Subtask]:
         """The plan's subtasks as workers get them: an explicit one as the client wrote

@@ -229,6 +229,7 @@ async def _send(args: argparse.Namespace, seen: _Seen) -> int:
         state = pb.TaskState.TASK_STATE_UNSPECIFIED
         streamed = False
         current = ""  # the stream whose chunks were written last
+        noting = False  # the last status line was generated text (no newline yet)
         try:
             async for response in client.send_message(request):
                 if response.HasField("message"):
@@ -244,13 +245,17 @@ async def _send(args: argparse.Namespace, seen: _Seen) -> int:
                     task_id, state = update.task_id, update.status.state
                     seen.task_id = task_id
                     note = _text(update.status.message.parts)
+                    if _is_text_note(update.status.message):  # the plan forming: a note
+                        sys.stderr.write(note)
+                        noting = True
+                        continue
+                    if noting:
+                        sys.stderr.write("\n")
+                        noting = False
                     print(f"[{_state_name(state)}] {note}".rstrip(), file=sys.stderr)
                 elif response.HasField("artifact_update"):
                     artifact = response.artifact_update.artifact
-                    if artifact.artifact_id == "stream-plan":  # the plan forming: a note
-                        end = "\n" if response.artifact_update.last_chunk else ""
-                        sys.stderr.write(_text(artifact.parts) + end)
-                    elif artifact.artifact_id.startswith("stream-"):
+                    if artifact.artifact_id.startswith("stream-"):
                         # Workers stream at once: each switch of stream starts a new line
                         # under its label, so interleaved chunks stay readable.
                         if artifact.artifact_id != current:
@@ -299,6 +304,12 @@ def _interrupted(args: argparse.Namespace, task_id: str) -> int:
     print(f"  its answer, once it is done: {_again(args, 'result', task_id)}\n"
           f"  cancel it:                   {_again(args, 'cancel', task_id)}", file=sys.stderr)
     return 130
+
+
+def _is_text_note(message: pb.Message) -> bool:
+    """A status line that is generated text (the plan forming), not a step."""
+    fields = message.metadata.fields
+    return "event" in fields and fields["event"].string_value == "text"
 
 
 def _answer(task: pb.Task) -> str:

@@ -63,14 +63,20 @@ async def test_plan_delegates_to_workers_and_synthesizes_one_answer(tmp_path: Pa
     assert set(data["subtasks"][0]) == {
         "id", "instructions", "answer", "turns", "tokens", "toolCalls", "finishReason"}
     assert data["subtasks"][0]["instructions"] == "find the weight check"
-    assert MessageToDict(artifact(task, "plan").parts[0].data)["action"] == "delegate"
+    assert MessageToDict(task.metadata)["plan"]["action"] == "delegate"  # never an artifact
+    assert [a.artifact_id for a in task.artifacts] == [
+        "stream-p1", "stream-p2", "stream-synthesis", "answer"]
     assert text_of(artifact(task, "stream-p1").parts) == "hello world"
     # Each worker gets its part first, then the request it belongs to.
     assert served.probe.instructions[f"{task_id}/p2"] == (
         "say what 40 kg does\nFiles to look at: routes.py\nTools to use: read_file\n"
         "This is part of the user's request: "
         "where is the weight checked, and 40 kg?")
-    assert "delegate" in text_of(artifact(task, "stream-plan").parts)
+    # the plan forming streamed as status lines, not as an artifact
+    notes = [s.message for s in statuses
+             if MessageToDict(s.message.metadata).get("event") == "text"]
+    assert notes and all(MessageToDict(n.metadata)["subtask"] == "plan" for n in notes)
+    assert "delegate" in "".join(text_of(n.parts) for n in notes)
 
 
 async def test_a_failed_worker_leaves_its_siblings_and_the_answer_says_what_is_missing(
@@ -182,7 +188,7 @@ async def test_an_unparseable_plan_falls_back_in_auto_and_fails_in_always(
     if mode == "auto":
         assert task.status.state == S.TASK_STATE_COMPLETED
         assert text_of(artifact(task, "answer").parts) == "echo: plain text"
-        plan = MessageToDict(artifact(task, "plan").parts[0].data)
+        plan = MessageToDict(task.metadata)["plan"]
         assert plan["source"] == "fallback"
         assert len(engine.turns) == 1  # a fallback is answered as the dispatcher did
     else:

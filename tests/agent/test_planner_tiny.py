@@ -181,7 +181,7 @@ async def test_a_planned_task_runs_workers_and_synthesizes(
         task = await stack.send("Which function checks the weight, and what does 40 kg do?")
         assert stack.pool.load().sessions == ()
     assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
-    plan = _artifact(task, "plan")["parts"][0]["data"]
+    plan = task["metadata"]["plan"]
     assert plan["action"] == "delegate" and plan["source"] == "model"
     n = len(plan["subtasks"])
     assert 1 <= n <= 3
@@ -223,7 +223,7 @@ async def test_noise_under_a_guided_grammar_keeps_every_part_of_the_request(
         task = await stack.send(message)
         assert stack.pool.load().sessions == ()
     assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
-    plan_data = _artifact(task, "plan")["parts"][0]["data"]
+    plan_data = task["metadata"]["plan"]
     assert [s["instructions"][:len(part)] for s, part in
             zip(plan_data["subtasks"], parts, strict=True)] == list(parts)
     for stream in ("stream-p1", "stream-p2", "stream-synthesis"):
@@ -238,7 +238,7 @@ async def test_a_failed_worker_gives_a_partial_answer_or_fails_alone(
                           actions=("delegate",)) as stack:
         for i in range(6):
             task = await stack.send(f"Part {i}: the weight check, and the 40 kg case.")
-            plan = _artifact(task, "plan")["parts"][0]["data"]
+            plan = task["metadata"]["plan"]
             if len(plan["subtasks"]) == 1:  # p1 was every worker: nothing to answer with
                 assert task["status"]["state"] == "TASK_STATE_FAILED"
                 assert "p1 was told to fail" in _text(task["status"]["message"]["parts"])

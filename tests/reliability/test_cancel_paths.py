@@ -96,7 +96,7 @@ def idle_cells(srv: ServeProc) -> int:
 
 
 @pytest.mark.parametrize(("name", "planned", "marker", "then", "state"), [
-    ("cancel while planning", True, "stream-plan", "cancel", "TASK_STATE_CANCELED"),
+    ("cancel while planning", True, "[plan] admitted", "cancel", "TASK_STATE_CANCELED"),
     ("cancel while synthesizing", True, "[synthesis] admitted", "cancel",
      "TASK_STATE_CANCELED"),
     ("cancel mid-turn", False, "stream-p1", "cancel", "TASK_STATE_CANCELED"),
