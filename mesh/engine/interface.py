@@ -175,6 +175,9 @@ class SessionLoad:
     age_s: float
     num_generated: int
     parked: bool = False  # its private cells are off the cache (re-prefilled on resume)
+    # A turn the decode gate holds: its place in the line (1: the next to start, in
+    # completion order); None while no turn of it waits.
+    turn_place: int | None = None
 
 
 @dataclass(frozen=True)

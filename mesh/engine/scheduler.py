@@ -346,9 +346,14 @@ class StepStats:
         """Capture the pool between steps (engine thread): plain tuples, cheap; the
         :class:`PoolLoad` is built from them when someone reads it."""
         now = time.monotonic()
+        states = tuple(states)
+        # Each held turn's place in the line: completion order, as the planner lets them in.
+        held = sorted((st for st in states if st.turn is not None and st.turn.admitted_at is None),
+                      key=lambda st: (st.turn.priority, st.turn.started))  # type: ignore[union-attr]
+        place = {st.seq: i + 1 for i, st in enumerate(held)}
         rows = tuple((st.id, st.state, st.private, st.pos, st.step_ewma_s, st.created,
                       st.busy_s, st._busy_since, st.num_generated, st.parked,
-                      st.context_len) for st in states)
+                      st.context_len, place.get(st.seq)) for st in states)
         return Capture(now, rows, self.step_ms, self.agg_tps(now), tuple(self.recent),
                        prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
                        session_budget,
@@ -384,9 +389,10 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
                     context_len=ctx_len if parked else pos,
                     decode_tps=(1.0 / ewma if ewma else None),
                     duty_cycle=duty_cycle(now, created, busy_s, busy_since),
-                    age_s=now - created, num_generated=generated, parked=parked)
+                    age_s=now - created, num_generated=generated, parked=parked,
+                    turn_place=turn_place)
         for (sid, state, private, pos, ewma, created, busy_s, busy_since, generated, parked,
-             ctx_len) in rows
+             ctx_len, turn_place) in rows
     )
     private_sum = sum(s.private_cells for s in sessions)
     return PoolLoad(

@@ -441,6 +441,7 @@ def _worker_rows(load: PoolLoad) -> list[dict[str, Any]]:
             "dutyCycle": s.duty_cycle,
             "privateCells": s.private_cells,
             "ageS": round(s.age_s, 3),
+            "turnPlace": s.turn_place,
         }
         for s in load.sessions
     ]

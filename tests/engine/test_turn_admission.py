@@ -185,3 +185,32 @@ async def _two_turns(pool: SharedKVPool, max_tokens: int, *,
         await gen_a.start()
         await gen_b.start()
     return gen_a, gen_b
+
+
+def test_held_turns_show_their_place_in_completion_order(tiny_model_path: Path) -> None:
+    """/capacity's workers (and the dashboard) show each held turn's place in the line: the
+    order the gate lets them in (priority, then when asked), not the order they came."""
+    async def body() -> dict[str, int | None]:
+        pool = await make_pool(tiny_model_path, max_sessions=4, session_budget=256)
+        pool.set_turn_admission(OneAtATime())
+        try:
+            a, late, early = await pool.attach(), await pool.attach(), await pool.attach()
+            for s in (a, late, early):
+                s.append("hello there")
+            gens = [a.generate(SamplingParams(max_tokens=30, stop_at_eos=False, priority=1.0)),
+                    late.generate(SamplingParams(max_tokens=4, priority=30.0)),
+                    early.generate(SamplingParams(max_tokens=4, priority=20.0))]
+            async with pool.held():
+                for g in gens:
+                    await g.start()
+            it = gens[0].__aiter__()
+            await it.__anext__()  # a runs; the other two are held
+            places = {s.id: s.turn_place for s in pool.load().sessions}
+            out = {"a": places[a.id], "late": places[late.id], "early": places[early.id]}
+            await asyncio.gather(_drain(it), _drain(gens[1]), _drain(gens[2]))
+            out["after"] = max((s.turn_place or 0) for s in pool.load().sessions)
+            return out
+        finally:
+            await pool.aclose()
+
+    assert run(body()) == {"a": None, "early": 1, "late": 2, "after": 0}

@@ -92,7 +92,9 @@
     renderParking(cap, s, kv);
     var workers = cap.workers || [];
     rows("workersTable", workers, function (w) {
-      return [w.id, w.state, w.decodeTps, w.dutyCycle, w.privateCells, w.ageS];
+      // A held turn shows its place in the decode gate's line: "waiting (#2)".
+      var state = w.turnPlace ? w.state + " (#" + w.turnPlace + ")" : w.state;
+      return [w.id, state, w.decodeTps, w.dutyCycle, w.privateCells, w.ageS];
     });
     var t = frame.tasks;
     if (t) {
