@@ -18,6 +18,9 @@ Rules:
 * a negative ``turn_room`` sheds: that many running turns are paused between steps (the
   last in completion order first; one always keeps running), keeping their cells and
   carry token, and wait again at their place in the order;
+* completion order holds for running rows too: a waiting turn of an older task (lower
+  ``priority``) that finds no room takes the row of the last running turn in that order,
+  which is paused the same way (one swap a step; turns of one task never swap);
 * every decoding session of a running turn gets its one row (``n_batch`` exceeds
   ``max_sessions``);
 * queued text of sessions in a turn is prefilled oldest session first, under the token
@@ -156,7 +159,14 @@ def order(c: Candidate) -> tuple[float, float]:
 def admit_turns(sessions: Sequence[Candidate], room: int | None) -> list[Candidate]:
     """The candidates that run this step: the running ones, plus up to ``room`` waiting
     turns in completion order (:func:`order`), marked running; with a negative ``room``,
-    the running ones less ``-room`` of them, the last in that order (one always runs)."""
+    the running ones less ``-room`` of them, the last in that order (one always runs).
+
+    Completion order holds for the rows already running too: when turns still wait after
+    the room is used, the first of them takes the row of the last running turn in that
+    order if it belongs to an older task (a strictly lower ``priority``: turns of one task
+    never displace each other) — one such swap a step, the displaced turn paused between
+    steps with its cells, waiting again at its place. So a task's next turn, back from a
+    tool call, does not queue behind a newer task's first turn that took its row."""
     if room is not None and room < 0:
         running = sorted((c for c in sessions if c.running), key=order)
         keep = {c.seq for c in running[:max(1, len(running) + room)]}
@@ -164,12 +174,20 @@ def admit_turns(sessions: Sequence[Candidate], room: int | None) -> list[Candida
     waiting = [c for c in sessions if not c.running]
     if not waiting:
         return list(sessions)
+    displaced = None
     if room is not None and room < len(waiting):
         waiting.sort(key=order)
+        first_left = waiting[max(0, room)]
         waiting = waiting[:max(0, room)]
+        running = [c for c in sessions if c.running]
+        if running:
+            last = max(running, key=order)
+            if first_left.priority < last.priority:
+                waiting.append(first_left)
+                displaced = last.seq
     let_in = {c.seq for c in waiting}
     return [c._replace(running=True) if c.seq in let_in else c
-            for c in sessions if c.running or c.seq in let_in]
+            for c in sessions if (c.running and c.seq != displaced) or c.seq in let_in]
 
 
 def plan_step(sessions: Sequence[Candidate], budget: StepBudget) -> StepPlan:

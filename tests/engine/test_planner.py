@@ -144,3 +144,33 @@ def test_a_negative_room_pauses_the_last_in_completion_order() -> None:
 def test_shedding_never_pauses_the_last_running_turn() -> None:
     plan = plan_step([run_(1, 1.0), run_(2, 2.0)], StepBudget(512, 17, turn_room=-5))
     assert plan.paused == (2,) and plan.decode == (1,)
+
+
+def test_an_older_tasks_turn_takes_the_row_of_the_newest_running_turn() -> None:
+    # Task priorities: 1.0 (oldest) .. 3.0 (newest). No room: the oldest task's turn, back
+    # from its tool call, takes the row of the newest task's running turn, which pauses.
+    sessions = [run_(1, 2.0), run_(2, 3.0), wait(3, 9.0)._replace(priority=1.0)]
+    plan = plan_step(sessions, StepBudget(512, 17, turn_room=0))
+    assert plan.started == (3,) and plan.paused == (2,) and set(plan.decode) == {1, 3}
+
+
+def test_one_swap_a_step_and_never_within_one_task() -> None:
+    sessions = [run_(1, 5.0), run_(2, 6.0), wait(3, 1.0)._replace(priority=1.0),
+                wait(4, 2.0)._replace(priority=2.0)]
+    plan = plan_step(sessions, StepBudget(512, 17, turn_room=0))
+    assert plan.started == (3,) and plan.paused == (2,)  # one a step: 4 waits for the next
+    same_task = [run_(1, 5.0), wait(2, 0.5)._replace(priority=5.0)]
+    plan = plan_step(same_task, StepBudget(512, 17, turn_room=0))
+    assert plan.started == () and plan.paused == ()
+    newer = [run_(1, 5.0), wait(2, 0.5)._replace(priority=7.0)]
+    assert plan_step(newer, StepBudget(512, 17, turn_room=0)).started == ()
+
+
+def test_room_is_used_before_any_swap_and_no_gate_means_no_swap() -> None:
+    sessions = [run_(1, 5.0), wait(2, 1.0)._replace(priority=1.0),
+                wait(3, 2.0)._replace(priority=2.0)]
+    plan = plan_step(sessions, StepBudget(512, 17, turn_room=1))
+    # Room for one (the oldest task's); the next still older than the running one swaps.
+    assert set(plan.started) == {2, 3} and plan.paused == (1,)
+    free = plan_step(sessions, StepBudget(512, 17))  # no gate: every turn runs
+    assert set(free.started) == {2, 3} and free.paused == ()

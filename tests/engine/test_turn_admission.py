@@ -214,3 +214,37 @@ def test_held_turns_show_their_place_in_completion_order(tiny_model_path: Path) 
             await pool.aclose()
 
     assert run(body()) == {"a": None, "early": 1, "late": 2, "after": 0}
+
+
+def test_an_older_tasks_turn_takes_the_row_of_a_newer_one(tiny_model_path: Path) -> None:
+    """Completion order on the real pool: with room for one row, a turn of an older task
+    (lower priority) asked while a newer task's turn runs takes its row between steps;
+    the newer turn pauses, keeps its cells, and finishes whole after it."""
+    async def body() -> tuple[list[int], list[int], TurnResult, TurnResult, list[int]]:
+        pool = await make_pool(tiny_model_path, max_sessions=4, session_budget=256)
+        gate = OneAtATime()  # room 0 while anything runs
+        pool.set_turn_admission(gate)
+        try:
+            newer, older = await pool.attach(), await pool.attach()
+            newer.append("hello there")
+            older.append("and you")
+            gen_new = newer.generate(SamplingParams(max_tokens=30, stop_at_eos=False,
+                                                    priority=20.0))
+            it_new = gen_new.__aiter__()
+            first = await it_new.__anext__()  # the newer task's turn runs alone
+            gen_old = older.generate(SamplingParams(max_tokens=10, stop_at_eos=False,
+                                                    priority=10.0))
+            toks_old = [p.token for p in await _pieces(gen_old) if p.token >= 0]
+            running_when_old_done = [s.num_decode for s in pool.load().recent_steps][-3:]
+            toks_new = [first.token] + [p.token for p in await _pieces(it_new)
+                                        if p.token >= 0]
+            assert gen_new.result is not None and gen_old.result is not None
+            return toks_new, toks_old, gen_new.result, gen_old.result, running_when_old_done
+        finally:
+            await pool.aclose()
+
+    toks_new, toks_old, res_new, res_old, rows = run(body())
+    assert len(toks_old) == 10 and len(toks_new) == 30  # both whole
+    assert res_old.num_generated == 10 and res_new.num_generated == 30
+    assert res_new.wait_s > 0  # its paused time is waiting
+    assert rows and max(rows) == 1  # one row at a time: a swap, not an extra row
