@@ -112,6 +112,16 @@ class SessionRegistry:
                        if st.turn is None and st is not keep),
                       key=lambda st: st.idle_since)
 
+    def _held(self, newer_than: float) -> list[SeqState]:
+        """Resident sessions whose turn the decode gate holds (asked for, not running) and
+        belongs to a newer task than ``newer_than`` (a higher ``priority``), newest first:
+        what a parked older task's turn may park to come back (completion order)."""
+        return sorted((st for st in self._sessions.values()
+                       if st.turn is not None and st.turn.admitted_at is None
+                       and st.turn.priority > newer_than),
+                      key=lambda st: (st.turn.priority, st.turn.started) if st.turn else (0, 0),
+                      reverse=True)
+
     def _parkable(self) -> tuple[int, int]:
         # Any thread: tuple() copies the dict's values under the GIL; the idle sessions in
         # it could be parked to make room (the attach itself checks again).
@@ -119,10 +129,13 @@ class SessionRegistry:
         return len(idle), sum(st.reserved - st.owed for st in idle)
 
     def park(self, st: SeqState) -> bool:
-        """Park an idle resident session (False: it is in a turn, parked or detached)."""
-        if st.detached or st.parked or st.turn is not None:
+        """Park an idle resident session, or one whose turn the decode gate holds (False:
+        it is running a turn, parked or detached). A held turn keeps waiting: its undecoded
+        carry (a paused turn's) goes back in front of its queued text, re-prefilled on
+        resume with the rest."""
+        if st.detached or st.parked or (st.turn is not None and st.turn.admitted_at is not None):
             return False
-        self._ledger.requeue_carry(st)  # an idle session holds none; kept safe anyway
+        self._ledger.requeue_carry(st)  # an idle session holds none; a paused turn may
         if len(st.suffix) != st.private:
             raise AssertionError(f"session {st.id} recorded {len(st.suffix)} suffix tokens "
                                  f"for {st.private} private cells")
@@ -180,10 +193,11 @@ class SessionRegistry:
         return ctx.seq_get_data(st.seq) or None
 
     def make_room(self, cells: int, *, seq: bool = True,
-                  keep: SeqState | None = None) -> bool:
+                  keep: SeqState | None = None, before: float | None = None) -> bool:
         """Park LRU idle sessions (never ``keep``) until ``cells`` cells and (``seq``) a
-        sequence id are free; parks nothing and returns False if even every idle session
-        would not make the room."""
+        sequence id are free — and, for a turn of priority ``before``, then sessions whose
+        held turns belong to newer tasks (:meth:`_held`); parks nothing and returns False
+        if even all of them would not make the room."""
         ledger = self._ledger
 
         def room() -> bool:
@@ -192,6 +206,8 @@ class SessionRegistry:
         if room():
             return True
         idle = self._idle(keep)  # parking one frees its cells and its queued text's promises
+        if before is not None:
+            idle += [st for st in self._held(before) if st is not keep]
         if not idle or ledger.free_cells() + sum(st.reserved - st.owed for st in idle) < cells:
             return False
         for st in idle:
@@ -217,7 +233,8 @@ class SessionRegistry:
         if not st.parked:
             return True
         saved, data, ctx = st.suffix, st.swapped, self._built.ctx
-        if not self.make_room(len(saved) + len(st.pending)):
+        if not self.make_room(len(saved) + len(st.pending),
+                              before=st.turn.priority if st.turn is not None else None):
             return False
         seq = self._ledger.unpark(st, saved, swapped=data is not None)
         if seq is None:
@@ -239,10 +256,12 @@ class SessionRegistry:
         return True
 
     def resume_waiting(self) -> bool:
-        """Resume parked sessions whose turn was asked for, oldest turn first, until one
-        finds no room; True if any was resumed."""
+        """Resume parked sessions whose turn was asked for, in completion order (the oldest
+        task's first, then the oldest turn), until one finds no room; True if any was
+        resumed. A resume may park a newer task's held turn (:meth:`make_room`)."""
         waiting = sorted((st for st in self.parked.values() if st.turn is not None),
-                         key=lambda st: st.turn.started if st.turn else 0.0)
+                         key=lambda st: (st.turn.priority, st.turn.started) if st.turn
+                         else (0.0, 0.0))
         done = False
         for st in waiting:
             if not self.resume(st):

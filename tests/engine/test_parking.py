@@ -360,3 +360,52 @@ def test_sliding_window_model_parks_and_resumes_like_its_twin(
             await pool.aclose()
 
     run(body())
+
+
+def test_an_older_tasks_parked_turn_parks_a_newer_tasks_held_turn(
+        tiny_model_path: Path) -> None:
+    """Completion order across parking: every resident slot is in a turn — one running,
+    one held by the decode gate — when an older task's parked session asks for its next
+    turn. It parks the newer task's held turn (not the running one), comes back, takes
+    the running row by completion order, and finishes first; every turn ends whole."""
+    from tests.engine.test_turn_admission import OneAtATime
+
+    async def body() -> None:
+        pool = await make_pool(tiny_model_path, max_sessions=2, max_attached=4)
+        pool.set_turn_admission(OneAtATime())  # room 0 while anything runs
+        try:
+            a = await pool.attach()
+            await tokens_of(a, "a first")
+            b, c = await pool.attach(), await pool.attach()  # c's attach parks idle a
+            assert a.parked
+            b.append("b first")
+            gen_b = b.generate(SamplingParams(max_tokens=40, stop_at_eos=False, priority=5.0))
+            it_b = gen_b.__aiter__()
+            await it_b.__anext__()  # b runs
+            c.append("c first")
+            gen_c = c.generate(SamplingParams(max_tokens=4, stop_at_eos=False, priority=6.0))
+            await gen_c.start()
+            while {s.id: s.state for s in pool.load().sessions}[c.id] is not SessionState.WAITING:
+                await asyncio.sleep(0.001)  # c's turn is held: no room
+            a.append("a second")
+            gen_a = a.generate(SamplingParams(max_tokens=4, stop_at_eos=False, priority=1.0))
+            got_a = [p async for p in gen_a]
+            assert gen_a.result is not None and gen_a.result.num_generated == 4 and got_a
+            load = pool.load()
+            rows = {s.id: s for s in load.sessions}
+            assert rows[b.id].num_generated < 40  # a did not wait for b's 40 tokens
+            assert rows[c.id].parked  # c's held turn made the room
+            parks = load.parks
+            await asyncio.gather(*(asyncio.ensure_future(_drain(g)) for g in (it_b, gen_c)))
+            assert gen_b.result is not None and gen_b.result.num_generated == 40
+            assert gen_c.result is not None and gen_c.result.num_generated == 4
+            assert parks >= 2  # a for c's attach, then c (held) for a's resume
+        finally:
+            await pool.aclose()
+
+    run(body())
+
+
+async def _drain(gen: object) -> None:
+    async for _ in gen:  # type: ignore[attr-defined]
+        pass
