@@ -74,7 +74,7 @@ __all__ = [
     "LlamaContext", "LlamaModel", "backend_init", "disabled_by_env", "gpu_offload_supported",
     "library_version", "ll", "llama_library", "min_prefix", "parse_cell_census", "quantize_file",
     "set_shared_prefix_attn", "shared_prefix_attn_available", "shared_prefix_attn_version",
-    "system_info", "version_in"
+    "switched_on", "system_info", "version_in"
 ]
 
 
@@ -502,15 +502,18 @@ def shared_prefix_attn_available() -> bool:
     return shared_prefix_attn_version() >= 1
 
 
-_written: str | None = None  # the value set_shared_prefix_attn last wrote
+_switched: bool | None = None  # what set_shared_prefix_attn last asked the kernel for
+
+
+def switched_on() -> bool | None:
+    """The kernel's path as :func:`set_shared_prefix_attn` last set it (None: never set)."""
+    return _switched
 
 
 def disabled_by_env() -> bool:
     """Whether the user's environment turns the kernel's path off (exactly
-    ``GGML_CPU_SHARED_PREFIX_ATTN=0``, as the kernel reads it); a 0 this module wrote for an
-    earlier ``off`` pool in the process does not count."""
-    value = os.environ.get(ENV_DISABLE)
-    return value is not None and value != _written and value == "0"
+    ``GGML_CPU_SHARED_PREFIX_ATTN=0``, as the kernel reads it)."""
+    return os.environ.get(ENV_DISABLE) == "0"
 
 
 def min_prefix() -> int:
@@ -524,13 +527,12 @@ def min_prefix() -> int:
 
 
 def set_shared_prefix_attn(on: bool) -> None:
-    """Switch the kernel's path for this process: the environment variable it reads (once,
-    at its first flash-attention op) and, where the patch exports it,
-    ``ggml_cpu_shared_prefix_attn_set``, so a switch after an earlier pool's decodes holds
-    too. Process-wide: the last pool built sets it for every pool in the process."""
-    global _written
-    _written = "1" if on else "0"
-    os.environ[ENV_DISABLE] = _written
+    """Switch the kernel's path for this process through the patch's setter
+    (``ggml_cpu_shared_prefix_attn_set``), which holds even after an earlier pool's decodes
+    read the environment. Process-wide: the last pool built sets it for every pool in the
+    process. Nothing to switch without the patch. Writes no environment variable."""
+    global _switched
+    _switched = on
     if not shared_prefix_attn_available():
         return
     fn = _function(llama_library(), SET_SYMBOL)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -142,7 +141,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """The kernel's variables unset now and restored after the test."""
     monkeypatch.delenv(prefix_attn.ENV_DISABLE, raising=False)
     monkeypatch.delenv(prefix_attn.ENV_MIN, raising=False)
-    monkeypatch.setattr(prefix_attn, "_written", None)
+    monkeypatch.setattr(prefix_attn, "_switched", None)
     return monkeypatch
 
 
@@ -160,7 +159,7 @@ def attention(mode: str, *, flash: str = "auto", sessions: int = 8, prefix: int 
 def test_resolution_with_the_patch_faked_present(clean_env: pytest.MonkeyPatch) -> None:
     fake_patch(clean_env, True)
     assert attention("auto") == ("shared", "on")  # the table alone says off at 6K x 8
-    assert os.environ[prefix_attn.ENV_DISABLE] == "1"
+    assert prefix_attn.switched_on() is True
     assert attention("shared", flash="on") == ("shared", "on")
     assert attention("auto", on_gpu=True) == ("off", "auto")
     assert attention("auto", prefix=100) == ("off", "on")  # below the kernel's minimum
@@ -168,8 +167,9 @@ def test_resolution_with_the_patch_faked_present(clean_env: pytest.MonkeyPatch) 
     assert attention("auto", prefix=100) == ("shared", "on")
     assert attention("auto", share_prefix=False) == ("off", "off")  # no shared prefix
     assert attention("off") == ("off", "off")  # the measured table: off at 6K x 8
-    assert os.environ[prefix_attn.ENV_DISABLE] == "0"  # set before the context is built
-    # ... and that 0 was mesh's own, for the off pool: a later auto pool is shared again
+    assert prefix_attn.switched_on() is False  # set before the context is built
+    # ... and mesh wrote no environment variable for the off pool: a later auto pool is
+    # shared again
     assert attention("auto") == ("shared", "on")
 
 
@@ -177,7 +177,7 @@ def test_resolution_with_the_patch_faked_absent(clean_env: pytest.MonkeyPatch) -
     fake_patch(clean_env, False)
     assert attention("auto") == ("off", "off")
     assert attention("auto", prefix=1904) == ("off", "on")
-    assert os.environ[prefix_attn.ENV_DISABLE] == "0"
+    assert prefix_attn.switched_on() is False
     with pytest.raises(ValueError, match=r"reinstall with scripts/install\.sh"):
         attention("shared")
 
@@ -187,7 +187,7 @@ def test_a_user_who_turned_the_kernel_off_keeps_it_off(clean_env: pytest.MonkeyP
     clean_env.setenv(prefix_attn.ENV_DISABLE, "0")
     assert attention("auto") == ("off", "off")
     assert attention("shared") == ("shared", "on")  # asked for by name: switched on
-    assert os.environ[prefix_attn.ENV_DISABLE] == "1"
+    assert prefix_attn.switched_on() is True
 
 
 def test_the_warm_cache_key_holds_both_modes() -> None:
@@ -241,10 +241,10 @@ def test_the_lookup_finds_the_symbols_in_a_linked_ggml_cpu(
     cpu_lib.fake_min.restype = ctypes.c_longlong
     prefix_attn.set_shared_prefix_attn(False)
     assert (cpu_lib.fake_enabled(), cpu_lib.fake_min()) == (0, 0)
-    assert os.environ[prefix_attn.ENV_DISABLE] == "0"
+    assert prefix_attn.switched_on() is False
     prefix_attn.set_shared_prefix_attn(True)
     assert (cpu_lib.fake_enabled(), cpu_lib.fake_min()) == (1, 0)
-    assert os.environ[prefix_attn.ENV_DISABLE] == "1"
+    assert prefix_attn.switched_on() is True
 
 
 def test_the_environment_is_read_as_the_kernel_reads_it(clean_env: pytest.MonkeyPatch) -> None:
@@ -308,7 +308,7 @@ def test_real_pools_with_off_and_auto_decode(tiny_model_path: Path,
                                              clean_env: pytest.MonkeyPatch) -> None:
     off = decode(tiny_model_path, "off")
     assert off[1:] == ("on", "off")  # a short prefix x 2 rows: the table says on
-    assert os.environ[prefix_attn.ENV_DISABLE] == "0"
+    assert prefix_attn.switched_on() is False
     auto = decode(tiny_model_path, "auto")
     # the tiny prefix is below the kernel's minimum: off with or without the patch
     assert auto[1:] == ("on", "off")
@@ -323,7 +323,7 @@ def test_a_real_pool_with_the_patch_faked_present(tiny_model_path: Path,
     clean_env.setenv(prefix_attn.ENV_MIN, "1")
     shared = decode(tiny_model_path, "auto")
     assert shared[1:] == ("on", "shared")
-    assert os.environ[prefix_attn.ENV_DISABLE] == "1"
+    assert prefix_attn.switched_on() is True
     plain = decode(tiny_model_path, "off", flash_attn="on")
     if prefix_attn.shared_prefix_attn_version() == 0:  # patched: its own exactness tests
         assert shared[0] == plain[0]

@@ -90,7 +90,7 @@ def kernel() -> Iterator[Callable[[], int]]:
     hits.argtypes, hits.restype = [], ctypes.c_int64
     setter.argtypes, setter.restype = [ctypes.c_int, ctypes.c_int64], None
     saved = {k: os.environ.get(k) for k in (prefix_attn.ENV_DISABLE, prefix_attn.ENV_MIN)}
-    written = prefix_attn._written
+    switched = prefix_attn._switched
     os.environ.pop(prefix_attn.ENV_MIN, None)  # the kernel's default minimum, 256
     try:
         yield lambda: int(hits())
@@ -100,7 +100,7 @@ def kernel() -> Iterator[Callable[[], int]]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        prefix_attn._written = written
+        prefix_attn._switched = switched
         setter(-1, 0)
 
 
