@@ -13,8 +13,8 @@ is shared; the median of the rounds is reported):
 * **answers against as-is** (the file as shipped is the reference): teacher-forced top-1
   agreement (the share of positions of a real text — this repository's README — where the
   choice's most likely next token is the reference's) and, on chat prompts decoded greedily
-  through llama.cpp's own chat template, how many answers are token-identical and the
-  median length of the common start.
+  in SmolLM2's chat format (ChatML), how many answers are token-identical and the median
+  length of the common start.
 
 Writes a table to stdout and ``bench/results/weights.json`` (``--quick``: the temp dir).
 Run it alone on the machine.
@@ -117,20 +117,39 @@ def top1(model: LlamaModel, tokens: list[int], threads: int) -> np.ndarray:
 
 
 def greedy(path: Path, prompts: tuple[str, ...], max_tokens: int, threads: int) -> list[list[int]]:
-    """Each prompt answered greedily through llama.cpp's chat template (the model's own)."""
-    from llama_cpp import Llama  # the high-level API: the chat template, for this check only
-
-    llm = Llama(str(path), n_ctx=512, n_threads=threads, verbose=False)
+    """Each prompt answered greedily in SmolLM2's chat format (ChatML), up to an end of
+    generation or ``max_tokens``: the answer's token ids."""
+    model = LlamaModel(path)
+    batch = Batch(512)
+    answers = []
     try:
-        answers = []
         for p in prompts:
-            r: Any = llm.create_chat_completion([{"role": "user", "content": p}],
-                                                max_tokens=max_tokens, temperature=0.0, top_k=1)
-            answers.append(llm.tokenize(r["choices"][0]["message"]["content"].encode(),
-                                        add_bos=False))
-        return answers
+            text = f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n"
+            toks = model.tokenize(text, add_bos=model.add_bos)
+            ctx = _context(model, len(toks) + max_tokens + 64, 1, 1, threads)
+            try:
+                batch.clear()
+                for j, tok in enumerate(toks):
+                    batch.add(tok, j, 0, j == len(toks) - 1)
+                if ctx.decode(batch) != 0:
+                    raise RuntimeError("prompt decode failed")
+                out: list[int] = []
+                for k in range(max_tokens):
+                    nxt = int(np.argmax(ctx.logits_row(-1 if k == 0 else 0)))
+                    if model.is_eog(nxt):
+                        break
+                    out.append(nxt)
+                    batch.clear()
+                    batch.add(nxt, len(toks) + k, 0, True)
+                    if ctx.decode(batch) != 0:
+                        raise RuntimeError("decode failed")
+            finally:
+                ctx.close()
+            answers.append(out)
     finally:
-        llm.close()
+        batch.close()
+        model.close()
+    return answers
 
 
 def _common(a: list[int], b: list[int]) -> int:
