@@ -114,7 +114,8 @@ async def test_frames_carry_the_capacity_document(served: Any) -> None:
         assert last["capacity"][key] == cap[key], key
     workers = last["capacity"]["workers"]
     assert len(workers) == 2
-    assert set(workers[0]) == {"id", "state", "decodeTps", "dutyCycle", "privateCells", "ageS"}
+    assert set(workers[0]) == {"id", "state", "decodeTps", "dutyCycle", "privateCells", "ageS",
+                               "turnPlace"}
     assert sum(w["privateCells"] for w in workers) == cap["kv_cells"]["used"] - 100
     assert last["tasks"]["running"] == 1 and last["tasks"]["live"][0]["id"] == "t-1"
     assert gate.num_tickets == 2
