@@ -117,7 +117,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "patch, CPU): shared requires it and turns flash attention on; off "
                         "keeps llama.cpp's path; auto (default): shared where the patch is "
                         "built and the pool runs on the CPU")
-    p.add_argument("--weights", choices=("auto", "as-is", "q8_0", "q4_0"), default="auto",
+    from mesh.engine.models import WEIGHT_CHOICES
+
+    p.add_argument("--weights", choices=WEIGHT_CHOICES, default="auto",
                    help="the weights the engine loads (default auto: a type without a fast "
                         "CPU kernel, SmolLM2's Q4_1, is converted once to Q8_0 and cached; "
                         "as-is: the file unchanged; q4_0: faster still, less accurate)")
