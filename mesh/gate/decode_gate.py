@@ -176,12 +176,21 @@ MIN_PREFILL_CHUNK = 4  # prefill tokens a step may carry when little room is lef
 # ever decoding, so they progress by this much a step.
 OVER_FLOOR_CHUNK = 16
 HEADROOM = 0.92  # a turn starts only while one more row is predicted within this share
-# --floor-tps auto: the knee. One more row is worth its place while it adds at least
-# KNEE_GAIN to the aggregate tokens/s (k+1 rows over k); a running row is paused once it
-# adds under SHED_GAIN (the gap keeps the count from flapping). A step that carries
-# prefill may take AUTO_PREFILL_STRETCH times the decode step (the floor's stand-in).
+# --floor-tps auto: the knee. A step costs a shared part (the weights read once, the
+# shared prefix, the host's work) plus a part per decoding row; batching pays while the
+# shared part is a real share of the step. One more row is worth its place while, with it,
+# the shared part is still at least KNEE_SHARE of the step (the row then adds at least
+# KNEE_SHARE of an average row's tokens/s); a running row is paused once the shared part
+# falls under SHED_SHARE (the gap keeps the count from flapping). The per-row part is the
+# least-squares slope over the fresh decode steps (every row count they span, not two
+# neighbours: at a dozen rows one row moves the aggregate by a few percent, under this
+# machine's step noise). A CPU neighbour slows both parts alike, so the knee's row count
+# holds while the per-row rate falls. KNEE_GAIN is the sweep's rule between floors
+# (:mod:`mesh.sim.compare`): a lower floor must add 10 % aggregate tokens/s.
+# A step that carries prefill may take AUTO_PREFILL_STRETCH times the decode step.
+KNEE_SHARE = 0.25
+SHED_SHARE = 0.15
 KNEE_GAIN = 0.10
-SHED_GAIN = 0.05
 AUTO_PREFILL_STRETCH = 1.25
 
 
@@ -260,10 +269,10 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     every used cell). With no turn running the answer is at least 1 (progress: nobody can
     be slowed down); it never pauses the last running turn; it starts at most one turn a
     step, and none until the rows running now were measured. With ``auto`` the floor is
-    the knee instead of ``floor_tps``: a row starts while it is predicted to add
-    :data:`KNEE_GAIN` to the aggregate tokens/s, and is paused once it adds under
-    :data:`SHED_GAIN`. Raises ``ValueError`` on a floor that is not a finite positive
-    number or negative counts.
+    the knee instead of ``floor_tps``: a row starts while the step's shared part is
+    predicted to stay at least :data:`KNEE_SHARE` of it, and is paused once the shared
+    part falls under :data:`SHED_SHARE`. Raises ``ValueError`` on a floor that is not a
+    finite positive number or negative counts.
     """
     if not (math.isfinite(floor_tps) and floor_tps > 0):
         raise ValueError(f"floor_tps must be a finite number > 0, got {floor_tps}")
@@ -314,7 +323,7 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     # looked out of reach on a quiet machine and the knee rule then ran 10 rows.)
     infeasible = 1 in measured and measured[1] > limit
     if auto or infeasible:
-        return _knee_room(num_running, measured, last, predicted, slope,
+        return _knee_room(num_running, measured, last, predicted, fitted,
                           TurnRoom(0, ratio, measured_rows, now_s, next_s, slope,
                                    prefill_price(recent, measured), None, infeasible,
                                    tuple(sorted(measured.items()))))
@@ -343,26 +352,30 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
                     client_s, measured=tuple(sorted(measured.items())))
 
 
+def shared_share(rows: int, step_s: float, slope_s: float) -> float:
+    """The share of a ``step_s`` step at ``rows`` decoding rows that is not per row (1 with
+    no per-row cost; below 0 when the slope says more than the whole step)."""
+    return 1.0 - rows * slope_s / step_s if step_s > 0 else 0.0
+
+
 def _knee_room(k: int, measured: dict[int, float], last: list[float],
-               predicted: Callable[[int], float], slope: float, base: TurnRoom) -> TurnRoom:
-    """:func:`turn_room` under ``--floor-tps auto``: rows up to the knee of aggregate
-    tokens/s (``k / step(k)``) over the row count. A row count not measured in the fresh
-    window is tried (one row, measured by the next steps, paused again if it adds under
-    :data:`SHED_GAIN`): the knee is re-found whenever the machine's speed changes."""
+               predicted: Callable[[int], float], fitted: float | None,
+               base: TurnRoom) -> TurnRoom:
+    """:func:`turn_room` under ``--floor-tps auto``: rows up to the knee, where the step's
+    shared part falls to :data:`KNEE_SHARE` of it (``fitted``: the per-row slope fitted
+    over the fresh steps; None while they span one row count). Before a slope is known one
+    more row is tried (measured by the next steps, paused again if the shared part falls
+    under :data:`SHED_SHARE`): the knee is re-found whenever the machine changes."""
     if k == 0:
         return replace(base, room=1)
-    if k > 1 and len(last) == SHED_STEPS:
-        now = statistics.median(last)
-        before = measured[k - 1] if (k - 1) in measured else now - slope
-        # k rows over (k - 1): no better than SHED_GAIN (a step at k - 1 rows that would
-        # take no time at all says the same: the row adds nothing).
-        if before <= 0 or k * before < (1.0 + SHED_GAIN) * (k - 1) * now:
-            return replace(base, room=-1)
+    if (k > 1 and len(last) == SHED_STEPS and fitted is not None
+            and shared_share(k, statistics.median(last), fitted) < SHED_SHARE):
+        return replace(base, room=-1)
     if k not in measured:
         return base  # the rows running now are measured first
-    if (k + 1) not in measured:
-        return replace(base, room=1)  # untried (or aged out: the machine may have changed)
-    if (k + 1) * measured[k] >= (1.0 + KNEE_GAIN) * k * measured[k + 1]:
+    if fitted is None:
+        return replace(base, room=1)  # one row count measured: try one more
+    if shared_share(k + 1, predicted(k + 1), fitted) >= KNEE_SHARE:
         return replace(base, room=1)
     return base
 

@@ -164,31 +164,56 @@ def test_projection_error_scores_the_first_step_at_the_projected_rows() -> None:
 
 
 def cpu_like(rows: int, n: int = 6) -> list[StepSample]:
-    """A compute-bound CPU: 30 ms for one row, 24 ms for each more. Aggregate tok/s:
-    1 row 33.3, 2 rows 37.0 (+11.1 %), 3 rows 38.5 (+3.8 %), 4 rows 39.2 (+2 %)."""
+    """A compute-bound CPU: 30 ms for one row, 24 ms for each more (a 6 ms shared part).
+    The shared part's share of the step: 1 row 20 %, 2 rows 11 %, 3 rows 8 %."""
     return steps(rows, 0.030 + 0.024 * (rows - 1), n=n)
 
 
-def test_auto_tries_an_untried_row_and_grows_while_it_adds_a_tenth() -> None:
+def light_cpu(rows: int, n: int = 6) -> list[StepSample]:
+    """This CPU under the light template (5.6K shared prefix): ~120 ms a step shared, ~17
+    ms a row. Aggregate tok/s: 6 rows 27.0, 7 rows 29.3 (+8.4 %), 13 rows 38.1, 20 rows
+    43.5: each row still adds well over a quarter of an average row's rate up to ~20."""
+    return steps(rows, 0.120 + 0.017 * rows, n=n)
+
+
+def test_auto_tries_an_untried_row_and_grows_while_the_shared_part_pays() -> None:
     assert turn_room(COST, 1.0, 0, 0, [], auto=True).room == 1
     assert turn_room(COST, 1.0, 1, 0, cpu_like(1), auto=True).room == 1  # two never tried
-    assert turn_room(COST, 1.0, 1, 0, cpu_like(2) + cpu_like(1), auto=True).room == 1
-    # At two rows the third, measured, adds 3.8 %: the knee is two.
-    assert turn_room(COST, 1.0, 2, 0, cpu_like(3) + cpu_like(1) + cpu_like(2),
-                     auto=True).room == 0
+    # Measured at one and two rows: a second row leaves a 6 ms shared part of a 54 ms
+    # step (11 %): the knee is one row on this compute-bound CPU.
+    assert turn_room(COST, 1.0, 1, 0, cpu_like(2) + cpu_like(1), auto=True).room == 0
 
 
-def test_auto_sheds_a_row_that_adds_under_a_twentieth() -> None:
-    # The third row adds 3.8 %: pause it.
+def test_auto_grows_past_ten_percent_aggregate_while_rows_share_the_step() -> None:
+    # The rule of "one more row adds 10 % aggregate" stopped at 6 rows here, where the
+    # 13 rows legacy ran delivered 40 % more tokens/s. With 12 rows running the 13th
+    # leaves a 120 ms shared part of a 341 ms step (35 %): start it.
+    recent = light_cpu(10) + light_cpu(11) + light_cpu(12)
+    assert turn_room(COST, 1.0, 12, 0, recent, auto=True).room == 1
+    # At 21 rows the 22nd would leave 24 %: hold.
+    recent = light_cpu(19) + light_cpu(20) + light_cpu(21)
+    assert turn_room(COST, 1.0, 21, 0, recent, auto=True).room == 0
+
+
+def test_auto_sheds_a_row_once_the_shared_part_is_under_its_share() -> None:
+    # Three rows: the shared part is 8 % of the step: pause one.
     assert turn_room(COST, 1.0, 3, 0, cpu_like(2) + cpu_like(3, n=3), auto=True).room == -1
-    # A third row that adds 7 % stays (under the grow rule, over the shed rule); a fourth
-    # measured at +2 % is not started again.
-    recent = cpu_like(4) + cpu_like(2) + steps(3, 3 / (1.07 * 2 / 0.054), n=3)
-    assert turn_room(COST, 1.0, 3, 0, recent, auto=True).room == 0
+    # Two rows at 11 % of a 54 ms step, measured beside one row: under the shed share.
+    assert turn_room(COST, 1.0, 2, 0, cpu_like(1) + cpu_like(2, n=3), auto=True).room == -1
+    # Between the shares (grow needs 25 %, shed below 15 %): hold. 21 rows: 25 %.
+    recent = light_cpu(20) + light_cpu(21, n=3)
+    assert turn_room(COST, 1.0, 21, 0, recent, auto=True).room == 0
+
+
+def test_auto_keeps_the_knee_when_a_neighbour_slows_every_part_alike() -> None:
+    slow = [StepSample(num_decode=s.num_decode, num_prefill_tokens=0, sum_context=0,
+                       step_s=2 * s.step_s, cells_used=0)
+            for s in light_cpu(10) + light_cpu(11) + light_cpu(12)]
+    assert turn_room(COST, 1.0, 12, 0, slow, auto=True).room == 1
 
 
 def test_auto_on_a_gpu_like_step_keeps_adding_rows() -> None:
-    # 10 ms plus 0.5 ms a row: every row adds far more than 10 % at these counts.
+    # 10 ms plus 0.5 ms a row: the shared part is most of the step at these counts.
     recent = steps(3, 0.011) + steps(4, 0.0115)
     assert turn_room(COST, 1.0, 4, 0, recent, auto=True).room == 1
 
