@@ -1,32 +1,14 @@
-"""The plots people look at: a run's plots, the comparison panels and the idle-agents plot.
-Read top to bottom:
+"""The plots people look at (PNG, matplotlib's Agg backend): a run's plots, the comparison
+panels and the idle-agents plot. Figures are built on :class:`matplotlib.figure.Figure` with
+an Agg canvas, never through ``pyplot``: no global figure state, nothing left open. Pure
+apart from the files written.
 
-**Run plots.** The report's plots (PNG, matplotlib's Agg backend; no display is ever needed).
-
-Figures are built on :class:`matplotlib.figure.Figure` with an Agg canvas, never through
-``pyplot``: no global figure state, no backend switch, nothing left open.
-
-Every function takes a list of runs: one run gives its own plots, several (``--compare``)
-overlay them, each in its own colour and labelled. Pure apart from the file written.
-
-**Comparison panels.** The comparison's plots: one panel per run (small multiples on shared
-axes), the
-neighbour's "on" spans shaded, and per-phase bars. Pure apart from the files written.
-
-* ``tps_by_run.png`` — per run: every client window (dots), the slowest worker ``/capacity``
-  measured (line), the floor (dashed) and half of it (dotted);
-* ``workers_by_run.png`` — per run: workers admitted, turns running and turns waiting
-  (or the task queue where the server has no turn gate);
-* ``phases.png`` — per metric one panel, per run a bar for each phase (off / on, or the
-  whole run without a neighbour): windows under the floor, aggregate tokens/s, turn-start
-  p95 and p50 delivery.
-
-**The idle-agents plot.** ``parking_over_time.png`` of an ``idle-agents`` run (or any run in
-which a session was
-parked): one panel per quantity on one time axis — sessions (attached, resident, parked),
-cells (in the cache, parked), parked host MB, and the workers' tokens/s (client turns, the
-slowest and median decoding worker, the floor). The figures are :mod:`mesh.sim.report`'s.
-Pure apart from the file written.
+* A run's plots (:data:`PLOT_NAMES`) take a list of runs: one run gives its own plots,
+  several overlay them, each in its own colour and labelled.
+* The comparison's panels (:data:`PANEL_NAMES`): one panel per run on shared axes, the
+  neighbour's "on" spans shaded, and per-phase bars (docs/gate.md, *Plots*).
+* ``parking_over_time.png`` of an ``idle-agents`` run (or any run in which a session was
+  parked): sessions, cells, parked host MB and the workers' tokens/s on one time axis.
 """
 
 from __future__ import annotations
@@ -53,7 +35,6 @@ from mesh.sim.report import (
     percentile,
     workers,
 )
-from mesh.sim.report import cap_num as _cap
 from mesh.sim.scenario import SimRun
 
 __all__ = [
@@ -67,10 +48,34 @@ __all__ = [
 
 PLOT_NAMES = ("tps_over_time", "workers_over_time", "kv_cells", "delivery_cdf", "tps_by_turn")
 _COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+_NAN = float("nan")
 
 
-def _label(run: SimRun, i: int) -> str:
+def _label(run: SimRun) -> str:
     return run.label or f"{run.config.policy}, {run.config.pool} pool"
+
+
+def _colour(i: int) -> str:
+    return _COLOURS[i % len(_COLOURS)]
+
+
+def _first(label: str, k: int) -> str:
+    """``label`` on the first panel only (the figure's one legend)."""
+    return label if k == 0 else "_nolegend_"
+
+
+def _series(run: SimRun, *keys: str) -> list[float]:
+    """``cap_num(sample, *keys)`` of every sample, NaN where missing (a gap in the line)."""
+    return [_NAN if (v := cap_num(s.capacity, *keys)) is None else v for s in run.samples]
+
+
+def _client_turns(ax: Axes, run: SimRun) -> None:
+    """Each worker turn's tokens/s as the client saw it, a grey line over the turn."""
+    label = "worker turns (client)"
+    for task in run.tasks:
+        for _, start, end, tps in task.turn_rates(run.tokens_per_step):
+            ax.hlines(tps, start, end, colors="tab:gray", alpha=0.6, label=label)
+            label = "_nolegend_"
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -79,8 +84,9 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig: Figure, path: Path, rect: tuple[float, float, float, float] | None = None
+          ) -> Path:
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=100)
     return path
 
@@ -113,35 +119,17 @@ def plot_tps(runs: Sequence[SimRun], path: Path) -> Path:
     if single:
         shade_neighbour(ax, runs[0])
     for i, run in enumerate(runs):
-        colour = _COLOURS[i % len(_COLOURS)]
-        name = _label(run, i)
-        if single:  # each worker's turns, as the client saw them
-            label = "worker turns (client)"
-            for task in run.tasks:
-                for _, start, end, tps in task.turn_rates(run.tokens_per_step):
-                    ax.hlines(tps, start, end, colors="tab:gray", alpha=0.6, label=label)
-                    label = "_nolegend_"
-        ts = [s.t for s in run.samples]
-        mins = [_cap(s.capacity, "measured_tps", "min") for s in run.samples]
-        p50s = [_cap(s.capacity, "measured_tps", "p50") for s in run.samples]
-        ax.plot(
-            ts,
-            [float("nan") if v is None else v for v in mins],
-            color=colour,
-            label=f"{name}: slowest worker",
-        )
-        ax.plot(
-            ts,
-            [float("nan") if v is None else v for v in p50s],
-            color=colour,
-            linestyle=":",
-            label=f"{name}: median worker",
-        )
+        colour, name, ts = _colour(i), _label(run), [s.t for s in run.samples]
+        if single:
+            _client_turns(ax, run)
+        ax.plot(ts, _series(run, "measured_tps", "min"), color=colour,
+                label=f"{name}: slowest worker")
+        ax.plot(ts, _series(run, "measured_tps", "p50"), color=colour, linestyle=":",
+                label=f"{name}: median worker")
         floor = floor_of(run)
         if floor is not None:
-            ax.axhline(
-                floor, color=colour, linestyle="--", linewidth=1, label=f"{name}: floor {floor:g}"
-            )
+            ax.axhline(floor, color=colour, linestyle="--", linewidth=1,
+                       label=f"{name}: floor {floor:g}")
     ax.set_ylim(bottom=0)
     _legend(ax)
     return _save(fig, path)
@@ -152,23 +140,11 @@ def plot_workers(runs: Sequence[SimRun], path: Path) -> Path:
     if len(runs) == 1:
         shade_neighbour(ax, runs[0])
     for i, run in enumerate(runs):
-        colour = _COLOURS[i % len(_COLOURS)]
         ts = [s.t for s in run.samples]
-        ax.step(
-            ts,
-            [workers(s) for s in run.samples],
-            where="post",
-            color=colour,
-            label=f"{_label(run, i)}: admitted",
-        )
-        ax.step(
-            ts,
-            [_cap(s.capacity, "queue_len") or 0 for s in run.samples],
-            where="post",
-            color=colour,
-            linestyle="--",
-            label=f"{_label(run, i)}: queued",
-        )
+        ax.step(ts, [workers(s) for s in run.samples], where="post", color=_colour(i),
+                label=f"{_label(run)}: admitted")
+        ax.step(ts, [cap_num(s.capacity, "queue_len") or 0 for s in run.samples],
+                where="post", color=_colour(i), linestyle="--", label=f"{_label(run)}: queued")
     _legend(ax)
     return _save(fig, path)
 
@@ -176,23 +152,11 @@ def plot_workers(runs: Sequence[SimRun], path: Path) -> Path:
 def plot_kv(runs: Sequence[SimRun], path: Path) -> Path:
     fig, ax = _new("KV cells: pooled vs naive equivalent", "time (s)", "KV cells")
     for i, run in enumerate(runs):
-        colour = _COLOURS[i % len(_COLOURS)]
         ts = [s.t for s in run.samples]
-        used = [_cap(s.capacity, "kv_cells", "used") for s in run.samples]
-        naive = [_cap(s.capacity, "kv_cells", "naive_equivalent") for s in run.samples]
-        ax.plot(
-            ts,
-            [float("nan") if v is None else v for v in used],
-            color=colour,
-            label=f"{_label(run, i)}: cells used",
-        )
-        ax.plot(
-            ts,
-            [float("nan") if v is None else v for v in naive],
-            color=colour,
-            linestyle="--",
-            label=f"{_label(run, i)}: naive equivalent",
-        )
+        ax.plot(ts, _series(run, "kv_cells", "used"), color=_colour(i),
+                label=f"{_label(run)}: cells used")
+        ax.plot(ts, _series(run, "kv_cells", "naive_equivalent"), color=_colour(i),
+                linestyle="--", label=f"{_label(run)}: naive equivalent")
     ax.set_ylim(bottom=0)
     right = _coordinator_sessions(ax, runs)
     if right is None:
@@ -213,11 +177,10 @@ def _coordinator_sessions(ax: Axes, runs: Sequence[SimRun]) -> Axes | None:
     right.set_ylabel("coordinator sessions live")
     styles = {"planner": ":", "synthesis": "-."}
     for i, (run, rows) in enumerate(zip(runs, series, strict=True)):
-        colour = _COLOURS[i % len(_COLOURS)]
         for role, style in styles.items():
             right.step([r["t"] for r in rows], [r[role] for r in rows], where="post",
-                       color=colour, linestyle=style, alpha=0.8,
-                       label=f"{_label(run, i)}: {role} sessions")
+                       color=_colour(i), linestyle=style, alpha=0.8,
+                       label=f"{_label(run)}: {role} sessions")
     right.set_ylim(bottom=0)
     right.yaxis.set_major_locator(MaxNLocator(integer=True))
     return right
@@ -229,14 +192,9 @@ def plot_cdf(runs: Sequence[SimRun], path: Path) -> Path:
         times = sorted(d for t in run.tasks if (d := t.delivery_s) is not None)
         if not times:
             continue
-        total = len(run.tasks)
-        ax.step(
-            [0.0, *times],
-            [0.0, *((k + 1) / total for k in range(len(times)))],
-            where="post",
-            color=_COLOURS[i % len(_COLOURS)],
-            label=_label(run, i),
-        )
+        shares = [(k + 1) / len(run.tasks) for k in range(len(times))]
+        ax.step([0.0, *times], [0.0, *shares], where="post", color=_colour(i),
+                label=_label(run))
     ax.set_ylim(0, 1.02)
     _legend(ax)
     return _save(fig, path)
@@ -254,17 +212,12 @@ def plot_turns(runs: Sequence[SimRun], path: Path) -> Path:
             continue
         turns = sorted(by_turn)
         offset = (i - (len(runs) - 1) / 2) * width
-        parts = ax.boxplot(
-            [by_turn[t] for t in turns],
-            positions=[t + offset for t in turns],
-            widths=width * 0.9,
-            patch_artist=True,
-            manage_ticks=False,
-        )
+        parts = ax.boxplot([by_turn[t] for t in turns], positions=[t + offset for t in turns],
+                           widths=width * 0.9, patch_artist=True, manage_ticks=False)
         for box in parts["boxes"]:
-            box.set_facecolor(_COLOURS[i % len(_COLOURS)])
+            box.set_facecolor(_colour(i))
             box.set_alpha(0.5)
-        ax.plot([], [], color=_COLOURS[i % len(_COLOURS)], label=_label(run, i))
+        ax.plot([], [], color=_colour(i), label=_label(run))
         ax.set_xticks(turns)
     floor = floor_of(runs[0]) if runs else None
     if floor is not None:
@@ -278,30 +231,22 @@ def write_plots(runs: Sequence[SimRun], out_dir: Path) -> list[Path]:
     """Every plot of :data:`PLOT_NAMES` for ``runs``, as ``out_dir/<name>.png``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     makers = (plot_tps, plot_workers, plot_kv, plot_cdf, plot_turns)
-    return [
-        make(runs, out_dir / f"{name}.png") for name, make in zip(PLOT_NAMES, makers, strict=True)
-    ]
+    return [make(runs, out_dir / f"{name}.png")
+            for name, make in zip(PLOT_NAMES, makers, strict=True)]
 
 
-def write_sweep_plot(
-    floors: Sequence[float],
-    summaries: Sequence[Mapping[str, Any]],
-    path: Path,
-    best: float | None,
-) -> Path:
+def write_sweep_plot(floors: Sequence[float], summaries: Sequence[Mapping[str, Any]],
+                     path: Path, best: float | None) -> Path:
     """Aggregate tokens/s, wall time, p50 delivery and time under the floor against the
     floor; the sweet spot (the knee) marked on each."""
     fig = _figure(7, 10)
     axes = fig.subplots(4, 1, sharex=True)
-    series = (
-        ("agg_tps", "aggregate tok/s"),
-        ("wall_s", "wall (s)"),
-        ("p50_delivery_s", "p50 delivery (s)"),
-        ("time_under_floor", "time under floor (share)"),
-    )
+    series = (("agg_tps", "aggregate tok/s"), ("wall_s", "wall (s)"),
+              ("p50_delivery_s", "p50 delivery (s)"),
+              ("time_under_floor", "time under floor (share)"))
     for ax, (key, label) in zip(axes, series, strict=True):
         values = [s.get(key) for s in summaries]
-        ax.plot(floors, [float("nan") if v is None else float(v) for v in values], marker="o")
+        ax.plot(floors, [_NAN if v is None else float(v) for v in values], marker="o")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         if best is not None:
@@ -314,7 +259,6 @@ def write_sweep_plot(
 # -------------------- comparison panels ---------------------------------------
 
 PANEL_NAMES = ("tps_by_run", "workers_by_run", "phases")
-_NAN = float("nan")
 
 
 def _grid(n: int, title: str, ylabel: str) -> tuple[Figure, list[Axes]]:
@@ -347,17 +291,15 @@ def plot_tps_by_run(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any
         shade_neighbour(ax, run, label=k == 0)
         windows = client_windows(run)
         ax.plot([w.t for w in windows], [w.tps for w in windows], ".", color="tab:gray",
-                markersize=3, alpha=0.5, label="client window" if k == 0 else "_nolegend_")
-        mins = [_cap(s.capacity, "measured_tps", "min") for s in run.samples]
-        ax.plot([s.t for s in run.samples], [_NAN if v is None else v for v in mins],
-                color="tab:blue", linewidth=1,
-                label="slowest worker" if k == 0 else "_nolegend_")
+                markersize=3, alpha=0.5, label=_first("client window", k))
+        ax.plot([s.t for s in run.samples], _series(run, "measured_tps", "min"),
+                color="tab:blue", linewidth=1, label=_first("slowest worker", k))
         floor = floor_of(run)
         if floor is not None:
             ax.axhline(floor, color="black", linestyle="--", linewidth=1,
-                       label="floor" if k == 0 else "_nolegend_")
+                       label=_first("floor", k))
             ax.axhline(floor / 2, color="black", linestyle=":", linewidth=1,
-                       label="floor / 2" if k == 0 else "_nolegend_")
+                       label=_first("floor / 2", k))
         under = (summary.get("all") or {}).get("windows_under_floor")
         note = "" if under is None else f" — {100 * under:.1f} % of windows < floor"
         ax.set_title(_name(run) + note, fontsize="medium")
@@ -369,9 +311,7 @@ def plot_tps_by_run(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any
         axes[0].set_ylim(0, max([top * 1.1, *(2.5 * f for f in floors), 1.0]))
         fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=5,
                    fontsize="small")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=100)
-    return path
+    return _save(fig, path, (0, 0.04, 1, 1))
 
 
 def plot_workers_by_run(runs: Sequence[SimRun], path: Path) -> Path:
@@ -380,21 +320,18 @@ def plot_workers_by_run(runs: Sequence[SimRun], path: Path) -> Path:
     for k, (ax, run) in enumerate(zip(axes, runs, strict=True)):
         shade_neighbour(ax, run, label=k == 0)
         ts = [s.t for s in run.samples]
-        first = k == 0
         ax.step(ts, [workers(s) for s in run.samples], where="post", color="tab:blue",
-                linewidth=3, alpha=0.5, label="workers" if first else "_nolegend_")
-        running = [_cap(s.capacity, "turns", "running") for s in run.samples]
-        waiting = [_cap(s.capacity, "turns", "waiting") for s in run.samples]
-        if any(v is not None for v in running):
-            ax.step(ts, [_NAN if v is None else v for v in running], where="post",
-                    color="tab:green", label="turns running" if first else "_nolegend_")
-            ax.step(ts, [_NAN if v is None else v for v in waiting], where="post",
-                    color="tab:orange", linestyle="--",
-                    label="turns waiting" if first else "_nolegend_")
+                linewidth=3, alpha=0.5, label=_first("workers", k))
+        running = _series(run, "turns", "running")
+        if any(not math.isnan(v) for v in running):
+            ax.step(ts, running, where="post", color="tab:green",
+                    label=_first("turns running", k))
+            ax.step(ts, _series(run, "turns", "waiting"), where="post", color="tab:orange",
+                    linestyle="--", label=_first("turns waiting", k))
         else:
-            ax.step(ts, [_cap(s.capacity, "queue_len") or 0 for s in run.samples],
+            ax.step(ts, [cap_num(s.capacity, "queue_len") or 0 for s in run.samples],
                     where="post", color="tab:orange", linestyle="--",
-                    label="tasks queued" if first else "_nolegend_")
+                    label=_first("tasks queued", k))
         ax.set_title(_name(run), fontsize="medium")
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -405,9 +342,7 @@ def plot_workers_by_run(runs: Sequence[SimRun], path: Path) -> Path:
                 handles.setdefault(lbl, h)
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=5,
                    fontsize="small")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=100)
-    return path
+    return _save(fig, path, (0, 0.04, 1, 1))
 
 
 _BARS = (
@@ -440,9 +375,7 @@ def plot_phases(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any]],
     axes[0].invert_yaxis()
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(phases),
                fontsize="small")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=100)
-    return path
+    return _save(fig, path, (0, 0.06, 1, 1))
 
 
 def write_panels(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any]],
@@ -450,11 +383,9 @@ def write_panels(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any]],
     """The comparison's plots (:data:`PANEL_NAMES`) of ``runs`` and their
     :func:`~mesh.sim.report.phase_summary` results, in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [
-        plot_tps_by_run(runs, summaries, out_dir / "tps_by_run.png"),
-        plot_workers_by_run(runs, out_dir / "workers_by_run.png"),
-        plot_phases(runs, summaries, out_dir / "phases.png"),
-    ]
+    return [plot_tps_by_run(runs, summaries, out_dir / "tps_by_run.png"),
+            plot_workers_by_run(runs, out_dir / "workers_by_run.png"),
+            plot_phases(runs, summaries, out_dir / "phases.png")]
 
 
 # -------------------- the idle-agents plot ------------------------------------
@@ -502,15 +433,10 @@ def plot_parking(run: SimRun, path: Path) -> Path:
     host.set_ylabel("host MB")
     host.set_title("Parked host memory (swap; recompute holds none)", fontsize="medium")
 
-    label = "worker turns (client)"
-    for task in run.tasks:
-        for _, start, end, rate in task.turn_rates(run.tokens_per_step):
-            tps.hlines(rate, start, end, colors="tab:gray", alpha=0.6, label=label)
-            label = "_nolegend_"
+    _client_turns(tps, run)
     for key, style, name in (("min", "-", "slowest decoding worker"),
                              ("p50", ":", "median decoding worker")):
-        values = [cap_num(s.capacity, "measured_tps", key) for s in run.samples]
-        tps.plot([s.t for s in run.samples], [_NAN if v is None else v for v in values],
+        tps.plot([s.t for s in run.samples], _series(run, "measured_tps", key),
                  color="tab:green", linestyle=style, label=name)
     floor = floor_of(run)
     if floor is not None:
@@ -522,9 +448,7 @@ def plot_parking(run: SimRun, path: Path) -> Path:
         ax.set_ylim(bottom=0)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small", loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
+    return _save(fig, path)
 
 
 def parking_plots(runs: Sequence[SimRun], out_dir: Path) -> list[Path]:

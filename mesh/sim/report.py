@@ -1,62 +1,18 @@
-"""What a run measured: the shared measures, the idle-agents summary, the per-phase
-summary and the report's summary. Read top to bottom:
-
-**Measures.** Small readings of a run shared by the summary (:mod:`mesh.sim.report`) and the
-per-phase figures (:mod:`mesh.sim.report`). Pure.
-
-**Idle agents.** The ``idle-agents`` scenario's readings (issue 28): resident and parked
-sessions and
-cells over time, from the ``/capacity`` samples' ``parking`` block, and its plot.
-
-* :func:`parking_series` — per sample: attached, resident and parked sessions; resident
-  cells (``kv_cells.used``, the shared prefix included), parked cells (the suffix tokens
-  parked sessions hold off the cache), parked host bytes (swapped suffixes);
-* :func:`parking_summary` — peaks, the share of samples with a parked session, the
-  server's park/resume/swap totals, and what was lost: packages not delivered and
-  delivered packages short of their planned tokens;
-* :func:`parking_lines` — the Markdown report's paragraph; the plot is
-  :func:`mesh.sim.plots.plot_parking`.
-
-Samples without a ``parking`` block (an engine that does not park, an older server) read
-as zeros, so the figures exist for every run; the plot and the report's paragraph are
-written for an ``idle-agents`` run and for any run in which a session was parked. Pure.
-
-**Phases.** Per-phase figures of a run: neighbour off, neighbour on, and overall. Pure.
-
-A run with a neighbour is cut into spans: "on" from each recorded start of the load to its
-stop (:attr:`~mesh.sim.scenario.SimRun.neighbour_phases`), "off" in between, both clipped to
-``[0, wall]``. Every observation is attributed to the phase it happened in:
-
-* a ``/capacity`` sample by its time; a package by its *end* (its delivery time counts in
-  the phase it was delivered in); a turn's start latency by the turn's start;
-* client windows and tokens by the arrival of the text chunk that carried them.
-
-**Client windows.** The coordinator streams each worker's text in chunks (coalesced every
-``text_flush_s``, 50 ms); the harness stamps each chunk on arrival and counts its
-characters. A turn generates a known number of tokens (a scenario step's
-``tokens_per_step``) and a chunk is flushed on a token's arrival, so every chunk holds at
-least one token; the turn's remaining tokens are shared among its chunks by characters.
-When every token arrives in its own chunk (rates under ~20 tok/s at the 50 ms flush,
-so near any floor below that) the count is exact; above, it is an estimate (the characters
-of 8 tokens vary by a standard deviation of 36 %: SmolLM2's tokenizer on the README), but
-there the window is far above such a floor. A window is the run of consecutive chunks of
-one turn after the first that brings at least ``min_tokens`` tokens over at least
-``min_span_s`` (so the stamps' jitter stays small against it); its tokens/s is those
-tokens over the time from the chunk before it to its last chunk (the gap to a turn's first
-chunk is the wait and the tool result's prefill, not a stall, and is left out — as
-``bench/gate_bench.py`` does per token). Planned runs (turns of unknown length) have no
-windows.
-
-**Turn-start latency.** The decode gate's own wait where an event carries it
-(``wait_s`` in the turn's event metadata, source ``gate``); otherwise, as the client sees
-it, from the turn's ``turn_started`` event to its first text chunk (source ``client``: the
-gate's wait plus the prefill of the tool result plus the first token, so an upper bound of
-the wait). The mean number of waiting turns over the ``/capacity`` samples
-(``turns.waiting``, from the decode gate) is reported beside it.
-
-**The summary.** The run's summary and its files: ``report.json`` and ``report.md``. Pure: it
-reads the
+"""What a run measured: the shared measures, the idle-agents figures, the per-phase figures
+and the report's summary and files (``report.json``, ``report.md``). Pure: it reads the
 collected :class:`~mesh.sim.scenario.SimRun` and writes; nothing here talks to a server.
+
+**Idle agents** (issue 28, docs/parking.md): resident and parked sessions and cells per
+``/capacity`` sample (its ``parking`` block; a sample without one reads as zeros), their
+peaks and the server's park/resume/swap totals, and what was lost (packages undelivered,
+delivered ones short of their planned tokens). The plot is
+:func:`mesh.sim.plots.plot_parking`.
+
+**Phases, client windows, turn-start latency**: docs/gate.md defines them. A run with a
+neighbour is cut into "on" spans (:attr:`~mesh.sim.scenario.SimRun.neighbour_phases`) and
+"off" ones between, clipped to ``[0, wall]``; a sample counts by its time, a package by its
+end, a turn's start latency by the turn's start, a client window and its tokens by the
+arrival of the chunk that carried them.
 
 Summary definitions (``report.json`` → ``summary``):
 
@@ -67,9 +23,8 @@ Summary definitions (``report.json`` → ``summary``):
   ``/capacity`` samples.
 * ``time_under_floor``: share of the samples with a decoding worker in which the slowest
   measured worker is below the floor; ``deep_sub_floor``: below half the floor.
-* ``windows_under_floor``, ``windows_under_half_floor``: share of the client windows (a
-  worker's tokens/s over a few streamed chunks, as the client saw them; see
-  :mod:`mesh.sim.report`) under the floor and under half of it.
+* ``windows_under_floor``, ``windows_under_half_floor``: share of the client windows under
+  the floor and under half of it.
 * ``turn_start_p50_s``, ``turn_start_p95_s``: a turn's start latency (the gate's wait where
   events carry it, else turn start → first text chunk; ``turn_start_source`` says which).
 * ``agg_tps``: tokens generated by every worker / ``wall_s``.
@@ -77,22 +32,12 @@ Summary definitions (``report.json`` → ``summary``):
 * ``prefill_tokens_saved``: shared prefix cells × sessions admitted to them (every worker,
   and for a planned scenario every planner and synthesis session too; 0 when the pool is
   naive: each session prefilled its own copy).
-
-``summary.parking`` (:func:`mesh.sim.report.parking_summary`): resident and parked
-sessions' peaks, the share of samples with a parked session, parks / resumes / swaps, and
-what was lost (packages undelivered, delivered ones short of their planned tokens); an
-``idle-agents`` run (or one that parked) also has ``parking_series`` in ``report.json``,
-a paragraph in ``report.md`` and ``parking_over_time.png``.
+* ``parking``: :func:`parking_summary`; ``planner_sessions``, ``synthesis_sessions``: how
+  many ran in a planned scenario (``plan = true``), whose ``report.json`` also has
+  ``kv_series`` (:func:`kv_series`, drawn by the KV-cell plot).
 
 ``report.json`` → ``phases``: the same figures per neighbour phase (off / on) and overall
-(:func:`mesh.sim.report.phase_summary`); ``report.md`` shows them when a neighbour ran.
-
-A planned scenario (``plan = true``) also reports ``planner_sessions`` and
-``synthesis_sessions`` (how many ran) and, in ``report.json``, ``kv_series``: per
-``/capacity`` sample the KV cells used and their naive equivalent next to the planner and
-synthesis sessions live then (from each task's events: a planner from its ``admitted`` to
-its ``plan`` event, a synthesis from its ``admitted`` to the task's end). The KV-cell plot
-draws them.
+(:func:`phase_summary`); ``report.md`` shows them when a neighbour ran.
 """
 
 from __future__ import annotations
@@ -139,18 +84,15 @@ def cap_num(cap: Mapping[str, Any], *keys: str) -> float | None:
     value: Any = cap
     for key in keys:
         value = value.get(key) if isinstance(value, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
+    return num(value)
 
 
 def workers(sample: Sample) -> int:
     """Admitted workers in a sample (the gate's tickets, else every session)."""
-    cap = sample.capacity
-    tickets = num(cap.get("tickets"))
+    tickets = cap_num(sample.capacity, "tickets")
     if tickets is not None:
         return int(tickets)
-    return int(num(cap.get("sessions", {}).get("total")) or 0)
+    return int(cap_num(sample.capacity, "sessions", "total") or 0)
 
 
 def floor_of(run: SimRun) -> float | None:
@@ -164,6 +106,15 @@ def floor_of(run: SimRun) -> float | None:
             return floor
     return run.config.floor_tps
 
+
+def _decoding(cap: Mapping[str, Any]) -> bool:
+    """A worker is decoding (or prefilling) in this ``/capacity`` sample."""
+    return bool((cap_num(cap, "sessions", "decoding") or 0)
+                + (cap_num(cap, "sessions", "prefilling") or 0))
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 # -------------------- idle agents ---------------------------------------------
@@ -414,10 +365,6 @@ def _share(values: Sequence[float], below: float | None) -> float | None:
     return round(sum(v < below for v in values) / len(values), 4)
 
 
-def _r(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
-
-
 def phase_summary(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> dict[str, Any]:
     """``{"spans": [...], "turn_start_source": ..., "all"|"off"|"on": figures}`` (``off``
     and ``on`` only for a run with a neighbour). Figures: see :data:`PHASE_COLUMNS`."""
@@ -450,9 +397,7 @@ def phase_summary(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> dict[st
                    is not None]
         waiting = [v for s in samples if (v := cap_num(s.capacity, "turns", "waiting"))
                    is not None]
-        slowest = [v for s in samples
-                   if (cap_num(s.capacity, "sessions", "decoding") or 0)
-                   + (cap_num(s.capacity, "sessions", "prefilling") or 0)
+        slowest = [v for s in samples if _decoding(s.capacity)
                    and (v := cap_num(s.capacity, "measured_tps", "min")) is not None]
         generated = sum(n for t, n in tokens if inside(t))
         out[phase] = {
@@ -529,35 +474,27 @@ def phase_table(rows: Sequence[tuple[str, Mapping[str, Any]]], phase: str) -> st
 # The coordinator's own sessions, by the subtask key its events carry.
 ROLES = {"plan": "planner", "synthesis": "synthesis"}
 
-SUMMARY_KEYS = (
-    "wall_s",
-    "submitted",
-    "delivered",
-    "p50_delivery_s",
-    "p95_delivery_s",
-    "max_workers",
-    "mean_workers",
-    "time_under_floor",
-    "deep_sub_floor",
-    "windows_under_floor",
-    "windows_under_half_floor",
-    "turn_start_p50_s",
-    "turn_start_p95_s",
-    "agg_tps",
-    "kv_reduction_peak",
-    "prefill_tokens_saved",
-)
+_LABELS = {
+    "wall_s": "wall (s)",
+    "submitted": "packages submitted",
+    "delivered": "packages delivered",
+    "p50_delivery_s": "p50 delivery (s)",
+    "p95_delivery_s": "p95 delivery (s)",
+    "max_workers": "max workers",
+    "mean_workers": "mean workers",
+    "time_under_floor": "time under floor",
+    "deep_sub_floor": "deep sub-floor (< floor/2)",
+    "windows_under_floor": "client windows < floor",
+    "windows_under_half_floor": "client windows < floor/2",
+    "turn_start_p50_s": "turn start p50 (s)",
+    "turn_start_p95_s": "turn start p95 (s)",
+    "agg_tps": "aggregate tok/s",
+    "kv_reduction_peak": "KV reduction, peak (naive/pooled)",
+    "prefill_tokens_saved": "prefill tokens saved",
+}
+SUMMARY_KEYS = tuple(_LABELS)
 
 Summary = dict[str, Any]
-
-
-def _decoding(cap: Mapping[str, Any]) -> bool:
-    sessions = cap.get("sessions", {})
-    return bool((num(sessions.get("decoding")) or 0) + (num(sessions.get("prefilling")) or 0))
-
-
-def _rounded(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def role_spans(task: TaskTimeline) -> list[tuple[str, float, float]]:
@@ -599,26 +536,17 @@ def summarize(run: SimRun) -> Summary:
     delivery = [d for t in run.tasks if (d := t.delivery_s) is not None]
     counts = [workers(s) for s in run.samples]
     floor = floor_of(run)
-    speeds = [
-        tps
-        for s in run.samples
-        if _decoding(s.capacity)
-        and (tps := num(s.capacity.get("measured_tps", {}).get("min"))) is not None
-    ]
+    speeds = [tps for s in run.samples if _decoding(s.capacity)
+              and (tps := cap_num(s.capacity, "measured_tps", "min")) is not None]
     under = deep = 0.0
     if speeds and floor is not None:
         under = sum(v < floor for v in speeds) / len(speeds)
         deep = sum(v < floor / 2 for v in speeds) / len(speeds)
-    reductions = [
-        r
-        for s in run.samples
-        if (r := num(s.capacity.get("kv_cells", {}).get("reduction"))) is not None
-        and (num(s.capacity.get("sessions", {}).get("total")) or 0) > 0
-    ]
-    prefix = max(
-        (int(num(s.capacity.get("kv_cells", {}).get("prefix")) or 0) for s in run.samples),
-        default=0,
-    )
+    reductions = [r for s in run.samples
+                  if (r := cap_num(s.capacity, "kv_cells", "reduction")) is not None
+                  and (cap_num(s.capacity, "sessions", "total") or 0) > 0]
+    prefix = max((int(cap_num(s.capacity, "kv_cells", "prefix") or 0) for s in run.samples),
+                 default=0)
     attached = sum(1 for t in run.tasks for e in t.events if e.kind == "admitted")
     spans = [r for t in run.tasks for r, _, _ in role_spans(t)]
     generated = sum(t.num_generated for t in run.tasks)
@@ -628,10 +556,10 @@ def summarize(run: SimRun) -> Summary:
         "wall_s": round(run.wall_s, 4),
         "submitted": len(run.tasks),
         "delivered": sum(t.is_delivered for t in run.tasks),
-        "p50_delivery_s": _rounded(percentile(delivery, 50)),
-        "p95_delivery_s": _rounded(percentile(delivery, 95)),
+        "p50_delivery_s": _r(percentile(delivery, 50)),
+        "p95_delivery_s": _r(percentile(delivery, 95)),
         "max_workers": max(counts, default=0),
-        "mean_workers": _rounded(sum(counts) / len(counts) if counts else 0.0, 3),
+        "mean_workers": _r(sum(counts) / len(counts) if counts else 0.0, 3),
         "time_under_floor": round(under, 4),
         "deep_sub_floor": round(deep, 4),
         "windows_under_floor": overall["windows_under_floor"],
@@ -639,7 +567,7 @@ def summarize(run: SimRun) -> Summary:
         "turn_start_p50_s": overall["turn_start_p50_s"],
         "turn_start_p95_s": overall["turn_start_p95_s"],
         "agg_tps": round(generated / run.wall_s, 3) if run.wall_s > 0 else 0.0,
-        "kv_reduction_peak": _rounded(max(reductions, default=None), 3),
+        "kv_reduction_peak": _r(max(reductions, default=None), 3),
         "prefill_tokens_saved": 0 if run.config.pool == "naive" else prefix * attached,
         # Context for a reader of the summary alone.
         "failed": sum(t.state not in ("completed", "pending") for t in run.tasks),
@@ -684,24 +612,6 @@ def write_json(path: Path, document: Mapping[str, Any]) -> Path:
     return path
 
 
-_LABELS = {
-    "wall_s": "wall (s)",
-    "submitted": "packages submitted",
-    "delivered": "packages delivered",
-    "p50_delivery_s": "p50 delivery (s)",
-    "p95_delivery_s": "p95 delivery (s)",
-    "max_workers": "max workers",
-    "mean_workers": "mean workers",
-    "time_under_floor": "time under floor",
-    "deep_sub_floor": "deep sub-floor (< floor/2)",
-    "windows_under_floor": "client windows < floor",
-    "windows_under_half_floor": "client windows < floor/2",
-    "turn_start_p50_s": "turn start p50 (s)",
-    "turn_start_p95_s": "turn start p95 (s)",
-    "agg_tps": "aggregate tok/s",
-    "kv_reduction_peak": "KV reduction, peak (naive/pooled)",
-    "prefill_tokens_saved": "prefill tokens saved",
-}
 
 
 def fmt(key: str, value: Any) -> str:
