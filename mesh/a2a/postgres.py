@@ -64,7 +64,6 @@ import os
 import socket
 from collections.abc import AsyncGenerator, Callable
 from contextlib import suppress
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.cluster import (
@@ -93,7 +92,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from mesh.a2a.store import INTERRUPTED_REASON, owner_context, owner_of
+from mesh.a2a.store import (
+    INTERRUPTED_REASON,
+    SETTLED_STATES,
+    TERMINAL_STATES,
+    interrupted_status,
+    owner_context,
+    owner_of,
+)
 
 if TYPE_CHECKING:
     import asyncpg
@@ -124,17 +130,8 @@ _CONNECT_TIMEOUT_S = 10.0
 _PRUNE_EVERY_S = 60.0  # how often the event log of finished tasks is pruned
 _PRUNE_AFTER_S = 60.0  # how long a finished task's events are kept
 
-_TERMINAL = frozenset({
-    pb.TaskState.TASK_STATE_COMPLETED, pb.TaskState.TASK_STATE_CANCELED,
-    pb.TaskState.TASK_STATE_FAILED, pb.TaskState.TASK_STATE_REJECTED,
-})
-_INTERRUPTED = frozenset({
-    pb.TaskState.TASK_STATE_INPUT_REQUIRED, pb.TaskState.TASK_STATE_AUTH_REQUIRED,
-})
-# Stored as the proto JSON of the status: state names (0.3-era rows: short names).
-_TERMINAL_NAMES = tuple(
-    [pb.TaskState.Name(s) for s in _TERMINAL] + ["completed", "canceled", "failed", "rejected"]
-)
+# Stored as the proto JSON of the status: state names.
+_TERMINAL_NAMES = [pb.TaskState.Name(s) for s in TERMINAL_STATES]
 
 # mesh's own tables and the trigger, created once (IF NOT EXISTS) under the schema lock.
 _SCHEMA = (
@@ -305,14 +302,14 @@ class _ClaimingStore(VersionedDatabaseTaskStore):
                    prev: pb.Task | None = None, prev_version: TaskVersion,
                    context: ServerCallContext) -> TaskVersion:
         state = task.status.state
-        if state not in _TERMINAL and state not in _INTERRUPTED and task.id not in self._claimed:
+        if state not in SETTLED_STATES and task.id not in self._claimed:
             await self._claim(task.id)
             self._claimed.add(task.id)
         version = await super().save(task, event=event, prev=prev, prev_version=prev_version,
                                      context=context)
-        if state in _TERMINAL or state in _INTERRUPTED:
+        if state in SETTLED_STATES:
             self._claimed.discard(task.id)
-        if state in _TERMINAL:
+        if state in TERMINAL_STATES:
             await self._unclaim(task.id)
         if self.on_saved is not None:
             self.on_saved(task)
@@ -592,7 +589,7 @@ class PostgresStores:
                 text("SELECT t.id, t.owner, r.coordinator_id FROM tasks t "
                      "LEFT JOIN mesh_task_runs r ON r.task_id = t.id "
                      "WHERE NOT ((t.status ->> 'state') = ANY(:terminal))"),
-                {"terminal": list(_TERMINAL_NAMES)})).all()
+                {"terminal": _TERMINAL_NAMES})).all()
         seats = {int(seat) for _, _, seat in rows if seat is not None}
         seats.discard(self.membership.id)
         dead = await _dead_among(self.engine, seats)
@@ -639,7 +636,7 @@ class PostgresStores:
                 text("DELETE FROM task_events e USING tasks t WHERE e.task_id = t.id "
                      "AND (t.status ->> 'state') = ANY(:terminal) "
                      "AND t.last_updated < (now() AT TIME ZONE 'utc') - make_interval(secs => :s)"),
-                {"terminal": list(_TERMINAL_NAMES), "s": _PRUNE_AFTER_S})
+                {"terminal": _TERMINAL_NAMES, "s": _PRUNE_AFTER_S})
 
     async def _mark_runs_of(self, seats: set[int], reason: str) -> list[str]:
         async with self.engine.connect() as conn:
@@ -666,15 +663,11 @@ class PostgresStores:
         context = owner_context(owner)
         for _ in range(5):
             stored = await self.tasks.get(task_id, context)
-            if stored is None or stored.task.status.state in _TERMINAL:
+            if stored is None or stored.task.status.state in TERMINAL_STATES:
                 return False
             task = pb.Task()
             task.CopyFrom(stored.task)
-            status = pb.TaskStatus(state=pb.TaskState.TASK_STATE_FAILED)
-            status.message.CopyFrom(pb.Message(
-                message_id=f"{task_id}-interrupted", role=pb.Role.ROLE_AGENT,
-                task_id=task_id, context_id=task.context_id, parts=[pb.Part(text=reason)]))
-            status.timestamp.FromDatetime(datetime.now(UTC))
+            status = interrupted_status(task, reason)
             task.status.CopyFrom(status)
             event = pb.TaskStatusUpdateEvent(task_id=task_id, context_id=task.context_id,
                                              status=status)

@@ -1,38 +1,24 @@
-"""Task persistence: the task table's schema, the coalescing write-behind store, the
-dashboard's task board over it, and the stores as the app opens them. Read top to bottom:
+"""Task persistence on SQLite: the task table, the coalescing write-behind store over it, the
+dashboard's task board, and the stores as the app opens them (:func:`open_stores`).
+:mod:`mesh.a2a.postgres` keeps the same things in PostgreSQL for several coordinators
+(``--task-store``); both answer to :class:`TaskStores`, all the app needs of them.
 
-**The task table.** The SDK's tasks table spoken over raw ``sqlite3``: one writer thread, inline
-point reads.
+**The task table** (:class:`TaskTable`): the SDK's tasks table in ``DATA_DIR/tasks.db``
+spoken over raw ``sqlite3``. Rows are exactly what the SDK's ``DatabaseTaskStore`` writes
+through SQLAlchemy (same columns, protobuf JSON in the JSON columns, SQLAlchemy's text
+format for ``last_updated``), so the SDK's own code lists and reads them. Writes run on
+one writer thread, on a connection only it touches (WAL, ``synchronous=NORMAL``,
+transactions of at most ``_ROWS_PER_TRANSACTION`` rows); a read runs inline on the event
+loop's thread on a read-only connection (a primary-key lookup costs less than a thread hop).
 
-Rows are exactly what the SDK's ``DatabaseTaskStore`` writes through SQLAlchemy (same
-columns, protobuf JSON in the JSON columns, SQLAlchemy's text format for ``last_updated``),
-so the SDK's own code can list and read them, and rows written by older versions of the
-coordinator read back unchanged.
-
-Threads: :meth:`TaskTable.write` runs on the table's one writer thread, on a connection
-that only that thread touches (WAL, ``synchronous=NORMAL``, explicit transactions of at
-most ``_ROWS_PER_TRANSACTION`` rows). :meth:`TaskTable.read` runs inline on the caller's
-(the event loop's) thread on a read-only connection: a primary-key lookup takes tens of
-microseconds, less than a hop to another thread would.
-
-**Write-behind.** A write-behind SQLite ``TaskStore``: coalesced writes by one writer thread,
-same rows.
-
-The SDK's ``DatabaseTaskStore`` costs about a millisecond of event-loop time per operation
-(SQLAlchemy statement building, the greenlet bridge, a thread hop to aiosqlite) and writes
-the whole task on every event. :class:`WriteBehindTaskStore` keeps its rows, its table and
-its ``list`` (inherited, so ListTasks paging, filters and owner scoping are the SDK's own)
-and changes how rows get there:
-
-* ``save`` snapshots the task (protobuf bytes) into a per-task pending slot and returns;
-  a later save of the same task replaces the slot (coalescing), so a task that moves
-  through ten working states in 50 ms is written once.
-* One flusher coroutine hands the slots that are due to the
-  :class:`~mesh.a2a.store.TaskTable`, whose one writer thread turns them into
-  rows (protobuf JSON, as the SDK does) and commits them in small transactions (WAL,
-  ``synchronous=NORMAL``).
-* ``get`` is answered from the pending slots, then a bounded cache of recent snapshots,
-  then the table's inline primary-key read.
+**Write-behind** (:class:`WriteBehindTaskStore`): the SDK's ``DatabaseTaskStore`` costs
+about a millisecond of event-loop time per operation and writes the whole task on every
+event. This store keeps its rows, its table and its ``list`` (ListTasks paging, filters
+and owner scoping are the SDK's own) and changes how rows get there: ``save`` snapshots
+the task into a per-task pending slot (a later save replaces it: a task that moves
+through ten working states in 50 ms is written once); one flusher coroutine hands the
+slots that are due to the table's writer thread; ``get`` answers from the pending slots,
+then a bounded cache of recent snapshots, then the table.
 
 Durability contract (what a caller may rely on when ``save`` returns):
 
@@ -50,37 +36,18 @@ any other (working) state             no: committed within ``coalesce_s``; a cra
 
 "On disk" means committed in WAL mode with ``synchronous=NORMAL``: it survives the process
 being killed (SIGKILL included); only an OS crash or power loss can drop the last commits.
+This process must be the only writer of the file (the coordinator owns its data dir): the
+cache and the pending slots are trusted over it.
 
-This process must be the only writer of the table (the coordinator owns its data dir):
-the cache and the pending slots are trusted over the file.
+**The task board** (:class:`TaskBoard`): a bounded, in-memory view of every caller's live
+and recently finished tasks for the dashboard (``GET /dashboard/events``, behind the same
+bearer auth as ``/capacity``), fed by :class:`ObservedTaskStore`.
 
-**The task board.** A bounded, in-memory view of the coordinator's tasks, for the live dashboard.
-
-:class:`ObservedTaskStore` wraps the task store the request handler writes through and
-reports every saved task to a :class:`TaskBoard`. The board keeps the live (non-terminal)
-tasks and the most recent finished ones, both bounded, so a long-running mesh holds a
-fixed amount of memory here whatever its traffic. It is read by ``GET /dashboard/events``
-(see :mod:`mesh.api.dashboard`) through :meth:`TaskBoard.snapshot`.
-
-The board spans every caller: it is an operator's view, served only behind the same
-bearer auth as ``/capacity``.
-
-**The stores.** Task persistence: SQLite stores under the data dir, and the restart sweep.
-
-This module is the embedded default; :mod:`mesh.a2a.postgres` keeps the same things in
-PostgreSQL for several coordinators (``--task-store``). Both answer to :class:`TaskStores`,
-all the app needs of them.
-
-Tasks live in ``DATA_DIR/tasks.db``, in the SDK's schema: the tasks table is written by
-:class:`~mesh.a2a.store.WriteBehindTaskStore` (coalesced writes, terminal
-states durable before they are published) and read by it and by the SDK's listing code;
-push configs by the SDK's ``DatabasePushNotificationConfigStore``. Every row carries its
-owner (the authenticated caller, ``""`` when auth is off), which is how callers are kept
-apart: every read is filtered by ``owner_of(context)``.
-
-Invariant kept by :func:`mark_interrupted`: after the coordinator starts (and again when it
-shuts down), no task is left in a non-terminal state without a running executor behind it.
-Such tasks are marked failed with :data:`INTERRUPTED_REASON`; nothing is deleted.
+Every row carries its owner (the authenticated caller, ``""`` when auth is off); every
+read is filtered by ``owner_of(context)``. Invariant kept by :func:`mark_interrupted`:
+after the coordinator starts (and again when it shuts down), no task is left in a
+non-terminal state without a running executor behind it; such tasks are marked failed
+with :data:`INTERRUPTED_REASON`, nothing is deleted.
 """
 
 from __future__ import annotations
@@ -121,18 +88,18 @@ if TYPE_CHECKING:
     from mesh.a2a.push import PushUrlValidator
 
 __all__ = [
-    "INTERRUPTED_REASON", "CachedPushConfigStore", "ObservedTaskStore", "OwnerUser", "RowWrite",
-    "StoredRow", "Stores", "TaskBoard", "TaskStoreWriteError", "TaskStores", "TaskTable",
-    "WriteBehindTaskStore", "mark_interrupted", "open_stores", "owner_context", "owner_of"
+    "INTERRUPTED_REASON", "SETTLED_STATES", "TERMINAL_STATES", "CachedPushConfigStore",
+    "ObservedTaskStore", "OwnerUser", "RowWrite", "StoredRow", "Stores", "TaskBoard",
+    "TaskStoreWriteError", "TaskStores", "TaskTable", "WriteBehindTaskStore",
+    "interrupted_status", "mark_interrupted", "open_stores", "owner_context", "owner_of",
 ]
 
 
 # -------------------- the task table ------------------------------------------
 
-_COLUMNS = (
-    "id, context_id, kind, owner, last_updated, status, artifacts, history, "
-    "protocol_version, metadata"
-)
+_COLUMN_NAMES = ("id", "context_id", "kind", "owner", "last_updated", "status", "artifacts",
+                 "history", "protocol_version", "metadata")
+_COLUMNS = ", ".join(_COLUMN_NAMES)
 _ROWS_PER_TRANSACTION = 128
 _BUSY_TIMEOUT_MS = 30_000
 
@@ -169,12 +136,9 @@ class TaskTable:
         self._write_conn: sqlite3.Connection | None = None  # the writer thread's only
         self._read_conn: sqlite3.Connection | None = None  # the opening thread's only
         self._upsert = (
-            f"INSERT INTO {table} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(id) DO UPDATE SET context_id = excluded.context_id, "
-            "kind = excluded.kind, owner = excluded.owner, "
-            "last_updated = excluded.last_updated, status = excluded.status, "
-            "artifacts = excluded.artifacts, history = excluded.history, "
-            "protocol_version = excluded.protocol_version, metadata = excluded.metadata"
+            f"INSERT INTO {table} ({_COLUMNS}) VALUES ({', '.join('?' * len(_COLUMN_NAMES))}) "
+            "ON CONFLICT(id) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in _COLUMN_NAMES[1:])
         )
         self._delete = f"DELETE FROM {table} WHERE id = ? AND owner = ?"
         self._select = f"SELECT {_COLUMNS} FROM {table} WHERE id = ?"
@@ -217,17 +181,9 @@ class TaskTable:
         if row is None:
             return None
         task_id, context_id, kind, owner, _, status, artifacts, history, version, meta = row
-        return StoredRow(
-            task_id,
-            context_id,
-            kind,
-            owner,
-            _json_or_none(status),
-            _json_or_none(artifacts),
-            _json_or_none(history),
-            version,
-            _json_or_none(meta),
-        )
+        return StoredRow(task_id, context_id, kind, owner, _json_or_none(status),
+                         _json_or_none(artifacts), _json_or_none(history), version,
+                         _json_or_none(meta))
 
     # ------------------------------------------------------------------ writer thread
 
@@ -277,18 +233,10 @@ def _to_row(data: bytes, owner: str) -> tuple[Any, ...]:
         else None
     )
     metadata = MessageToDict(task.metadata) if task.metadata.fields else None
-    return (
-        task.id,
-        task.context_id,
-        "task",
-        owner,
-        last_updated,
-        json.dumps(MessageToDict(task.status)),
-        json.dumps([MessageToDict(a) for a in task.artifacts]),
-        json.dumps([MessageToDict(m) for m in task.history]),
-        "1.0",
-        json.dumps(metadata),
-    )
+    return (task.id, task.context_id, "task", owner, last_updated,
+            json.dumps(MessageToDict(task.status)),
+            json.dumps([MessageToDict(a) for a in task.artifacts]),
+            json.dumps([MessageToDict(m) for m in task.history]), "1.0", json.dumps(metadata))
 
 
 def _sqlite_datetime(value: datetime) -> str:
@@ -303,17 +251,15 @@ def _json_or_none(text: str | None) -> Any:
 
 logger = logging.getLogger(__name__)
 
-# States the client acts on: their saves wait for the commit.
-_SETTLED_STATES = frozenset(
-    {
-        pb.TaskState.TASK_STATE_COMPLETED,
-        pb.TaskState.TASK_STATE_CANCELED,
-        pb.TaskState.TASK_STATE_FAILED,
-        pb.TaskState.TASK_STATE_REJECTED,
-        pb.TaskState.TASK_STATE_INPUT_REQUIRED,
-        pb.TaskState.TASK_STATE_AUTH_REQUIRED,
-    }
-)
+#: The final states: no executor runs behind a task in one.
+TERMINAL_STATES = frozenset({
+    pb.TaskState.TASK_STATE_COMPLETED, pb.TaskState.TASK_STATE_CANCELED,
+    pb.TaskState.TASK_STATE_FAILED, pb.TaskState.TASK_STATE_REJECTED,
+})
+#: The states the client acts on (final, or waiting for it): their saves wait for the commit.
+SETTLED_STATES = TERMINAL_STATES | {
+    pb.TaskState.TASK_STATE_INPUT_REQUIRED, pb.TaskState.TASK_STATE_AUTH_REQUIRED,
+}
 
 
 class TaskStoreWriteError(RuntimeError):
@@ -413,7 +359,7 @@ class WriteBehindTaskStore(DatabaseTaskStore):
         previous = self._latest(task.id)
         is_stored = previous is not None and previous.is_stored and previous.owner == owner
         snapshot = _Snapshot(owner, task.SerializeToString(), is_stored)
-        is_urgent = not is_stored or task.status.state in _SETTLED_STATES
+        is_urgent = not is_stored or task.status.state in SETTLED_STATES
         self._remember(task.id, snapshot)
         self._schedule(task.id, snapshot, is_urgent=is_urgent)
         if is_urgent:
@@ -568,7 +514,8 @@ class WriteBehindTaskStore(DatabaseTaskStore):
 # -------------------- the task board ------------------------------------------
 
 _PREFIX = "TASK_STATE_"
-_BOARD_TERMINAL = frozenset({"completed", "failed", "canceled", "rejected"})
+_BOARD_TERMINAL = frozenset(pb.TaskState.Name(s).removeprefix(_PREFIX).lower()
+                            for s in TERMINAL_STATES)
 _QUEUED = frozenset({"submitted", "unspecified"})
 
 
@@ -680,19 +627,8 @@ class ObservedTaskStore(TaskStore):
 
 INTERRUPTED_REASON = "interrupted by restart"
 
-# Both spellings: 1.0 rows store enum names, rows written by 0.3 code store short names.
-_TERMINAL = frozenset(
-    {
-        "TASK_STATE_COMPLETED",
-        "TASK_STATE_CANCELED",
-        "TASK_STATE_FAILED",
-        "TASK_STATE_REJECTED",
-        "completed",
-        "canceled",
-        "failed",
-        "rejected",
-    }
-)
+# Rows store the status as proto JSON: the state's enum name.
+_TERMINAL_NAMES = frozenset(pb.TaskState.Name(s) for s in TERMINAL_STATES)
 
 
 class OwnerUser(User):
@@ -906,22 +842,22 @@ async def mark_interrupted(stores: Stores, reason: str = INTERRUPTED_REASON) -> 
     marked: list[str] = []
     for task_id, owner, status in rows:
         state = status.get("state") if isinstance(status, dict) else None
-        if state in _TERMINAL:
+        if state in _TERMINAL_NAMES:
             continue
         context = owner_context(owner or "")
         task = await stores.tasks.get(task_id, context)
         if task is None:
             continue
-        status_message = pb.Message(
-            message_id=f"{task_id}-interrupted",
-            role=pb.Role.ROLE_AGENT,
-            task_id=task_id,
-            context_id=task.context_id,
-            parts=[pb.Part(text=reason)],
-        )
-        task.status.CopyFrom(pb.TaskStatus(state=pb.TaskState.TASK_STATE_FAILED))
-        task.status.message.CopyFrom(status_message)
-        task.status.timestamp.FromDatetime(datetime.now(UTC))
+        task.status.CopyFrom(interrupted_status(task, reason))
         await stores.tasks.save(task, context)
         marked.append(task_id)
     return marked
+
+
+def interrupted_status(task: pb.Task, reason: str) -> pb.TaskStatus:
+    """``task`` failed now, ``reason`` its agent's status message (the restart sweeps)."""
+    status = pb.TaskStatus(state=pb.TaskState.TASK_STATE_FAILED, message=pb.Message(
+        message_id=f"{task.id}-interrupted", role=pb.Role.ROLE_AGENT, task_id=task.id,
+        context_id=task.context_id, parts=[pb.Part(text=reason)]))
+    status.timestamp.FromDatetime(datetime.now(UTC))
+    return status

@@ -1,75 +1,26 @@
-"""Request checks that run before the SDK sees a body: JSON field checks, what a checked
-message carries on to the executor, reading and replaying ASGI bodies, the A2A params
-shapes, the JSON-RPC and REST checks, and the guard middleware that runs them in order.
-Read top to bottom:
-
-**Fields.** JSON bodies as the guard reads them: parsing with a depth bound, and field checks.
-
-Every check raises :class:`Invalid` with a message that names the field and the fix; the
-caller maps ``Invalid.kind`` to its surface's error (a JSON-RPC code or an HTTP status).
-Fields are read by their JSON (camelCase) or proto (snake_case) name, as protobuf accepts
-both.
-
-**Checked messages.** What the guard checked of a message being sent, carried to the executor:
-parse once.
-
-The guard (the guard) reads a send's body, checks it and leaves a
-:class:`CheckedMessage` on the ASGI scope (:func:`put_checked`); the SDK's routes build
-each call's ``ServerCallContext`` with :class:`CheckedContextBuilder`, which copies it into
-the context's ``state``; the executor reads it back with :func:`checked_message`. So the
-subtask list and the hops are read from the JSON once, at the door, and never re-derived
-from the SDK's protobuf.
-
-**ASGI bodies.** ASGI plumbing of the guard: read a body up to a limit, replay it, answer with
-JSON, and
-label HTTP+JSON answers with the media type the client speaks.
-
-**Shapes.** The shapes of A2A 1.0 request params (JSON-RPC params and HTTP+JSON bodies alike).
-
-:class:`Shapes` checks a message (role, parts, media types, sizes, delegation hops,
-subtask lists and their scenario params) and every other method's params, raising
-:class:`~mesh.a2a.validation.Invalid` that names the field. A2A 0.3 method
-names get a lighter check (the SDK's compatibility adapter serves them).
-
-**JSON-RPC.** The JSON-RPC surface's checks (``POST /``), each refusal with its JSON-RPC error code.
-
-In order: content type (-32005, before the body is read as JSON), UTF-8 and JSON (-32700,
-also for nesting past ``max_json_depth``), the request object (-32600), a known method
-(-32601; an A2A 0.3 name only under ``A2A-Version: 0.3``, else -32009), the params shape
-(-32602, :class:`~mesh.a2a.validation.Shapes`).
-
-**REST.** The HTTP+JSON surface's checks (under ``rest_prefix``), each refusal an HTTP status.
-
-Sending a message or a push config: content type (415), UTF-8 / JSON (400), shape (422;
-a refused part media type is 415). Any other POST body: UTF-8 / JSON (400). GET: query
-parameters (400). Legacy ``/v1/`` routes get the body checks only.
-
-**The guard.** Request checks that run before the SDK sees a body, as a pure ASGI middleware.
+"""Request checks that run before the SDK sees a body, as a pure ASGI middleware
+(:class:`RequestGuard`); the order of checks and their answers are in docs/security.md
+("At the door").
 
 Why: the SDK parses bodies with protobuf's lenient JSON parser (a string where an object
 belongs, ``role: true`` and ``parts: ["x"]`` are silently reinterpreted), answers 500 to a
 non-UTF-8 body on the HTTP+JSON routes and -32603 to JSON nested 10,000 deep, and enforces
-no body size. This guard turns every client mistake into a clear 4xx / JSON-RPC error and
+no body size. The guard turns every client mistake into a clear 4xx / JSON-RPC error and
 lets only well-formed requests through, untouched (the body is replayed as read).
 
-Order of checks for a request with a body:
-
-1. ``Content-Length`` above the limit: 413 before anything is read; otherwise the body is
-   read up to the limit and 413 answered as soon as it would go past it.
-2. JSON-RPC (``POST /``, the JSON-RPC checks): UTF-8 and JSON (-32700, also for nesting past
-   ``max_json_depth``), request object (-32600), known method (-32601), params shape
-   (-32602, the shapes).
-3. HTTP+JSON (under ``rest_prefix``, the REST checks): content type (415), UTF-8 / JSON (400),
-   shape (422), query parameters (400).
-4. Sending a message whose places (one per listed subtask, else one) do not all fit the
-   gate's queue, or the caller's share of it: 429 with ``Retry-After``.
-
-HTTP+JSON answers are labelled ``application/json`` (A2A 1.0.0 section 11.1) unless the
-client named ``application/a2a+json`` in its Content-Type or Accept header: then they keep
-the SDK's ``application/a2a+json`` (see :func:`relabel_a2a_json`).
-
-A message that passes is left on the scope as it was checked (checked messages: its
-subtask list, text and hops), for the executor: nothing is parsed twice.
+Read top to bottom: JSON field checks (each raises :class:`Invalid`, naming the field and
+the fix; fields are read by their JSON or proto name, as protobuf accepts both); the
+:class:`CheckedMessage` a checked send leaves on the ASGI scope (:func:`put_checked`), which
+:class:`CheckedContextBuilder` copies into the call context for the executor
+(:func:`checked_message`), so a message's subtask list, text and hops are parsed once, at
+the door; ASGI body plumbing; :class:`Shapes`, the A2A 1.0 params shapes (0.3 method names
+get a lighter check: the SDK's compatibility adapter serves them); the JSON-RPC checks
+(:func:`check_jsonrpc`, each refusal with its JSON-RPC code); the HTTP+JSON checks
+(:func:`check_rest`, each refusal an HTTP status; legacy ``/v1/`` routes get the body checks
+only); and the guard. A send whose places do not fit the gate's queue, or the caller's
+share of it, is 429 with ``Retry-After``. HTTP+JSON answers are labelled
+``application/json`` (A2A 1.0.0 section 11.1) unless the client named
+``application/a2a+json`` (:func:`relabel_a2a_json`).
 """
 
 from __future__ import annotations
@@ -83,6 +34,7 @@ from typing import Any
 
 from a2a.server.context import ServerCallContext
 from a2a.server.routes import DefaultServerCallContextBuilder
+from a2a.types import a2a_pb2 as pb
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -99,7 +51,7 @@ __all__ = [
     "RpcRefused", "Shapes", "accepted_media", "boolean", "check_json_depth", "check_jsonrpc",
     "check_rest", "checked_message", "field", "integer", "is_v0_3", "names_a2a_json", "obj",
     "parse_json", "put_checked", "query_params", "read_body", "relabel_a2a_json", "replay_body",
-    "rest_error", "rpc_error", "send_json", "str_list", "string", "type_name"
+    "rest_error", "rpc_error", "send_json", "str_list", "string", "type_name",
 ]
 
 
@@ -172,46 +124,44 @@ def type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def string(obj: dict[str, Any], key: str, at: str, *, required: bool = False) -> str | None:
+def _typed(obj: dict[str, Any], key: str, at: str, noun: str, is_ok: Callable[[Any], bool],
+           *, required: bool = False) -> Any:
+    """The field ``key`` if ``is_ok`` (None when absent and not ``required``)."""
     value = field(obj, key)
     if value is None:
         if required:
-            raise Invalid("params", f"{at}.{key} is required (a string)")
+            raise Invalid("params", f"{at}.{key} is required ({noun})")
         return None
-    if not isinstance(value, str):
-        raise Invalid("params", f"{at}.{key} must be a string, got {type_name(value)}")
+    if not is_ok(value):
+        raise Invalid("params", f"{at}.{key} must be {noun}, got {type_name(value)}")
+    return value
+
+
+def string(obj: dict[str, Any], key: str, at: str, *, required: bool = False) -> str | None:
+    value: str | None = _typed(obj, key, at, "a string", lambda v: isinstance(v, str),
+                               required=required)
     if required and not value:
         raise Invalid("params", f"{at}.{key} must not be empty")
     return value
 
 
 def integer(obj: dict[str, Any], key: str, at: str, lo: int, hi: int | None = None) -> None:
-    value = field(obj, key)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise Invalid("params", f"{at}.{key} must be an integer, got {type_name(value)}")
-    if value < lo or (hi is not None and value > hi):
+    value = _typed(obj, key, at, "an integer",
+                   lambda v: isinstance(v, int) and not isinstance(v, bool))
+    if value is not None and (value < lo or (hi is not None and value > hi)):
         bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
         raise Invalid("params", f"{at}.{key} must be {bound}, got {value}")
 
 
 def boolean(obj: dict[str, Any], key: str, at: str) -> None:
-    value = field(obj, key)
-    if value is not None and not isinstance(value, bool):
-        raise Invalid("params", f"{at}.{key} must be true or false, got {type_name(value)}")
+    _typed(obj, key, at, "true or false", lambda v: isinstance(v, bool))
 
 
 def obj(
     obj: dict[str, Any], key: str, at: str, *, required: bool = False
 ) -> dict[str, Any] | None:
-    value = field(obj, key)
-    if value is None:
-        if required:
-            raise Invalid("params", f"{at}.{key} is required (an object)")
-        return None
-    if not isinstance(value, dict):
-        raise Invalid("params", f"{at}.{key} must be an object, got {type_name(value)}")
+    value: dict[str, Any] | None = _typed(obj, key, at, "an object",
+                                          lambda v: isinstance(v, dict), required=required)
     return value
 
 
@@ -368,46 +318,19 @@ def relabel_a2a_json(send: Send) -> Send:
 
 # 1.0 names -> params check; 0.3 names are accepted with a lighter check.
 SEND_METHODS = ("SendMessage", "SendStreamingMessage", "message/send", "message/stream")
-JSONRPC_METHODS: frozenset[str] = frozenset(
-    {
-        "SendMessage",
-        "SendStreamingMessage",
-        "GetTask",
-        "ListTasks",
-        "CancelTask",
-        "SubscribeToTask",
-        "CreateTaskPushNotificationConfig",
-        "GetTaskPushNotificationConfig",
-        "ListTaskPushNotificationConfigs",
-        "DeleteTaskPushNotificationConfig",
-        "GetExtendedAgentCard",
-        # A2A 0.3 names (served by the SDK's compatibility adapter).
-        "message/send",
-        "message/stream",
-        "tasks/get",
-        "tasks/list",
-        "tasks/cancel",
-        "tasks/resubscribe",
-        "tasks/pushNotificationConfig/set",
-        "tasks/pushNotificationConfig/get",
-        "tasks/pushNotificationConfig/list",
-        "tasks/pushNotificationConfig/delete",
-        "agent/getAuthenticatedExtendedCard",
-    }
-)
+JSONRPC_METHODS: frozenset[str] = frozenset({
+    "SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
+    "SubscribeToTask", "CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig",
+    "ListTaskPushNotificationConfigs", "DeleteTaskPushNotificationConfig",
+    "GetExtendedAgentCard",
+    # A2A 0.3 names (served by the SDK's compatibility adapter).
+    "message/send", "message/stream", "tasks/get", "tasks/list", "tasks/cancel",
+    "tasks/resubscribe", "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
+    "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete",
+    "agent/getAuthenticatedExtendedCard",
+})
 _ROLES = frozenset({"ROLE_USER", "ROLE_AGENT"})
-_TASK_STATES = frozenset(
-    {
-        "TASK_STATE_SUBMITTED",
-        "TASK_STATE_WORKING",
-        "TASK_STATE_INPUT_REQUIRED",
-        "TASK_STATE_COMPLETED",
-        "TASK_STATE_CANCELED",
-        "TASK_STATE_FAILED",
-        "TASK_STATE_REJECTED",
-        "TASK_STATE_AUTH_REQUIRED",
-    }
-)
+_TASK_STATES = frozenset(pb.TaskState.keys()) - {"TASK_STATE_UNSPECIFIED"}
 _PART_KINDS = ("text", "raw", "url", "data")
 #: The media types a message part may declare (the card's default input modes).
 ACCEPTED_MEDIA_TYPES = ("text/plain", "application/json")

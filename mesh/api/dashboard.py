@@ -69,11 +69,11 @@ from typing import Any, Protocol
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
 
 from mesh.api.admit import Periodic, caller_of
+from mesh.api.sessions import EventStream
 from mesh.gate.queue import Admission
 
 __all__ = [
@@ -231,24 +231,6 @@ def _static(name: str) -> bytes:
     return resources.files("mesh.api").joinpath("static", name).read_bytes()
 
 
-class _CountedStream(StreamingResponse):
-    """A streaming response that releases its slot however it ends (even unstarted)."""
-
-    def __init__(self, body: AsyncIterator[str], release: Callable[[], None]) -> None:
-        super().__init__(
-            body,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-
-
 def _busy(message: str, retry_s: int) -> Response:
     return JSONResponse(
         {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": message}},
@@ -306,8 +288,8 @@ def dashboard_routes(
                 return
             await anyio.sleep(min(interval_s, left))
 
-    def releaser(caller: str) -> Callable[[], None]:
-        def release() -> None:
+    def releaser(caller: str) -> Callable[[], Awaitable[None]]:
+        async def release() -> None:
             nonlocal open_streams
             open_streams -= 1
             if caller:
@@ -332,7 +314,7 @@ def dashboard_routes(
         open_streams += 1
         if caller:
             by_caller[caller] = by_caller.get(caller, 0) + 1
-        return _CountedStream(stream(), releaser(caller))
+        return EventStream(stream(), releaser(caller))
 
     async def past(request: Request) -> Response:
         memory.ensure_started()

@@ -62,49 +62,22 @@ With tools, the reply's text is parsed into ``tool_calls`` (:func:`~mesh.api.ope
 split_calls`); a streamed turn with tools sends its content and calls in one chunk at the
 end, since a call is known only once the whole reply is.
 
-**Routes.** An OpenAI-compatible API on the pool, so agent frameworks share its prefix unchanged.
-
-    POST /v1/chat/completions   messages rendered in the model's chat format
-    POST /v1/completions        a raw prompt
-    GET  /v1/prefix             the pool's system text (and prefix), for clients that send it
-    GET  /v1/models             the one model, by its GGUF ``general.name`` (and a ``:strict``
-                                twin)
-
-Every request is served on top of the pool's prefix, the chat format's rendering of
-:attr:`OpenAIAPI.system_text` (:mod:`mesh.api.openai_api`): a client's own messages,
-system message included, follow the pool's system text; under the strict rule (a model
-name ending ``:strict``, or ``strict_prefix=True``) a request must start with the prefix
-exactly, else a 400 that names the first differing token. The text after the prefix lands on
-the caller's idle cached conversation whose text is its longest prefix
-(:mod:`mesh.api.openai_api`; one caller never continues, or learns of, another's), so a
-multi-turn agent prefills only its new messages; ``usage.prompt_tokens_details.
-cached_tokens`` says how many prompt tokens were already in the pool (prefix included).
-Without a match a new session is attached (the prefix is shared, never prefilled again).
+**Routes.** ``POST /v1/chat/completions`` (messages rendered in the model's chat format),
+``POST /v1/completions`` (a raw prompt), ``GET /v1/prefix`` (the pool's system text and
+prefix, for clients that send it), ``GET /v1/models`` (the one model and its ``:strict``
+twin). docs/openai-api.md says what a client sees: the drop-in rule, callers, the queue
+share, tools and their limits.
 
 Parsing the body, checking and compiling ``tools``, rendering and tokenizing grow with the
-request, so they run in a worker thread (:meth:`OpenAIAPI._prepare_chat`), after the tools'
-shape limits (:mod:`mesh.api.openai_tools`); the event loop only reads the body and runs
-the turn.
-
-Every request is its caller's (:func:`~mesh.api.admit.caller_of`: the bearer token's
-caller, the anonymous one with auth off) and passes the gate's queue check for one of that
-caller's places, at the door and again once prepared: 429 + Retry-After when the queue is
-full or the caller already holds its share of it (``max_queue_per_caller``), while other
-callers still queue. A request that starts a new conversation is a new worker: it waits for
-the gate's ``admit`` in its caller's place (429 past ``max_wait_s``) and holds the ticket for
-its turn. A request that continues a cached
+request, so they run in a worker thread (:meth:`OpenAIAPI._prepare_chat`); the event loop
+only reads the body and runs the turn. Every request is its caller's
+(:func:`~mesh.api.admit.caller_of`) and passes the gate's queue check for one of that
+caller's places, at the door and again once prepared. A request that continues a cached
 conversation resumes a worker the gate already counts (its session is in the pool's load,
-like a worker back from a tool call), so it is not admitted again. While a new conversation
-waits, and whenever the pool has no session slot or cells left, idle conversations are
-evicted least-recently-used, and any idle past ``idle_ttl_s`` (120 s) is detached.
-
-``tools`` / ``tool_choice``: see :mod:`mesh.api.openai_tools` (the tools are described
-before the first user message, the reply is sampled under a grammar of their calls,
-:mod:`mesh.api.openai_tools`, and parsed into ``tool_calls``; a call repeated word for
-word is kept once unless ``repeat_tool_calls`` is true); ``tool`` messages are rendered as
-user messages that carry the result. Not supported: ``n > 1``, ``logprobs``, non-text parts.
-
-The gate helpers it shares with the session API are in :mod:`mesh.api.admit`.
+like a worker back from a tool call), so it is not admitted again; idle conversations are
+evicted least-recently-used whenever a new one waits or the pool has no slot or cells
+left, and any idle past ``idle_ttl_s`` is detached. Not supported: ``n > 1``,
+``logprobs``, non-text parts.
 """
 
 from __future__ import annotations
@@ -148,7 +121,7 @@ from mesh.api.openai_tools import (
     tools_prompt,
     usage_json,
 )
-from mesh.api.sessions import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, TurnStream
+from mesh.api.sessions import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, EventStream, body_error
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import (
     ContextOverflow,
@@ -167,7 +140,7 @@ from mesh.template.chat import ChatFormat, ChatFormatError
 __all__ = [
     "STRICT_SUFFIX", "Bad", "ChatTurn", "Conversation", "ConversationCache", "OpenAIAPI",
     "OpenAITurns", "Prompter", "engine_error", "error_code", "gguf_name", "is_strict",
-    "model_names", "reply_body", "reply_stream", "template_messages", "usage"
+    "model_names", "reply_body", "reply_stream", "template_messages", "usage",
 ]
 
 
@@ -855,7 +828,7 @@ class OpenAIAPI:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
             events = reply_stream(turn, rid, chat, req.include_usage(), self.model_id)
-            return TurnStream(events, lambda: self.turns.end(turn))
+            return EventStream(events, lambda: self.turns.end(turn))
         try:
             async for _ in turn.iterator:
                 pass
@@ -878,11 +851,9 @@ def _parse(body: bytes, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate_json(body or b"{}")
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        if any(e["type"] == "json_invalid" for e in errors):
+        message, param = body_error(exc)
+        if message is None:
             raise Bad(400, "the body is not valid JSON", "bad_json") from None
-        parts = [f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors[:5]]
-        param = ".".join(map(str, errors[0]["loc"])) if errors else None
-        raise Bad(400, "; ".join(parts), "invalid_value", param) from None
+        raise Bad(400, message, "invalid_value", param) from None
 
 # -------------------- the package ---------------------------------------------

@@ -1,66 +1,42 @@
-"""The OpenAI-compatible API's request shapes and tools: its limits, its schema, tool
-definitions and the grammar a tool call is sampled under. Read top to bottom:
+"""The OpenAI-compatible API's request shapes and tools: the limits on ``tools``, the
+request models and response bodies, the tools' prompt and reply parsing, and the grammar a
+tool call is sampled under. Read top to bottom:
 
-**Limits.** Size and shape limits on a request's ``tools``, checked before any work that grows
-with them.
+**Limits.** A tool's JSON schema becomes a grammar and a prompt, both growing with the
+schema's shape (a ``type`` list is one alternative per entry, an object one rule per
+optional property). :func:`check_tools_shape` walks the raw ``tools`` once, bounded by
+:data:`MAX_SCHEMA_NODES` whatever the body holds, before anything else reads them, and
+refuses a schema past any limit with a :class:`ToolsError` naming the limit and where it
+was crossed (the API answers 400 ``invalid_tools``). Within them the grammar is linear in
+the schema and a few tens of milliseconds at most to build; llama.cpp's grammar parser
+accepts it (it refuses a repeated group of over 2,000 elements, hence the bound on property
+names). The limits admit every BFCL tool list with a wide margin (docs/openai-api.md).
 
-A tool's JSON schema becomes a grammar (:mod:`mesh.api.openai_tools`) and a prompt, and
-both grow with the schema's shape (a ``type`` list is one alternative per entry, an object
-one rule per optional property). One walk over the raw ``tools`` value, bounded by
-:data:`MAX_SCHEMA_NODES` whatever the body holds, refuses a schema past any limit below with
-a :class:`ToolsError` that names the limit and where it was crossed (the API answers 400
-``invalid_tools``). Within them the grammar is linear in the schema and a few tens of
-milliseconds at most to build; llama.cpp's grammar parser accepts it (it refuses a repeated
-group of over 2,000 elements, hence the bound on property names).
+**Schema.** Models ignore fields mesh does not use (clients send many: ``user``,
+``logit_bias``, ``frequency_penalty``...) and reject the ones whose meaning mesh cannot
+honour (``n > 1``, ``logprobs``). Errors follow OpenAI's shape: ``{"error": {"message",
+"type", "code"}}``.
 
-The limits admit every tool list of the Berkeley Function Calling Leaderboard (bfcl-eval
-2026.3.23, all 3,637 in every category: at most 37 functions, 1,492 nodes, 28 properties in
-an object, 68 enum values, JSON nesting 11, no ``type`` lists) with a wide margin; real
-schemas are small.
+**Tools.** The tools are described in text put before the first user message's content
+(never in the system part: the prefix is immutable and shared); the turn is sampled under
+the grammar below; the reply is parsed back into OpenAI ``tool_calls`` with
+``finish_reason: "tool_calls"``, a call repeated word for word kept once unless the request
+asks for repeats (a small model under ``parallel_tool_calls`` tends to write the one right
+call twice). An assistant message with ``tool_calls`` in a later request is rendered with
+the same markup, so the conversation reads to the model as it wrote it.
 
-**Schema.** Request models and response bodies of the OpenAI-compatible API (see
-mesh.api.openai_api).
-
-Models ignore fields mesh does not use (clients send many: ``user``, ``logit_bias``,
-``frequency_penalty``...), and reject the ones whose meaning mesh cannot honour (``n > 1``,
-``logprobs``). Errors follow OpenAI's shape: ``{"error": {"message", "type", "code"}}``.
-
-**Tools.** OpenAI function tools on the pool: the tools' prompt, parsing, and the reply's calls.
-
-A chat request with ``tools`` gets three things. The tools are described in text put before
-the first user message's content (never in the system part: the prefix is immutable and
-shared). The turn is sampled under a GBNF grammar of their calls
-(:mod:`mesh.api.openai_tools`): only well-formed calls of the listed tools, each
-``<tool_call>{"name":"NAME","arguments":{...}}</tool_call>`` — or, with ``tool_choice``
-``auto``, plain prose that does not start with ``<``. And the reply is parsed back into
-OpenAI ``tool_calls`` with ``finish_reason: "tool_calls"``; a call repeated word for word
-in one reply is kept once unless the request asks for repeats (a small model under
-``parallel_tool_calls`` tends to write the one right call twice).
-
-``tools`` pass :func:`~mesh.api.openai_tools.check_tools_shape` before anything else reads
-them (a 400 naming the limit).
-
-An assistant message with ``tool_calls`` in a later request is rendered with the same
-markup, so the conversation reads to the model as it wrote it.
-
-**Grammar.** The GBNF grammar of a chat reply under ``tools`` (llama.cpp's grammar sampler).
-
-The grammar admits only well-formed calls of the listed tools, each ``<tool_call>{"name":
-"NAME","arguments":{...}}</tool_call>`` with the tool's arguments typed by its JSON schema,
-or, with ``tool_choice`` ``auto``, plain prose that does not start with ``<``.
-
-Strings and arrays are bounded by the request's ``max_tokens`` (:class:`Bounds`), so that a
-call closes before the reply runs out of tokens even on a noisy model: a string holds at
-most ``max_tokens`` characters (a token is one character at least) and an array at most
-``max_tokens // 2`` items (an item and its comma take two tokens or one). Past
+**Grammar.** The GBNF grammar (llama.cpp's grammar sampler) admits only well-formed calls of
+the listed tools, each ``<tool_call>{"name":"NAME","arguments":{...}}</tool_call>`` with
+the arguments typed by the tool's JSON schema, or, with ``tool_choice`` ``auto``, plain
+prose that does not start with ``<``. Strings and arrays are bounded by the request's
+``max_tokens`` (:class:`Bounds`), so a call closes before the reply runs out of tokens
+even on a noisy model: a string holds at most ``max_tokens`` characters (a token is one
+character at least) and an array at most ``max_tokens // 2`` items. Past
 :data:`STRING_BOUNDED_MAX` characters or :data:`ARRAY_BOUNDED_MAX` items the repetition is
 left open (``*``): llama.cpp expands ``x{0,n}`` into ``n`` rules, and ``max_tokens`` ends
-the reply anyway.
-
-Cost: the schema's shape is bounded first (:mod:`mesh.api.openai_tools`); each schema node
-is then compiled once (rules are memoized by their path name), so building is linear in the
-schema plus the optional-members expansion. The API calls :func:`cached_grammar` off the
-event loop; equal requests (same tools, choice and bounds) share one build.
+the reply anyway. Each schema node is compiled once (rules are memoized by their path
+name); the API calls :func:`cached_grammar` off the event loop, and equal requests (same
+tools, choice and bounds) share one build.
 """
 
 from __future__ import annotations
@@ -85,7 +61,7 @@ __all__ = [
     "STRING_BOUNDED_MAX", "Bounds", "ChatRequest", "CompletionRequest", "SamplingFields",
     "ToolChoice", "ToolSpec", "ToolsError", "cached_grammar", "check_tools_shape", "chunk_line",
     "finish_reason", "oa_error", "parse_tool_choice", "parse_tools", "render_calls", "split_calls",
-    "tools_grammar", "tools_prompt", "usage_json"
+    "tools_grammar", "tools_prompt", "usage_json",
 ]
 
 

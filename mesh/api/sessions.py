@@ -74,9 +74,9 @@ from mesh.gate.queue import Admission, Hold
 
 __all__ = [
     "DEFAULT_IDLE_S", "DEFAULT_MAX_TOKENS", "MAX_STOP_LEN", "AttachRequest", "BadRequest", "Entry",
-    "SessionAPI", "TurnRequest", "TurnStream", "api_routes", "attachable", "describe",
-    "engine_error", "error_response", "parse_body", "sse_event", "start_error", "too_busy",
-    "turn_json"
+    "EventStream", "SessionAPI", "TurnRequest", "api_routes", "attachable", "body_error",
+    "describe", "engine_error", "error_response", "parse_body", "sse_event", "start_error",
+    "too_busy", "turn_json",
 ]
 
 
@@ -163,11 +163,20 @@ async def parse_body(request: Request, model: type[M], *, allow_empty: bool = Fa
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        if any(e["type"] == "json_invalid" for e in errors):
+        message, _ = body_error(exc)
+        if message is None:
             raise BadRequest(400, "bad_json", "the body is not valid JSON") from None
-        parts = [f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors[:5]]
-        raise BadRequest(422, "invalid_request", "; ".join(parts)) from None
+        raise BadRequest(422, "invalid_request", message) from None
+
+
+def body_error(exc: ValidationError) -> tuple[str | None, str | None]:
+    """What pydantic refused of a body: ``(None, None)`` when it is not JSON at all, else
+    its first five field errors as one message, and the first one's field."""
+    errors = exc.errors(include_url=False)
+    if any(e["type"] == "json_invalid" for e in errors):
+        return None, None
+    parts = [f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors[:5]]
+    return "; ".join(parts), ".".join(map(str, errors[0]["loc"])) if errors else None
 
 
 def turn_json(session_id: str, result: TurnResult, context_len: int) -> dict[str, Any]:
@@ -187,14 +196,15 @@ def sse_event(event: str, data: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-class TurnStream(StreamingResponse):
-    """A StreamingResponse that always runs ``cleanup`` (even if never iterated)."""
+class EventStream(StreamingResponse):
+    """An SSE response that always closes ``events`` and runs ``cleanup``, however it ends
+    (even never iterated)."""
 
     def __init__(self, events: AsyncIterator[str], cleanup: Callable[[], Awaitable[None]]) -> None:
         super().__init__(
             events,
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
         self._cleanup = cleanup
 
@@ -486,7 +496,7 @@ class SessionAPI:
             await self._end_turn(entry)
             raise
         if req.stream:
-            return TurnStream(self._events(sid, entry), lambda: self._end_turn(entry))
+            return EventStream(self._events(sid, entry), lambda: self._end_turn(entry))
         try:
             async for _ in entry.iterator:
                 pass
