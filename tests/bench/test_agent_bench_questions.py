@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.agent_bench import Question, check, questions
+from bench.agent.__main__ import Question, check, questions
 
 SAMPLE = Path(__file__).resolve().parents[2] / "templates" / "sample"
 

@@ -1,4 +1,4 @@
-"""``bench/backend_bench.py --quick``: mesh's OpenAI backend on llama-cpp-python's server
+"""``python -m bench.backend --quick``: mesh's OpenAI backend on llama-cpp-python's server
 (``python -m llama_cpp.server``, a Python package in the test extra, not an outside binary)
 with the tiny model, so the benchmark never rots. Every kind of turn ran; no time is
 asserted."""
@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from bench import backend_bench
+from bench.backend import __main__ as backend_bench
 
 
 def test_the_quick_form_times_every_kind_of_turn(tmp_path: Path) -> None:

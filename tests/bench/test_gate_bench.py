@@ -1,4 +1,4 @@
-"""``bench/gate_bench.py --quick`` on the tiny model, so the benchmark never rots: the
+"""``python -m bench.gate --quick`` on the tiny model, so the benchmark never rots: the
 decision latency, both policies' runs at the client, the projection, the goals and the cells
 term are all there. (tests/sim/test_gate_bench_phases.py checks the per-phase arithmetic on a
 synthetic trace.) No time or tokens/s is asserted."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import gate_bench
+from bench.gate import __main__ as gate_bench
 
 
 def test_the_quick_form_writes_every_section(tmp_path: Path) -> None:

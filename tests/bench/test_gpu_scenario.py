@@ -1,4 +1,4 @@
-"""bench/gpu_scenario.py end to end on a tiny twin of the 8B geometry (mesh rows only), and
+"""bench/gpu_scenario/ end to end on a tiny twin of the 8B geometry (mesh rows only), and
 its report: rows land in the JSON as they finish, the table and the goals come from it."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_scenario, gpu_scenario_report
+from bench.gpu_scenario import __main__ as gpu_scenario
+from bench.gpu_scenario import report as gpu_scenario_report
 from mesh.sim.geometry import GEOMETRIES, write_geometry_model
 
 

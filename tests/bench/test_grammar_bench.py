@@ -1,4 +1,4 @@
-"""``bench/grammar_bench.py --quick`` on the tiny model, for the worker's tool grammar and the
+"""``python -m bench.grammar --quick`` on the tiny model, for the worker's tool grammar and the
 coordinator's plan grammar, so the benchmark never rots: every sampler variant ran and
 reported its tokens and redraws. No time is asserted."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import grammar_bench
+from bench.grammar import __main__ as grammar_bench
 
 
 @pytest.mark.parametrize("grammar", ["tool", "plan"])

@@ -1,4 +1,4 @@
-"""``bench/load_bench.py --quick``: A2A clients against ``mesh serve`` on the fake engine and
+"""``python -m bench.load --quick``: A2A clients against ``mesh serve`` on the fake engine and
 on the tiny model (child processes), so the benchmark never rots. What a reader checks holds:
 nothing lost, no 5xx, every 429 named its Retry-After. No time is asserted (nor the RSS
 growth, which is the full run's measurement)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import load_bench
+from bench.load import __main__ as load_bench
 
 
 def test_the_quick_form_loses_nothing(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``bench/openai_bench.py --quick``: the multi-turn agent workload through mesh's OpenAI API
+"""``python -m bench.openai --quick``: the multi-turn agent workload through mesh's OpenAI API
 (``mesh serve --model tiny`` spawned by the bench), so the benchmark never rots: both waves
 ran every turn with no error, and the prompt-token accounting is there. This covers mesh's
 side only: the llama-server and vLLM rows need their servers, which the suite does not build
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import openai_bench
+from bench.openai import __main__ as openai_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def test_the_quick_form_runs_both_waves_on_mesh(tmp_path: Path) -> None:
     out = tmp_path / "openai.json"
     mesh = f"--model tiny --policy none --threads 1 --data-dir {shlex.quote(str(tmp_path))}"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.openai_bench", "--quick", "--spawn-mesh", mesh,
+        [sys.executable, "-m", "bench.openai", "--quick", "--spawn-mesh", mesh,
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""``bench/overhead_bench.py --quick`` on the tiny model, so the benchmark never rots: both
+"""``python -m bench.overhead --quick`` on the tiny model, so the benchmark never rots: both
 steps (Python and native) ran every session count, and each row's parts add up. No time is
 asserted; the parts are checked as accounting (host and the engine loop outside the step are
 never negative, now that the counters are read before the hold is released)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import overhead_bench
+from bench.overhead import __main__ as overhead_bench
 
 
 def test_the_quick_form_runs_both_steps_at_every_n(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
-"""``bench/park_bench.py --quick`` on the tiny model, so the benchmark never rots: every
+"""``python -m bench.park --quick`` on the tiny model, so the benchmark never rots: every
 mode served every agent, parking let more agents attach than the cache holds, and the resume
 cost was measured for both ways back. This covers mesh's side only: the ``--llama-server``
-row needs llama.cpp's server binary (``bench/park_llama_server.py``), which the suite does not
+row needs llama.cpp's server binary (``bench/park/llama_server.py``), which the suite does not
 build; its sizing is checked here without it. No time is asserted."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from bench import park_bench
-from bench.park_llama_server import llama_server_slots
+from bench.park import __main__ as park_bench
+from bench.park.llama_server import llama_server_slots
 
 
 def test_the_quick_form_serves_every_agent_in_every_mode(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``bench/pool_bench.py --quick`` on the tiny model, so the benchmark never rots: every
+"""``python -m bench.pool --quick`` on the tiny model, so the benchmark never rots: every
 section runs, and the capacity section's cell accounting (the pool's count, llama.cpp's
 ranges and the prefix plus the *resident* sessions' suffixes; sessions past the cache's
 sequence ids attach parked) holds, as the bench itself asserts."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import pool_bench
+from bench.pool import __main__ as pool_bench
 
 
 def test_the_quick_form_runs_every_section(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""bench/prefix_attention_bench.py: its math on made-up points, and a tiny-model smoke."""
+"""bench/prefix_attention/: its math on made-up points, and a tiny-model smoke."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.prefix_attention_bench import (
+from bench.prefix_attention.__main__ import (
     Grid,
     analyse,
     attention_flops,

@@ -1,4 +1,4 @@
-"""``bench/prefix_attention_bench.py --quick`` through its ``main``, on the tiny model with the
+"""``python -m bench.prefix_attention --quick`` through its ``main``, on the tiny model with the
 long-context twin left out (``--long-prefixes ''``: writing and prefilling the twin takes
 half a minute on two cores), so the whole path — the grid, the fits, the analysis and the
 JSON — never rots. tests/bench/test_prefix_attention_bench.py checks the grid's points and the
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import prefix_attention_bench
+from bench.prefix_attention import __main__ as prefix_attention_bench
 
 
 def test_the_quick_form_writes_every_section(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``bench/sampling_bench.py --quick`` on the tiny model's vocabulary, so the benchmark never
+"""``python -m bench.sampling --quick`` on the tiny model's vocabulary, so the benchmark never
 rots: argmax and every sampler chain were timed. No time is asserted."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import sampling_bench
+from bench.sampling import __main__ as sampling_bench
 
 
 def test_the_quick_form_times_every_chain(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""bench/step_roofline.py: its formulas and analysis on made-up numbers, and the quick form
+"""bench/step_roofline/: its formulas and analysis on made-up numbers, and the quick form
 end to end on the tiny model (the real pool, the compiled helper, the child process)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.step_roofline import (
+from bench.step_roofline.__main__ import (
     PARTS,
     Plan,
     Shape,

@@ -1,4 +1,4 @@
-"""bench/weights_bench.py's quick form end to end on the tiny model stored as Q4_1: every
+"""bench/weights/'s quick form end to end on the tiny model stored as Q4_1: every
 ``--weights`` choice loads, is timed, and is compared with the file as shipped."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.weights_bench import CHOICES, main
+from bench.weights.__main__ import CHOICES, main
 
 
 def test_quick_form_writes_every_choice(tmp_path: Path) -> None:

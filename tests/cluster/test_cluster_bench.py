@@ -1,4 +1,4 @@
-"""``bench/cluster_bench.py --quick`` on the two-node local cluster: it runs, and what it
+"""``python -m bench.cluster --quick`` on the two-node local cluster: it runs, and what it
 reports is what a reader checks (every agent completed, even with a pool killed; the
 routing overhead measured). No wall-clock time is asserted."""
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_cluster_bench_quick(ray_cluster: Cluster, tmp_path: Path) -> None:
     out = tmp_path / "cluster.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.cluster_bench", "--quick", "--ray", ray_cluster.address,
+        [sys.executable, "-m", "bench.cluster", "--quick", "--ray", ray_cluster.address,
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=serve_env(tmp_path / "cache"))
@@ -38,7 +38,7 @@ def test_the_cluster_bench_quick(ray_cluster: Cluster, tmp_path: Path) -> None:
 
 
 def test_the_quick_form_never_writes_a_result() -> None:
-    from bench import cluster_bench
+    from bench.cluster import __main__ as cluster_bench
 
-    assert cluster_bench.DEFAULT_OUT.parent == ROOT / "bench" / "results"
+    assert cluster_bench.DEFAULT_OUT.parent == ROOT / "bench" / "cluster" / "results"
     assert cluster_bench.QUICK_OUT.is_relative_to(tempfile.gettempdir())

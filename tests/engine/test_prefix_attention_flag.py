@@ -29,7 +29,8 @@ from mesh.engine.config import (
 from mesh.engine.pool import SharedKVPool
 from tests.engine.flag_args import parse
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "prefix_attention.json"
+RESULTS = (Path(__file__).resolve().parents[2] / "bench" / "prefix_attention" / "results"
+           / "prefix_attention.json")
 PREFIX = "The shared project prefix: tools, files and notes. " * 4
 
 

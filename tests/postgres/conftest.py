@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL for this folder's tests (:mod:`bench.postgres`): started once per
+"""A throwaway PostgreSQL for this folder's tests (:mod:`bench.common.postgres`): started once per
 session on a free loopback port, stopped and deleted at the end; a fresh database per test.
 
 Never skipped: where ``initdb`` is missing the tests fail, saying how to install it
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.postgres import PostgresMissing, Throwaway, throwaway_postgres
+from bench.common.postgres import PostgresMissing, Throwaway, throwaway_postgres
 
 _numbers = itertools.count(1)
 

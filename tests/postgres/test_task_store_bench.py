@@ -1,4 +1,4 @@
-"""``bench/task_store_bench.py --quick`` runs end to end on the throwaway PostgreSQL: both
+"""``python -m bench.task_store --quick`` runs end to end on the throwaway PostgreSQL: both
 coordinators answer every call, and the JSON says what was measured (never how fast)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.task_store_bench import CALLS, STORES, main
+from bench.task_store.__main__ import CALLS, STORES, main
 
 
 def test_the_quick_bench_measures_every_call_on_both_stores(tmp_path: Path, pg_url: str) -> None:

@@ -3,7 +3,7 @@
 quiet period in the middle and one at the end; every goal it reports must pass.
 
 4-6 minutes on 2 cores (the server's first start decodes the prefix; the last tasks of a
-segment run into its quiet period). What each goal checks: bench/soak.py and docs/benchmarks.md.
+segment run into its quiet period). What each goal checks: bench/soak/ and docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""bench/gate_bench.py's per-phase figures from a synthetic trace (no engine)."""
+"""bench/gate/'s per-phase figures from a synthetic trace (no engine)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.gate_bench import Trace, _phase_figures, bench_goals
+from bench.gate.__main__ import Trace, _phase_figures, bench_goals
 from mesh.sim.scenario import PhaseRecord
 
 

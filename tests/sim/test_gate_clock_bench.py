@@ -1,4 +1,4 @@
-"""bench/gate_clock.py's quick form on the tiny model: it runs, and its summary holds the
+"""bench/gate_clock/'s quick form on the tiny model: it runs, and its summary holds the
 ratios to legacy from the same run (the figures themselves are the benchmark's)."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""bench/a2a/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/agent/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/backend/: see README.md."""

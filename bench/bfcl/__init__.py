@@ -1,0 +1,1 @@
+"""bench/bfcl/: see README.md."""

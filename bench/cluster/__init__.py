@@ -1,0 +1,1 @@
+"""bench/cluster/: see README.md."""

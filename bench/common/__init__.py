@@ -1,0 +1,1 @@
+"""bench/common/: see README.md."""

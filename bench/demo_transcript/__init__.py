@@ -1,0 +1,1 @@
+"""bench/demo_transcript/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/first_answer/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/gate/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/gate_clock/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/gpu_scenario/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/grammar/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/load/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/openai/: see README.md."""

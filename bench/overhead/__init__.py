@@ -1,0 +1,1 @@
+"""bench/overhead/: see README.md."""

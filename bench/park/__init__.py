@@ -1,0 +1,1 @@
+"""bench/park/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/pool/: see README.md."""

@@ -1,0 +1,1 @@
+"""bench/prefix_attention/: see README.md."""

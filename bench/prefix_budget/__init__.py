@@ -1,0 +1,1 @@
+"""bench/prefix_budget/: see README.md."""

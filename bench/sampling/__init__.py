@@ -1,0 +1,1 @@
+"""bench/sampling/: see README.md."""

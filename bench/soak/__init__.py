@@ -1,0 +1,1 @@
+"""bench/soak/: see README.md."""

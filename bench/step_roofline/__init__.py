@@ -1,0 +1,1 @@
+"""bench/step_roofline/: see README.md."""

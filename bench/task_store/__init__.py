@@ -1,0 +1,1 @@
+"""bench/task_store/: see README.md."""

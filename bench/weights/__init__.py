@@ -1,0 +1,1 @@
+"""bench/weights/: see README.md."""
