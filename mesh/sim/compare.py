@@ -1,33 +1,22 @@
-"""Comparing runs: the goals a comparison is judged by, then comparisons and sweeps over
-one setting. Read top to bottom:
+"""Comparing runs: the goals a comparison is judged by (issue 25; docs/gate.md), then
+comparisons and sweeps of the same seeded scenario over one setting.
 
-**Goals.** Issue 25's goals, read off a policy comparison's figures. Pure.
-
-Per phase (neighbour off / on, and the whole run), with ``hold`` the share of client
+Goals, per phase (neighbour off / on, and the whole run), with ``hold`` the share of client
 windows under the floor a run may have and still *hold the floor* (5 % light and
-gate_bench, 10 % heavy):
+gate_bench, 10 % heavy): does the floor gate hold the floor; its aggregate tokens/s against
+the best ``static:N`` that holds it (goal: at least 90 %); for each ``static:N``, does it
+hold the floor *and* reach 90 % of the floor gate's tokens/s (the goal: none does both in
+both phases); and against ``legacy`` over the whole run, the relative change of wall, p50
+delivery, time under the floor and deep sub-floor beside the source system's.
 
-* does the floor gate hold the floor;
-* its aggregate tokens/s against the best ``static:N`` among those that hold the floor
-  (goal: at least 90 %);
-* for each ``static:N``: does it hold the floor, and does it also reach 90 % of the floor
-  gate's aggregate tokens/s — *both*; the goal is that none does both in both phases;
-* against ``legacy`` over the whole run: wall, p50 delivery, time under the floor (samples
-  and client windows) and deep sub-floor, as relative changes beside the source system's
-  (−12 %, −43 %, −52 %, −83 %).
-
-**Comparisons and sweeps.** The same seeded scenario several times: ``--compare KEY=V1,V2`` and
-the floor sweep.
-
-Each run gets its own report folder (``OUT/<key>-<value>/``); the comparison adds its
-tables (``compare.md``, ``compare.json``: per neighbour phase, one row per run) and its
-plots, one panel per run (:mod:`mesh.sim.plots`), in ``OUT``.
-The sweep adds ``sweep.md``, ``sweep.json`` and ``sweep.png`` and names the sweet spot
-by the decode gate's own knee rule (``--floor-tps auto``): among the floors that
-delivered every package and kept time under the floor at or below ``max_under``, going
-from the highest floor down (fewer rows to more), the last floor before the next lower
-one stops adding :data:`KNEE_GAIN` to the aggregate tokens/s. The lowest p50 delivery is
-reported beside it.
+``--compare KEY=V1,V2`` gives each run its own report folder (``OUT/<key>-<value>/``) and
+adds its tables (``compare.md``, ``compare.json``: per neighbour phase, one row per run)
+and panels (:mod:`mesh.sim.plots`) in ``OUT``. The floor sweep adds ``sweep.md``,
+``sweep.json`` and ``sweep.png`` and names the sweet spot by the decode gate's own knee
+rule (``--floor-tps auto``): among the floors that delivered every package and kept time
+under the floor at or below ``max_under``, going from the highest floor down, the last
+floor before the next lower one stops adding :data:`KNEE_GAIN` to the aggregate tokens/s.
+The lowest p50 delivery is reported beside it.
 """
 
 from __future__ import annotations
@@ -46,6 +35,7 @@ from mesh.sim.report import (
     MIN_WINDOW_S,
     MIN_WINDOW_TOKENS,
     Summary,
+    num,
     phase_summary,
     phase_table,
     summary_table,
@@ -68,20 +58,15 @@ SOURCE_VS_LEGACY = {"wall_s": -0.12, "p50_delivery_s": -0.43, "time_under_floor"
 _THROUGHPUT_SHARE = 0.9
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        else None
-
-
 def _change(new: Any, old: Any) -> float | None:
-    a, b = _num(new), _num(old)
+    a, b = num(new), num(old)
     if a is None or b is None or b == 0:
         return None
     return round(a / b - 1.0, 4)
 
 
 def _holds(figures: Mapping[str, Any] | None, hold: float) -> bool | None:
-    share = _num((figures or {}).get("windows_under_floor"))
+    share = num((figures or {}).get("windows_under_floor"))
     return None if share is None else share <= hold
 
 
@@ -98,10 +83,10 @@ def goals(policies: Sequence[str], phases: Sequence[Mapping[str, Any]],
     for phase in [*names, "all"] if names != ["all"] else names:
         f = floor[0].get(phase) if floor else None
         holding = [s for s in statics if _holds(runs[s][0].get(phase), hold)]
-        best = max(holding, key=lambda s: _num(runs[s][0][phase].get("agg_tps")) or 0.0,
+        best = max(holding, key=lambda s: num(runs[s][0][phase].get("agg_tps")) or 0.0,
                    default=None)
-        best_tps = _num(runs[best][0][phase].get("agg_tps")) if best else None
-        floor_tps = _num((f or {}).get("agg_tps"))
+        best_tps = num(runs[best][0][phase].get("agg_tps")) if best else None
+        floor_tps = num((f or {}).get("agg_tps"))
         out["phases"][phase] = {
             "floor_windows_under_floor": (f or {}).get("windows_under_floor"),
             "floor_holds": _holds(f, hold),
@@ -116,7 +101,7 @@ def goals(policies: Sequence[str], phases: Sequence[Mapping[str, Any]],
         row: dict[str, Any] = {}
         for phase in names:
             figures = runs[s][0].get(phase)
-            tps = _num((figures or {}).get("agg_tps"))
+            tps = num((figures or {}).get("agg_tps"))
             floor_tps = out["phases"][phase]["floor_agg_tps"]
             row[phase] = {
                 "holds": _holds(figures, hold),
@@ -139,7 +124,7 @@ def goals(policies: Sequence[str], phases: Sequence[Mapping[str, Any]],
 
 
 def _pct(value: Any, signed: bool = False) -> str:
-    v = _num(value)
+    v = num(value)
     if v is None:
         return "–"
     return f"{100 * v:+.1f} %" if signed else f"{100 * v:.1f} %"
@@ -190,10 +175,8 @@ def parse_compare(text: str) -> tuple[str, list[str]]:
     key = key.strip()
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not sep or key not in COMPARE_KEYS or len(items) < 2:
-        raise ValueError(
-            f"--compare takes KEY=V1,V2[,...] with KEY one of {', '.join(COMPARE_KEYS)}, "
-            f"got {text!r}"
-        )
+        raise ValueError(f"--compare takes KEY=V1,V2[,...] with KEY one of "
+                         f"{', '.join(COMPARE_KEYS)}, got {text!r}")
     if len(set(items)) != len(items):
         raise ValueError(f"--compare lists a value twice: {text!r}")
     return key, items
@@ -203,12 +186,9 @@ def apply_value(config: SimConfig, key: str, value: str) -> SimConfig:
     """``config`` with one compared setting replaced (validated)."""
     if key == "floor":
         changed = dataclasses.replace(config, floor_tps=float(value))
-    elif key == "policy":
-        changed = dataclasses.replace(config, policy=value)
-    elif key == "pool":
-        changed = dataclasses.replace(config, pool=value)
-    elif key == "template":
-        changed = dataclasses.replace(config, template=value)
+    elif key in ("policy", "pool", "template"):
+        field: dict[str, Any] = {key: value}
+        changed = dataclasses.replace(config, **field)
     elif key == "neighbour":  # the same schedule, with and without the load
         changed = dataclasses.replace(
             config, neighbour=dataclasses.replace(config.neighbour, kind=value))
@@ -231,9 +211,8 @@ class CompareResult:
     plots: tuple[Path, ...]
 
 
-def run_compare(
-    config: SimConfig, key: str, values: Sequence[str], out_dir: Path, run_one: RunOne
-) -> CompareResult:
+def run_compare(config: SimConfig, key: str, values: Sequence[str], out_dir: Path,
+                run_one: RunOne) -> CompareResult:
     """Run ``config`` once per value of ``key``; write every report and the comparison."""
     configs = [apply_value(config, key, v) for v in values]  # fail before any run
     runs: list[SimRun] = []
@@ -245,13 +224,8 @@ def run_compare(
     return write_comparison(key, values, runs, summaries, out_dir)
 
 
-def write_comparison(
-    key: str,
-    values: Sequence[str],
-    runs: Sequence[SimRun],
-    summaries: Sequence[Summary],
-    out_dir: Path,
-) -> CompareResult:
+def write_comparison(key: str, values: Sequence[str], runs: Sequence[SimRun],
+                     summaries: Sequence[Summary], out_dir: Path) -> CompareResult:
     """The comparison's tables (per neighbour phase, then every metric) and its plots,
     one panel per run (:mod:`mesh.sim.plots`), from finished runs. Pure."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -285,31 +259,14 @@ def write_comparison(
     md = out_dir / "compare.md"
     md.write_text(
         f"# mesh simulate — compare {key}\n\nSame scenario (seed {runs[0].config.seed}) per "
-        f"value; each run's own report is in its folder.\n\n"
-        + "\n\n".join(sections)
-        + "\n\n"
-        + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
-        + "\n",
-        encoding="utf-8",
-    )
-    write_json(
-        out_dir / "compare.json",
-        {
-            "key": key,
-            "values": list(values),
-            "runs": [
-                {
-                    "label": lbl,
-                    "config": r.config.to_json(),
-                    "summary": s,
-                    "phases": ph,
-                    "report": f"{_slug(lbl.replace('=', '-'))}/report.json",
-                }
-                for lbl, r, s, ph in zip(labels, runs, summaries, phases, strict=True)
-            ],
-            "goals": goal,
-        },
-    )
+        f"value; each run's own report is in its folder.\n\n" + "\n\n".join(sections)
+        + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n",
+        encoding="utf-8")
+    write_json(out_dir / "compare.json", {
+        "key": key, "values": list(values), "goals": goal,
+        "runs": [{"label": lbl, "config": r.config.to_json(), "summary": s, "phases": ph,
+                  "report": f"{_slug(lbl.replace('=', '-'))}/report.json"}
+                 for lbl, r, s, ph in zip(labels, runs, summaries, phases, strict=True)]})
     return CompareResult(key, tuple(values), tuple(summaries), md, tuple(plots))
 
 
@@ -318,9 +275,8 @@ def _qualifies(s: Mapping[str, Any], max_under: float) -> bool:
             and float(s.get("time_under_floor") or 0.0) <= max_under)
 
 
-def lowest_p50(
-    floors: Sequence[float], summaries: Sequence[Mapping[str, Any]], max_under: float = 0.05
-) -> float | None:
+def lowest_p50(floors: Sequence[float], summaries: Sequence[Mapping[str, Any]],
+               max_under: float = 0.05) -> float | None:
     """The floor with the lowest p50 delivery among runs that delivered everything and
     spent at most ``max_under`` of the time under the floor; None if no run qualifies."""
     best: tuple[float, float] | None = None
@@ -333,9 +289,8 @@ def lowest_p50(
     return None if best is None else best[0]
 
 
-def sweet_spot(
-    floors: Sequence[float], summaries: Sequence[Mapping[str, Any]], max_under: float = 0.05
-) -> float | None:
+def sweet_spot(floors: Sequence[float], summaries: Sequence[Mapping[str, Any]],
+               max_under: float = 0.05) -> float | None:
     """The knee (see the module docstring): walking the qualifying floors from the highest
     down, the floor whose next lower one adds under :data:`KNEE_GAIN` to the aggregate
     tokens/s (or the lowest qualifying floor if every step adds that much); None if no
@@ -360,14 +315,8 @@ class SweepResult:
     plot: Path
 
 
-def run_sweep(
-    config: SimConfig,
-    floors: Sequence[float],
-    out_dir: Path,
-    run_one: RunOne,
-    *,
-    max_under: float = 0.05,
-) -> SweepResult:
+def run_sweep(config: SimConfig, floors: Sequence[float], out_dir: Path, run_one: RunOne,
+              *, max_under: float = 0.05) -> SweepResult:
     """Run ``config`` at each floor; write every report, the sweep table and its plot."""
     configs = [apply_value(config, "floor", f"{f:g}") for f in floors]
     summaries: list[Summary] = []
@@ -377,13 +326,8 @@ def run_sweep(
     return write_sweep(floors, summaries, out_dir, max_under=max_under)
 
 
-def write_sweep(
-    floors: Sequence[float],
-    summaries: Sequence[Summary],
-    out_dir: Path,
-    *,
-    max_under: float = 0.05,
-) -> SweepResult:
+def write_sweep(floors: Sequence[float], summaries: Sequence[Summary], out_dir: Path, *,
+                max_under: float = 0.05) -> SweepResult:
     """The sweep's table, JSON and plot from finished runs' summaries. Pure."""
     out_dir.mkdir(parents=True, exist_ok=True)
     best = sweet_spot(floors, summaries, max_under)
@@ -395,23 +339,13 @@ def write_sweep(
         f"under {100 * KNEE_GAIN:g} % to the aggregate tokens/s (the rule of "
         f"`--floor-tps auto`), among floors that delivered every package with time under "
         f"the floor ≤ {100 * max_under:g} %. Lowest p50 delivery among them: floor "
-        f"{fastest:g}."
-        if best is not None and fastest is not None
-        else f"No floor delivered every package with time under the floor ≤ {100 * max_under:g} %."
-    )
+        f"{fastest:g}." if best is not None and fastest is not None
+        else f"No floor delivered every package with time under the floor ≤ {100 * max_under:g} %.")
     md = out_dir / "sweep.md"
-    md.write_text(
-        f"# mesh sweep\n\n{verdict}\n\n{table}\n\n![sweep](sweep.png)\n", encoding="utf-8"
-    )
-    write_json(
-        out_dir / "sweep.json",
-        {
-            "floors": list(floors),
-            "max_under": max_under,
-            "sweet_spot": best,
-            "rule": f"knee: the next lower floor adds < {100 * KNEE_GAIN:g} % aggregate tok/s",
-            "lowest_p50": fastest,
-            "summaries": list(summaries),
-        },
-    )
+    md.write_text(f"# mesh sweep\n\n{verdict}\n\n{table}\n\n![sweep](sweep.png)\n",
+                  encoding="utf-8")
+    write_json(out_dir / "sweep.json", {
+        "floors": list(floors), "max_under": max_under, "sweet_spot": best,
+        "rule": f"knee: the next lower floor adds < {100 * KNEE_GAIN:g} % aggregate tok/s",
+        "lowest_p50": fastest, "summaries": list(summaries)})
     return SweepResult(tuple(floors), tuple(summaries), best, md, plot)

@@ -1,41 +1,27 @@
 """The processes a run starts: the coordinator under test (``mesh serve``), the
 neighbour's load client (``python -m mesh.sim.processes``), and the neighbour tenant
-that comes and goes on its schedule. Read top to bottom:
+that comes and goes on its schedule.
 
-**The coordinator process.** Start ``mesh serve`` as a subprocess for one run, and stop it
-afterwards.
-
-The server listens on 127.0.0.1 at a free port with its own data directory. Startup is done
-when the agent card answers; a server that exits or stays silent past the timeout raises
+**The coordinator** listens on 127.0.0.1 at a free port with its own data directory; it is
+up when the agent card answers, and one that exits or stays silent past the timeout raises
 :class:`ServerError` with the tail of its stderr. Stopping sends SIGTERM, then SIGKILL after
 a grace period, so no server outlives the run.
 
-**The neighbour's client.** The mesh neighbour's client: ``python -m mesh.sim.processes --url URL``.
+**The neighbour's client** (``python -m mesh.sim.processes --url URL``): ``--clients``
+loops, each streaming ``/v1/chat/completions`` requests of ``--max-tokens`` tokens one after
+another (a 429 waits its ``Retry-After``; any other error waits a second), until the
+process is killed or its ``--parent`` is gone.
 
-``--clients`` loops, each streaming ``/v1/chat/completions`` requests of ``--max-tokens``
-tokens one after another (a 429 waits its ``Retry-After``; any other error waits a
-second), until the process is killed or its ``--parent`` is gone.
-:class:`~mesh.sim.processes.MeshLoad` kills it at the end of each "on" phase; a turn in
-flight then may run on for at most ``--max-tokens`` tokens (hence the small default).
-
-**The neighbour.** The neighbour: a second tenant that comes and goes on the same machine during
-a run.
-
-A :class:`Neighbour` follows its seeded schedule (:mod:`mesh.sim.scenario`) on a thread of
-the harness: at each "on" phase it starts its load, at each "off" phase it stops it, and it
-records when it actually did (:class:`~mesh.sim.scenario.PhaseRecord`, on the run's clock).
-Two loads:
-
-* :class:`CpuLoad` — ``cores`` processes, each a busy loop that burns one core for
-  ``duty`` of every 100 ms (``duty = 1``: all of it); started at "on", killed at "off";
-* :class:`MeshLoad` — a second ``mesh serve`` (policy ``none``, its own port and data
-  directory), started once before the run and idle while "off"; at "on" a client process
-  (:mod:`mesh.sim.processes`) streams chat requests at it from ``clients`` loops,
-  and at "off" that client is killed (a turn in flight may run on for at most
-  ``max_tokens``, so the default is small).
-
+**The neighbour**: a :class:`Neighbour` follows its seeded schedule
+(:mod:`mesh.sim.scenario`) on a thread of the harness, starting its load at each "on" phase
+and stopping it at each "off" one, and records when it actually did
+(:class:`~mesh.sim.scenario.PhaseRecord`, on the run's clock). :class:`CpuLoad` is
+``cores`` busy-loop processes, each burning one core for ``duty`` of every 100 ms;
+:class:`MeshLoad` a second ``mesh serve`` (policy ``none``, its own port and data
+directory) started once before the run, and while "on" the client process above (killed at
+"off": a turn in flight may run on for at most ``max_tokens``, hence the small default).
 The load runs in child processes, never on the harness's event loop, so the client-side
-timestamps of the run under test are not perturbed by the neighbour's own client.
+timestamps of the run under test are not perturbed by it.
 """
 
 from __future__ import annotations
@@ -132,13 +118,8 @@ def parking_args(config: SimConfig) -> list[str]:
 class ServerProcess:
     """``with ServerProcess(config) as url:`` a running coordinator at ``url``."""
 
-    def __init__(
-        self,
-        config: SimConfig,
-        *,
-        command: ServerCommand | None = None,
-        grace_s: float = 10.0,
-    ) -> None:
+    def __init__(self, config: SimConfig, *, command: ServerCommand | None = None,
+                 grace_s: float = 10.0) -> None:
         self._config = config
         self._command = command
         self._grace_s = grace_s
@@ -150,16 +131,13 @@ class ServerProcess:
         self._tmp = tempfile.TemporaryDirectory(prefix="mesh-sim-")
         tmp = Path(self._tmp.name)
         port = free_port()
-        if self._command is not None:
-            cmd = self._command(port, tmp / "data")
-        else:
-            cmd = serve_command(self._config, port, tmp / "data")
+        cmd = (self._command(port, tmp / "data") if self._command is not None
+               else serve_command(self._config, port, tmp / "data"))
         self.url = f"http://127.0.0.1:{port}"
         self._stderr = (tmp / "stderr.log").open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=self._stderr, stdin=subprocess.DEVNULL, env=env
-        )
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._stderr,
+                                      stdin=subprocess.DEVNULL, env=env)
         try:
             self._wait_ready(cmd)
         except BaseException:
@@ -181,51 +159,37 @@ class ServerProcess:
             while True:
                 code = self._proc.poll()
                 if code is not None:
-                    raise ServerError(
-                        f"`{' '.join(cmd)}` exited with status {code} before answering\n"
-                        f"--- its stderr (tail) ---\n{self.stderr_tail()}"
-                    )
-                try:
-                    if client.get(self.url + CARD_PATH).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise ServerError(
-                        f"`{' '.join(cmd)}` did not answer {CARD_PATH} within "
-                        f"{self._config.startup_timeout_s:g} s\n"
-                        f"--- its stderr (tail) ---\n{self.stderr_tail()}"
-                    )
-                time.sleep(0.1)
+                    why = f"exited with status {code} before answering"
+                else:
+                    try:
+                        if client.get(self.url + CARD_PATH).status_code == 200:
+                            return
+                    except httpx.TransportError:
+                        pass
+                    if time.monotonic() <= deadline:
+                        time.sleep(0.1)
+                        continue
+                    why = (f"did not answer {CARD_PATH} within "
+                           f"{self._config.startup_timeout_s:g} s")
+                raise ServerError(f"`{' '.join(cmd)}` {why}\n"
+                                  f"--- its stderr (tail) ---\n{self.stderr_tail()}")
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after the grace period. Returns the exit status."""
-        code: int | None = None
         proc, self._proc = self._proc, None
         if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(self._grace_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            code = proc.returncode
+            _kill([proc], self._grace_s)
         if self._tmp is not None:
             self._stderr.close()
             self._tmp.cleanup()
             self._tmp = None
-        return code
+        return proc.returncode if proc is not None else None
 
     def __enter__(self) -> str:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.stop()
 
 # -------------------- the neighbour's client ----------------------------------
@@ -240,15 +204,11 @@ async def _client(http: httpx.AsyncClient, url: str, index: int, max_tokens: int
     n = 0
     while True:
         n += 1
-        body = {
-            "model": "neighbour",
-            "messages": [{"role": "user", "content": f"Request {index}.{n}: explain "
-                          f"{rng.choice(_TOPICS)} in a few sentences."}],
-            "max_tokens": max_tokens,
-            "temperature": 0.8,
-            "seed": rng.getrandbits(31),
-            "stream": True,
-        }
+        body = {"model": "neighbour",
+                "messages": [{"role": "user", "content": f"Request {index}.{n}: explain "
+                              f"{rng.choice(_TOPICS)} in a few sentences."}],
+                "max_tokens": max_tokens, "temperature": 0.8, "seed": rng.getrandbits(31),
+                "stream": True}
         try:
             async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
                 if r.status_code == 429:
@@ -353,8 +313,7 @@ class CpuLoad:
         self._procs = [
             subprocess.Popen([sys.executable, "-c", _BUSY, f"{self.duty:g}", str(os.getpid())],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            for _ in range(self.cores)
-        ]
+            for _ in range(self.cores)]
 
     def stop(self) -> None:
         procs, self._procs = self._procs, []

@@ -1,18 +1,12 @@
-"""Running one simulation: the live progress line, the driver that submits every package
-over real A2A and samples ``/capacity``, and the run that writes the report. Read top to
-bottom:
+"""Running one simulation: the live progress line (a tqdm bar on stderr), the driver that
+submits every package over real A2A and samples ``/capacity``, and the run that writes the
+report.
 
-**Progress.** A tqdm bar on stderr: packages delivered of submitted, and the live figures.
-
-**The driver.** Drive a coordinator over A2A: submit every package at once, stream each
-task's events, and sample ``/capacity`` in the background.
-
-Each package is one ``SendStreamingMessage`` through the a2a-sdk client; every streamed
-event is stamped on arrival with the harness clock (:class:`~mesh.sim.scenario.TaskEvent`).
-A refusal (HTTP 429) is recorded and retried after its ``Retry-After``, so a package is
-slowed, never dropped. Nothing here starts or stops a server (:mod:`mesh.sim.processes`).
-
-**The run.** One simulation run end to end: plan, (start a server,) drive, stop; then its report.
+The driver sends each package as one ``SendStreamingMessage`` through the a2a-sdk client;
+every streamed event is stamped on arrival with the harness clock
+(:class:`~mesh.sim.scenario.TaskEvent`). A refusal (HTTP 429) is recorded and retried after
+its ``Retry-After``, so a package is slowed, never dropped. Nothing here starts or stops a
+server (:mod:`mesh.sim.processes`).
 """
 
 from __future__ import annotations
@@ -59,23 +53,14 @@ __all__ = [
 class ProgressBar:
     """Pass as ``on_progress``; it is called on every task end and every sample."""
 
-    def __init__(
-        self,
-        total: int,
-        desc: str = "packages",
-        *,
-        file: TextIO | None = None,
-        disable: bool = False,
-    ) -> None:
-        self._bar: tqdm[Any] = tqdm(
-            total=total, desc=desc, unit="pkg", file=file or sys.stderr, disable=disable, leave=True
-        )
+    def __init__(self, total: int, desc: str = "packages", *, file: TextIO | None = None,
+                 disable: bool = False) -> None:
+        self._bar: tqdm[Any] = tqdm(total=total, desc=desc, unit="pkg", leave=True,
+                                    file=file or sys.stderr, disable=disable)
         self._done = 0
 
     def __call__(self, run: SimRun) -> None:
-        figures: dict[str, Any] = {
-            "delivered": sum(t.is_delivered for t in run.tasks),
-        }
+        figures: dict[str, Any] = {"delivered": sum(t.is_delivered for t in run.tasks)}
         if run.samples:
             cap = run.samples[-1].capacity
             figures["workers"] = cap.get("tickets", cap.get("sessions", {}).get("total"))
@@ -94,12 +79,8 @@ class ProgressBar:
     def __enter__(self) -> ProgressBar:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
 # -------------------- the driver ----------------------------------------------
@@ -156,15 +137,11 @@ def _status_event(t: float, update: pb.TaskStatusUpdateEvent) -> TaskEvent:
         kind = "status"
     position = meta.get("queue_position")
     wait = meta.get("wait_s", meta.get("waitS"))  # a turn's gate wait, where it is sent
-    return TaskEvent(
-        t=t,
-        kind=kind,
-        turn=int(meta.get("turn", 0) or 0),
-        queue_position=int(position) if position is not None else None,
-        text=text[:_TEXT_MAX],
-        subtask=str(meta.get("subtask", "")).rsplit("/", 1)[-1],
-        wait_s=float(wait) if isinstance(wait, int | float) else None,
-    )
+    return TaskEvent(t=t, kind=kind, turn=int(meta.get("turn", 0) or 0),
+                     queue_position=int(position) if position is not None else None,
+                     text=text[:_TEXT_MAX],
+                     subtask=str(meta.get("subtask", "")).rsplit("/", 1)[-1],
+                     wait_s=float(wait) if isinstance(wait, int | float) else None)
 
 
 def _answer_tokens(artifact: pb.Artifact) -> int:
@@ -180,22 +157,14 @@ def _answer_tokens(artifact: pb.Artifact) -> int:
     return total
 
 
+@dataclass
 class _Driver:
-    def __init__(
-        self,
-        client: Client,
-        config: SimConfig,
-        run: SimRun,
-        clock: _Clock,
-        on_progress: OnProgress | None,
-        planned: bool = False,
-    ) -> None:
-        self.planned = planned
-        self.client = client
-        self.config = config
-        self.run = run
-        self.clock = clock
-        self.on_progress = on_progress
+    client: Client
+    config: SimConfig
+    run: SimRun
+    clock: _Clock
+    on_progress: OnProgress | None
+    planned: bool = False
 
     def progress(self) -> None:
         if self.on_progress is not None:
@@ -265,14 +234,8 @@ class _Driver:
                 return
 
 
-async def _sample(
-    http: httpx.AsyncClient,
-    url: str,
-    run: SimRun,
-    clock: _Clock,
-    interval_s: float,
-    on_sample: Callable[[], None],
-) -> None:
+async def _sample(http: httpx.AsyncClient, url: str, run: SimRun, clock: _Clock,
+                  interval_s: float, on_sample: Callable[[], None]) -> None:
     """Append one ``/capacity`` sample every ``interval_s`` until cancelled."""
     next_at = time.monotonic()
     while True:
@@ -298,14 +261,9 @@ async def _check_auth(http: httpx.AsyncClient, url: str) -> None:
         response.raise_for_status()
 
 
-async def drive(
-    url: str,
-    config: SimConfig,
-    scenario: Scenario,
-    *,
-    on_progress: OnProgress | None = None,
-    neighbour: Neighbour | None = None,
-) -> SimRun:
+async def drive(url: str, config: SimConfig, scenario: Scenario, *,
+                on_progress: OnProgress | None = None,
+                neighbour: Neighbour | None = None) -> SimRun:
     """Submit every package of ``scenario`` to the coordinator at ``url`` at once and
     collect the run (samples and timelines). Returns when every task has ended. Every
     request carries ``config.token`` as its bearer token (when set); a server that refuses
@@ -327,14 +285,12 @@ async def drive(
         clock = _Clock()
         driver = _Driver(client, config, run, clock, on_progress, scenario.plan)
         sampler = asyncio.create_task(
-            _sample(http, url, run, clock, config.sample_interval_s, driver.progress)
-        )
+            _sample(http, url, run, clock, config.sample_interval_s, driver.progress))
         if neighbour is not None:
             neighbour.begin(clock.t0)
         try:
-            await asyncio.gather(
-                *(driver.package(p, tl) for p, tl in zip(scenario.packages, run.tasks, strict=True))
-            )
+            await asyncio.gather(*(driver.package(p, tl)
+                                   for p, tl in zip(scenario.packages, run.tasks, strict=True)))
             run.wall_s = clock()
         finally:
             sampler.cancel()
@@ -355,13 +311,8 @@ class ReportFiles:
     summary: Summary
 
 
-def run_simulation(
-    config: SimConfig,
-    *,
-    on_progress: OnProgress | None = None,
-    server_command: ServerCommand | None = None,
-    label: str = "",
-) -> SimRun:
+def run_simulation(config: SimConfig, *, on_progress: OnProgress | None = None,
+                   server_command: ServerCommand | None = None, label: str = "") -> SimRun:
     """Run ``config`` once: against ``config.url``, or a ``mesh serve`` started for it.
 
     Raises ``ValueError`` for a bad config and :class:`~mesh.sim.processes.ServerError` if
@@ -373,10 +324,8 @@ def run_simulation(
         neighbour = neighbour_for(config)
         if neighbour is not None:  # before the server: its start-up is not the run's
             stack.enter_context(neighbour)
-        if config.url is not None:
-            url = config.url
-        else:
-            url = stack.enter_context(ServerProcess(config, command=server_command))
+        url = config.url if config.url is not None else stack.enter_context(
+            ServerProcess(config, command=server_command))
         run = asyncio.run(drive(url, config, scenario, on_progress=on_progress,
                                 neighbour=neighbour))
     run.server["started_here"] = config.url is None

@@ -1,36 +1,23 @@
 """What a simulation runs: the neighbour's seeded schedule, the run's configuration and
-records, the flags that set them, and the seeded scenario itself. Read top to bottom:
+records, the flags that set them, and the seeded scenario itself.
 
-**The schedule.** The neighbour's schedule: when the second tenant is on, as a pure function of
-a spec
-and a seed, so every policy of a comparison sees the same one.
-
-Two forms of spec:
+**The schedule** of the neighbour (a second tenant on the machine, :mod:`mesh.sim.processes`)
+is a pure function of a spec and a seed, so every policy of a comparison sees the same one:
 
 * ``random:LO-HI`` or ``random:ON_LO-ON_HI/OFF_LO-OFF_HI`` — alternating phases, off
   first (a quiet start), each phase's length drawn uniformly from its range (seconds) by
   ``random.Random(seed)``;
 * ``off:5,on:10,off:3,...`` — explicit phases, repeated from the start when they run out.
 
-:func:`plan_phases` lays the phases out up to a horizon; the run starts and stops the load
-at those times and records when it actually did (:class:`~mesh.sim.scenario.PhaseRecord`).
+The run starts and stops the load at those times and records when it actually did
+(:class:`PhaseRecord`).
 
-**Configuration and records.** What one simulation run collects: its config, ``/capacity``
-samples, task timelines.
+**Records** are pure data, JSON-able through ``to_json``. Times are seconds since the run's
+start on the harness's own monotonic clock, so samples and task events share one axis.
 
-Pure data, JSON-able through ``to_json``. Times are seconds since the run's start on the
-harness's own monotonic clock (client-side timestamps), so samples and task events share
-one axis.
-
-**Flags.** The ``--neighbour*`` flags of ``mesh simulate`` and ``mesh sweep`` (and
-``bench/gate_bench.py``): a second tenant on the same machine (:mod:`mesh.sim.processes`);
-and ``--scenario`` with the ``idle-agents`` knobs (many agents, mostly idle, parked).
-
-**The scenario.** The simulated workload: K packages, each one A2A task running S scenario steps.
-
-The schedule is a pure function of the template's ``[scenario]`` table, the seed and the
-overrides: every package gets a seed drawn from one ``random.Random(seed)``, and its steps
-(tokens to generate, tool, latency, output size) come from the worker's own planner
+**The scenario**: K packages, each one A2A task running S scenario steps, a pure function of
+the template's ``[scenario]`` table, the seed and the overrides: every package gets a seed
+drawn from one ``random.Random(seed)``, and its steps come from the worker's own planner
 (:func:`mesh.worker.simulated.plan_schedule`), so what the report says a package did is
 exactly what the worker does with the same ``params``.
 """
@@ -48,27 +35,10 @@ from mesh.template.loader import ScenarioSpec, load_template
 from mesh.worker.simulated import ScenarioParams, StepPlan, plan_schedule
 
 __all__ = [
-    "SCENARIOS",
-    "IdleAgentsConfig",
-    "NeighbourConfig",
-    "PackagePlan",
-    "PhaseRecord",
-    "PlannedPhase",
-    "Sample",
-    "Scenario",
-    "Schedule",
-    "SimConfig",
-    "SimRun",
-    "TaskEvent",
-    "TaskTimeline",
-    "add_neighbour_args",
-    "add_scenario_kind_args",
-    "idle_config",
-    "iter_phases",
-    "neighbour_config",
-    "parse_schedule",
-    "plan_for",
-    "plan_phases",
+    "SCENARIOS", "IdleAgentsConfig", "NeighbourConfig", "PackagePlan", "PhaseRecord",
+    "PlannedPhase", "Sample", "Scenario", "Schedule", "SimConfig", "SimRun", "TaskEvent",
+    "TaskTimeline", "add_neighbour_args", "add_scenario_kind_args", "idle_config",
+    "iter_phases", "neighbour_config", "parse_schedule", "plan_for", "plan_phases",
     "plan_scenario"
 ]
 
@@ -234,10 +204,8 @@ class NeighbourConfig:
 
     def validate(self) -> None:
         if self.kind not in NEIGHBOURS:
-            raise ValueError(
-                f"neighbour must be one of {', '.join(NEIGHBOURS)}, got {self.kind!r}; "
-                "pass --neighbour none, cpu or mesh"
-            )
+            raise ValueError(f"neighbour must be one of {', '.join(NEIGHBOURS)}, got "
+                             f"{self.kind!r}; pass --neighbour none, cpu or mesh")
         if not 0.0 < self.duty <= 1.0:
             raise ValueError(f"neighbour duty must be in (0, 1], got {self.duty}; "
                              "pass --neighbour-duty 1.0 for a whole core")
@@ -396,18 +364,9 @@ class TaskTimeline:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "package": self.package,
-            "task_id": self.task_id,
-            "state": self.state,
-            "submitted_t": self.submitted_t,
-            "done_t": self.done_t,
-            "delivery_s": self.delivery_s,
-            "num_generated": self.num_generated,
-            "num_retries": self.num_retries,
-            "error": self.error,
-            "events": [asdict(e) for e in self.events],
-        }
+        out = asdict(self)
+        events = out.pop("events")  # last: the long part
+        return {**out, "delivery_s": self.delivery_s, "events": events}
 
 
 @dataclass
@@ -462,8 +421,7 @@ def idle_config(args: argparse.Namespace) -> IdleAgentsConfig:
     config = IdleAgentsConfig(
         resident=args.resident, idle_s=args.idle, idle_sigma=args.idle_sigma,
         idle_min_s=min(1.0, args.idle), park_idle_s=args.park_idle,
-        park_memory_gib=args.park_memory,
-    )
+        park_memory_gib=args.park_memory)
     config.validate()
     return config
 
@@ -498,8 +456,7 @@ def neighbour_config(args: argparse.Namespace) -> NeighbourConfig:
         kind=args.neighbour, schedule=args.neighbour_schedule, seed=args.neighbour_seed,
         cores=args.neighbour_cores, duty=args.neighbour_duty, model=args.neighbour_model,
         clients=args.neighbour_clients, max_tokens=args.neighbour_tokens,
-        threads=args.neighbour_threads,
-    )
+        threads=args.neighbour_threads)
     config.validate()
     return config
 
@@ -533,23 +490,12 @@ class PackagePlan:
 
     def message_data(self) -> dict[str, Any]:
         """The data part of this package's A2A message (the coordinator's fan-out format)."""
-        return {
-            "subtasks": [
-                {
-                    "id": f"p{self.index}",
-                    "instructions": _INSTRUCTIONS.format(index=self.index),
-                    "params": dict(self.params),
-                }
-            ]
-        }
+        return {"subtasks": [{"id": f"p{self.index}", "instructions": self.message_text(),
+                              "params": dict(self.params)}]}
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "seed": self.seed,
-            "params": dict(self.params),
-            "steps": [{**asdict(s), "arguments": dict(s.arguments)} for s in self.steps],
-        }
+        return {"index": self.index, "seed": self.seed, "params": dict(self.params),
+                "steps": [{**asdict(s), "arguments": dict(s.arguments)} for s in self.steps]}
 
 
 @dataclass(frozen=True)
@@ -567,25 +513,14 @@ class Scenario:
         return sum(p.num_tokens for p in self.packages)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "steps": self.steps,
-            "tokens_per_step": self.tokens_per_step,
-            "plan": self.plan,
-            "packages": [p.to_json() for p in self.packages],
-        }
+        return {"seed": self.seed, "steps": self.steps, "tokens_per_step": self.tokens_per_step,
+                "plan": self.plan, "packages": [p.to_json() for p in self.packages]}
 
 
-def plan_scenario(
-    spec: ScenarioSpec,
-    seed: int,
-    *,
-    packages: int | None = None,
-    steps: int | None = None,
-    tokens_per_step: int | None = None,
-    plan: bool | None = None,
-    tool_latency_s: Mapping[str, Any] | None = None,
-) -> Scenario:
+def plan_scenario(spec: ScenarioSpec, seed: int, *, packages: int | None = None,
+                  steps: int | None = None, tokens_per_step: int | None = None,
+                  plan: bool | None = None, tool_latency_s: Mapping[str, Any] | None = None
+                  ) -> Scenario:
     """The packages of a run; ``None`` overrides take the template's defaults.
 
     ``tool_latency_s``: a distribution table (as in the manifest) for every step's tool
@@ -596,11 +531,8 @@ def plan_scenario(
     num_packages = spec.packages if packages is None else packages
     num_steps = spec.steps if steps is None else steps
     num_tokens = spec.tokens_per_step if tokens_per_step is None else tokens_per_step
-    for name, value in (
-        ("packages", num_packages),
-        ("steps", num_steps),
-        ("tokens_per_step", num_tokens),
-    ):
+    for name, value in (("packages", num_packages), ("steps", num_steps),
+                        ("tokens_per_step", num_tokens)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     rng = random.Random(seed)
@@ -637,11 +569,5 @@ def plan_for(config: SimConfig) -> Scenario:
         return plan_scenario(spec, config.seed, packages=packages, steps=config.steps,
                              tokens_per_step=config.tokens_per_step, plan=False,
                              tool_latency_s=idle.tool_latency())
-    return plan_scenario(
-        spec,
-        config.seed,
-        packages=config.packages,
-        steps=config.steps,
-        tokens_per_step=config.tokens_per_step,
-        plan=config.plan,
-    )
+    return plan_scenario(spec, config.seed, packages=config.packages, steps=config.steps,
+                         tokens_per_step=config.tokens_per_step, plan=config.plan)
