@@ -93,15 +93,8 @@ def _strftime_now(fmt: str) -> str:
 class ChatFormat:
     """One chat template, ready to render. Immutable after construction."""
 
-    def __init__(
-        self,
-        template: str,
-        *,
-        name: str,
-        bos_token: str = "",
-        eos_token: str = "",
-        add_bos: bool = False,
-    ) -> None:
+    def __init__(self, template: str, *, name: str, bos_token: str = "", eos_token: str = "",
+                 add_bos: bool = False) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
@@ -132,13 +125,9 @@ class ChatFormat:
         template = meta.get("chat_template")
         if not isinstance(template, str) or not template.strip():
             return cls.plain(add_bos=add_bos)
-        return cls(
-            template,
-            name=f"{label} (GGUF chat template)",
-            bos_token=str(meta.get("bos_token") or ""),
-            eos_token=str(meta.get("eos_token") or ""),
-            add_bos=add_bos,
-        )
+        return cls(template, name=f"{label} (GGUF chat template)", add_bos=add_bos,
+                   bos_token=str(meta.get("bos_token") or ""),
+                   eos_token=str(meta.get("eos_token") or ""))
 
     @property
     def is_plain(self) -> bool:
@@ -150,12 +139,8 @@ class ChatFormat:
         """The conversation as the model's template writes it (``apply_chat_template``)."""
         try:
             return self._template.render(
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                tools=None,
-            )
+                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token, eos_token=self.eos_token, tools=None)
         except ChatFormatError:
             raise
         except jinja2.TemplateError as exc:
@@ -169,17 +154,14 @@ class ChatFormat:
     def _split_at(self, text: str, marker: str) -> tuple[str, str]:
         head, found, tail = text.partition(marker)
         if not found:
-            raise ChatFormatError(
-                f"the chat template of {self.name} drops or rewrites message content; "
-                "mesh cannot find where a message starts"
-            )
+            raise ChatFormatError(f"the chat template of {self.name} drops or rewrites message "
+                                  "content; mesh cannot find where a message starts")
         return head, tail
 
     def prefix_text(self, system: str) -> str:
         """The shared prefix: the rendering up to the first user message's content."""
-        full = self.render(
-            [{"role": "system", "content": system}, {"role": "user", "content": _USER}]
-        )
+        full = self.render([{"role": "system", "content": system},
+                            {"role": "user", "content": _USER}])
         head, _ = self._split_at(self._strip_bos(full), _USER)
         return head
 
@@ -190,17 +172,12 @@ class ChatFormat:
         if not messages or messages[0].get("role") != "user":
             raise ChatFormatError("a session's messages must start with a user message")
         prefix = self.prefix_text(system)
-        full = self._strip_bos(
-            self.render(
-                [{"role": "system", "content": system}, *messages],
-                add_generation_prompt=add_generation_prompt,
-            )
-        )
+        full = self._strip_bos(self.render([{"role": "system", "content": system}, *messages],
+                                           add_generation_prompt=add_generation_prompt))
         if not full.startswith(prefix):
-            raise ChatFormatError(
-                f"the chat template of {self.name} renders the system part differently once "
-                "a conversation follows; its prefix cannot be shared"
-            )
+            raise ChatFormatError(f"the chat template of {self.name} renders the system part "
+                                  "differently once a conversation follows; its prefix cannot "
+                                  "be shared")
         return full[len(prefix) :]
 
     def reply_tail(self, messages: Sequence[Message], user: str) -> str:
@@ -227,10 +204,8 @@ class ChatFormat:
                     rest = self.continuation(sys_text, turns)
                     p_tok, f_tok = tokenize(prefix), tokenize(prefix + rest)
                     if f_tok[: len(p_tok)] != p_tok:
-                        return (
-                            "the prefix's tokens are not a token prefix of a rendered "
-                            f"conversation (they differ at token {_diff(p_tok, f_tok)})"
-                        )
+                        return ("the prefix's tokens are not a token prefix of a rendered "
+                                f"conversation (they differ at token {_diff(p_tok, f_tok)})")
                 if self.continuation(system, turns) != self.continuation("other", turns):
                     return "a session's turns render differently depending on the system text"
                 if len(turns) >= 3:
@@ -254,8 +229,8 @@ def _diff(a: list[int], b: list[int]) -> int:
 
 # --------------------------------------------------------------------------- GGUF metadata
 
-_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q"}
-_SCALAR[12] = "d"
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+           12: "d"}
 _STRING, _ARRAY = 8, 9
 _WANTED = {
     "general.name": "name",

@@ -1,62 +1,44 @@
 """A template: its manifest (``template.toml``), Jinja rendering, the outline of project
-files it puts in the prefix, and finding and loading a template folder. Read top to bottom:
+files it puts in the prefix, and finding and loading a template folder.
 
-**The manifest.** The template manifest (``template.toml``): pydantic models, strict about
-unknown fields.
+**The manifest** declares, each in one table (templates/README.md lists the keys): how the
+immutable project prefix is composed (``[prefix]``, ordered ``sections``), the tool-call
+syntax and turn format of a worker (``[tool_calls]``, ``[turns]``), its tools and the agent
+card's skills (``[tools]``, ``[[skills]]``) and the simulated scenario's defaults
+(``[scenario]``). Every model forbids unknown keys, so a typo is an error naming the field,
+never a silently ignored setting.
 
-A template is a folder: ``template.toml`` plus the text/Jinja files it names. The manifest
-declares four things, each one table:
+**Rendering** is sandboxed (:class:`~jinja2.sandbox.SandboxedEnvironment`, a loader that
+reads only inside the template folder: template files are data a user may have edited or
+downloaded) and strict: a name the file uses but the context lacks is a
+:class:`TemplateError` naming the file.
 
-* ``[prefix]``: how the immutable project prefix is composed (ordered ``sections``), its
-  token target and which project files are eligible;
-* ``[tool_calls]`` and ``[turns]``: the tool-call syntax and the turn format of a worker;
-* ``[tools]`` and ``[[skills]]``: which tools a worker has and the agent card's skills;
-* ``[scenario]``: defaults of the simulated courier scenario.
+**The outline** is pure (so the prefix stays deterministic): :func:`outline` is one file's
+outline for a ``files`` section in ``outline`` mode (Python signatures and first docstring
+lines, Markdown headings, TOML tables, else the first lines); :func:`file_entry` is its line
+in the project outline (path, size, summary, top-level names with line numbers);
+:func:`reference_counts` says how often the project names each file (the order in which
+files earn room); :func:`matching` ranks outline entries by the words of a request (a
+worker's first message repeats the best lines).
 
-Every model forbids unknown keys, so a typo is an error naming the field, never a silently
-ignored setting. Validation here does no I/O; :mod:`mesh.template.loader` checks that the
-files named exist.
-
-**Rendering.** Jinja rendering of template files: sandboxed, strict about undefined names.
-
-Template files are data a user may have edited or downloaded, so they are rendered in a
-:class:`~jinja2.sandbox.SandboxedEnvironment` (no attribute access to internals) whose loader
-only reads files inside the template folder. A name the file uses but the context lacks is
-an error (``StrictUndefined``), reported as a :class:`TemplateError` naming the file.
-
-**The outline.** Outlines of project files: the shape of a file in a fraction of its tokens.
-
-Two views, both pure functions of the text (so the prefix stays deterministic):
-
-* :func:`outline` is one file's outline for a ``files`` section in ``outline`` mode:
-  Python classes and functions with signatures and the first line of each docstring,
-  Markdown headings, TOML tables, else the first lines;
-* :func:`file_entry` is one file's line in the *project outline* (the ``outline``
-  section): path, size, summary, and its top-level names with line numbers (public
-  classes, functions and upper-case constants; headings; tables). :func:`reference_counts`
-  says how often the project names each file, the order in which files earn room;
-  :func:`matching` ranks outline entries by the words of a request (a small model copies
-  best what is near its question: a worker's first message repeats the best lines).
-
-**Loading.** Finding, loading and checking a template folder.
-
-``load_template("light")`` and ``load_template("heavy")`` load the shipped folders in
-``mesh/template/builtin/``; any other argument is a path to a user's folder (copy a shipped
-one with :func:`export_template` and edit it). Everything that can be checked without a
-project is checked here, at start: the TOML parses, the manifest validates, every file it
-names exists inside the folder and parses as Jinja, and every turn file renders with a
-sample context (so an unknown name is an error now, not in the middle of a task).
+**Loading**: ``load_template("light")`` and ``load_template("heavy")`` load the shipped
+folders in ``mesh/template/builtin/``; any other argument is a path to a user's folder
+(copy a shipped one with :func:`export_template`). Everything that can be checked without
+a project is checked at load: the TOML parses, the manifest validates, every file it names
+exists inside the folder and parses as Jinja, and every file renders with a sample context
+(so an unknown name is an error now, not in the middle of a task).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
 import shutil
 import tomllib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -66,7 +48,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
-    "BUILTIN_DIR", "BUILTIN_TEMPLATES", "MANIFEST_NAME", "TOOL_NAMES", "Definition", "Distribution",
+    "BUILTIN_DIR", "BUILTIN_TEMPLATES", "MANIFEST_NAME", "Definition", "Distribution",
     "FileEntry", "FilesSection", "FixedDist", "LogNormalDist", "Manifest", "OutlineSection",
     "PrefixSpec", "Renderer", "ScenarioSpec", "Section", "Skill", "Template", "TemplateError",
     "TextSection", "ToolCallSyntax", "ToolsSpec", "TreeSection", "TurnSpec", "UniformDist",
@@ -77,7 +59,6 @@ __all__ = [
 
 # -------------------- the manifest --------------------------------------------
 
-TOOL_NAMES = ("list_files", "read_file", "grep", "delegate")
 ToolName = Literal["list_files", "read_file", "grep", "delegate"]
 
 
@@ -300,10 +281,8 @@ class Manifest(_Model):
 
     def files(self) -> list[tuple[str, str]]:
         """Every template file the manifest names, as ``(field, relative path)``."""
-        out = [
-            ("turns.instructions", self.turns.instructions),
-            ("turns.tool_result", self.turns.tool_result),
-        ]
+        out = [("turns.instructions", self.turns.instructions),
+               ("turns.tool_result", self.turns.tool_result)]
         for i, section in enumerate(self.prefix.sections):
             if isinstance(section, TextSection):
                 out.append((f"prefix.sections[{i}].file", section.file))
@@ -327,35 +306,35 @@ class Renderer:
 
     def check(self, file: str, field: str) -> None:
         """Parse ``file`` (no rendering); a syntax error names the file, field and line."""
-        try:
+        with self._errors(file, field, {}):
             self._env.get_template(file)
-        except jinja2.TemplateSyntaxError as exc:
-            raise TemplateError(
-                self.root / file, field, f"Jinja syntax error on line {exc.lineno}: {exc.message}"
-            ) from exc
-        except jinja2.TemplateNotFound as exc:
-            raise TemplateError(self.root / file, field, "file not found") from exc
-        except UnicodeDecodeError as exc:
-            raise TemplateError(
-                self.root / file, field, f"not UTF-8 text (byte {exc.start}); is it binary?"
-            ) from exc
 
     def render(self, file: str, context: Mapping[str, Any]) -> str:
+        with self._errors(file, None, context):
+            text = self._env.get_template(file).render(dict(context))
+        return text
+
+    @contextlib.contextmanager
+    def _errors(self, file: str, field: str | None,
+                context: Mapping[str, Any]) -> Iterator[None]:
+        """Jinja's errors about ``file`` as :class:`TemplateError` naming it."""
+        where = self.root / file
         try:
-            return self._env.get_template(file).render(dict(context))
+            yield
         except jinja2.TemplateSyntaxError as exc:
-            raise TemplateError(
-                self.root / file, None, f"Jinja syntax error on line {exc.lineno}: {exc.message}"
-            ) from exc
+            raise TemplateError(where, field, f"Jinja syntax error on line {exc.lineno}: "
+                                f"{exc.message}") from exc
         except jinja2.TemplateNotFound as exc:
-            raise TemplateError(self.root / file, None, "file not found") from exc
+            raise TemplateError(where, field, "file not found") from exc
         except jinja2.UndefinedError as exc:
             names = ", ".join(sorted(context))
-            raise TemplateError(
-                self.root / file, None, f"{exc.message} (names available: {names})"
-            ) from exc
+            raise TemplateError(where, field,
+                                f"{exc.message} (names available: {names})") from exc
         except jinja2.TemplateError as exc:  # SecurityError and other render-time errors
-            raise TemplateError(self.root / file, None, f"render failed: {exc}") from exc
+            raise TemplateError(where, field, f"render failed: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise TemplateError(where, field,
+                                f"not UTF-8 text (byte {exc.start}); is it binary?") from exc
 
 # -------------------- the outline ---------------------------------------------
 
@@ -758,13 +737,8 @@ class Template:
 
     def tool_result(self, *, call: str, output: str, is_error: bool, turn: int) -> str:
         """The content of the user message that reports a tool's result (no chat markup)."""
-        return self.render(
-            self.manifest.turns.tool_result,
-            call=call,
-            output=output,
-            is_error=is_error,
-            turn=turn,
-        )
+        return self.render(self.manifest.turns.tool_result, call=call, output=output,
+                           is_error=is_error, turn=turn)
 
 
 def sample_project_dir() -> Path:
@@ -851,10 +825,9 @@ def _check_file(root: Path, manifest_path: Path, field: str, rel: str) -> None:
         raise TemplateError(manifest_path, field, f"{rel!r} is not a regular file")
     size = target.stat().st_size
     if size > MAX_TEMPLATE_FILE_BYTES:
-        raise TemplateError(
-            target, field, f"{size} bytes; template files may hold at most "
-            f"{MAX_TEMPLATE_FILE_BYTES} (project text belongs in the project, not the template)"
-        )
+        raise TemplateError(target, field, f"{size} bytes; template files may hold at most "
+                            f"{MAX_TEMPLATE_FILE_BYTES} (project text belongs in the project, "
+                            "not the template)")
 
 
 # Every rendered file ends up in the prefix or in every session's suffix: a file this big

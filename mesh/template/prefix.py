@@ -75,27 +75,13 @@ DEFAULT_EXCLUDED_DIRS = frozenset(
 MAX_SCAN_ENTRIES = 50_000
 
 
+_GLOB = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+
+
 @lru_cache(maxsize=256)
 def _glob_regex(pattern: str) -> re.Pattern[str]:
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out))
+    parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern)
+    return re.compile("".join(_GLOB.get(part, re.escape(part)) for part in parts))
 
 
 def glob_match(pattern: str, rel: str) -> bool:
@@ -130,12 +116,8 @@ def _check_link(root: Path, path: Path, rel: str) -> bool:
     except (OSError, RuntimeError) as exc:
         raise TemplateError(path, None, f"broken or looping symlink {rel!r}: {exc}") from exc
     if not target.is_relative_to(root):
-        raise TemplateError(
-            path,
-            None,
-            f"symlink {rel!r} points outside the project (to {target}); "
-            "remove it or add it to the template's prefix.exclude",
-        )
+        raise TemplateError(path, None, f"symlink {rel!r} points outside the project (to "
+                            f"{target}); remove it or add it to the template's prefix.exclude")
     return True
 
 
@@ -168,11 +150,8 @@ def scan_project(root: Path, excludes: tuple[str, ...], include_hidden: bool) ->
             _check_link(root, base / name, rel)
             files.append(rel)
         if len(files) + len(dirs) > MAX_SCAN_ENTRIES:
-            raise TemplateError(
-                root,
-                None,
-                f"more than {MAX_SCAN_ENTRIES} entries; exclude folders in prefix.exclude",
-            )
+            raise TemplateError(root, None, f"more than {MAX_SCAN_ENTRIES} entries; exclude "
+                                "folders in prefix.exclude")
     return ProjectScan(root, tuple(sorted(files)), tuple(sorted(dirs)), tuple(sorted(links)))
 
 
@@ -297,12 +276,10 @@ class _Builder:
         self.add(self.template.render(section.file, project=project, target_tokens=self.target))
 
     def tree(self, section: TreeSection) -> None:
-        entries = sorted(
-            [(d, True) for d in self.scan.dirs]
-            + [(f, False) for f in self.scan.files]
-            + [(link, True) for link in self.scan.links],
-            key=lambda entry: entry[0].split("/"),  # parents before children, "a/" < "a-b"
-        )
+        entries = sorted([(d, True) for d in self.scan.dirs]
+                         + [(f, False) for f in self.scan.files]
+                         + [(link, True) for link in self.scan.links],
+                         key=lambda entry: entry[0].split("/"))  # parents first, "a/" < "a-b"
         lines = [f"{self.scan.root.name}/"]
         for rel, is_dir in entries[: section.max_entries]:
             depth = rel.count("/") + 1
@@ -372,9 +349,8 @@ class _Builder:
     def files(self, section: FilesSection) -> None:
         for rel in section.required:
             if rel not in self.scan.files:
-                raise TemplateError(
-                    self.scan.root / rel, None, f"required by section {section.title!r}: missing"
-                )
+                raise TemplateError(self.scan.root / rel, None,
+                                    f"required by section {section.title!r}: missing")
         rels = self._select(section)
         self.seen.update(rels)
         budget = min(self.remaining, int(section.share * self.target))
@@ -388,10 +364,8 @@ class _Builder:
                 self.deferred = [s for s in self.deferred if s.path not in rels]
                 self._add_files(section, rels, self.remaining, f"{section.title} (continued)")
         lined = {e.path for e in self.outlined}  # in the prefix as an outline line
-        self.skipped.extend(
-            SkippedFile(s.path, "over the prefix token budget") for s in self.deferred
-            if s.path not in lined
-        )
+        self.skipped.extend(SkippedFile(s.path, "over the prefix token budget")
+                            for s in self.deferred if s.path not in lined)
 
     def _add_files(self, section: FilesSection, rels: list[str], budget: int, title: str) -> None:
         header = f"## {title}"
@@ -428,9 +402,8 @@ class _Builder:
             for rel in self.scan.files:
                 if rel in self.seen or rel in out:
                     continue
-                if glob_match(pattern, rel) and not any(
-                    glob_match(x, rel) for x in section.exclude
-                ):
+                if glob_match(pattern, rel) and not any(glob_match(x, rel)
+                                                        for x in section.exclude):
                     out.append(rel)
         if section.order == "referenced":
             refs = self.refs()
@@ -507,13 +480,8 @@ def _fold_line(folder: str, files: list[str], root: Path | None) -> str:
     return f"{folder}/ ({len(files)} files, {human_size(size)}; not outlined)"
 
 
-def build_prefix(
-    template: Template,
-    project_dir: Path | str,
-    count_tokens: CountTokens,
-    *,
-    target_tokens: int | None = None,
-) -> Prefix:
+def build_prefix(template: Template, project_dir: Path | str, count_tokens: CountTokens, *,
+                 target_tokens: int | None = None) -> Prefix:
     """Compose the prefix of ``template`` for ``project_dir`` (see the module doc)."""
     spec = template.manifest.prefix
     target = spec.target_tokens if target_tokens is None else target_tokens
@@ -536,14 +504,8 @@ def build_prefix(
     builder.second_chance([s for s in spec.sections if isinstance(s, FilesSection)])
     num_fill = builder.fill() if spec.fill else 0
     text = "\n\n".join(builder.parts) + "\n"
-    return Prefix(
-        text=text,
-        num_tokens=count_tokens(text),
-        target_tokens=target,
-        num_fill_tokens=num_fill,
-        included=tuple(builder.included),
-        skipped=tuple(builder.skipped),
-        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
-        outlined=tuple(builder.outlined),
-        folded=tuple(builder.folded),
-    )
+    return Prefix(text=text, num_tokens=count_tokens(text), target_tokens=target,
+                  num_fill_tokens=num_fill, included=tuple(builder.included),
+                  skipped=tuple(builder.skipped),
+                  sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                  outlined=tuple(builder.outlined), folded=tuple(builder.folded))
