@@ -71,7 +71,6 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import signal
 import socket
@@ -110,7 +109,7 @@ from mesh.a2a.executor import CoordinatorExecutor
 from mesh.a2a.postgres import check_postgres, open_postgres_stores
 from mesh.a2a.push import BackgroundPushSender, build_push_sender, make_push_url_validator
 from mesh.a2a.store import TaskBoard, TaskStores, open_stores
-from mesh.a2a.validation import CheckedContextBuilder, RequestGuard
+from mesh.a2a.validation import CheckedContextBuilder, RequestGuard, rest_error, send_json
 from mesh.a2a_names import CARD_PATH, LEGACY_CARD_PATH
 from mesh.agent.task import Agent, WorkerFactory
 from mesh.engine.interface import PoolInfo
@@ -118,7 +117,7 @@ from mesh.gate.queue import Admission, QueueCheck
 
 __all__ = [
     "AppParts", "BearerAuth", "Compose", "Coordinator", "build_app", "caller_name", "create_app",
-    "run_server", "serve_app"
+    "run_server", "serve_app",
 ]
 
 
@@ -176,21 +175,8 @@ async def _unauthorized(send: Send, had_header: bool) -> None:
     message = (
         "invalid bearer token" if had_header else "missing bearer token"
     ) + "; send 'Authorization: Bearer TOKEN' (mesh commands: --token or MESH_TOKEN)"
-    body = json.dumps(
-        {"error": {"code": 401, "status": "UNAUTHENTICATED", "message": message}}
-    ).encode("utf-8")
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode("ascii")),
-                (b"www-authenticate", b'Bearer realm="mesh"'),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, 401, rest_error(401, "UNAUTHENTICATED", message),
+                    [(b"www-authenticate", b'Bearer realm="mesh"')])
 
 # -------------------- serving -------------------------------------------------
 
@@ -412,9 +398,7 @@ def create_app(
             405: f"{request.method} is not allowed on {request.url.path}; {hint}",
         }.get(status, str(getattr(exc, "detail", "error")))
         grpc = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(status, "INVALID_ARGUMENT")
-        return JSONResponse(
-            {"error": {"code": status, "status": grpc, "message": text}}, status_code=status
-        )
+        return JSONResponse(rest_error(status, grpc, text), status_code=status)
 
     return Starlette(
         routes=[],

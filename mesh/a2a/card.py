@@ -75,18 +75,9 @@ DEFAULT_SKILL = Skill(
 
 def _pool_params(info: PoolInfo) -> Struct:
     params = Struct()
-    params.update(
-        {
-            "model_name": info.model_name,
-            "prefix_tokens": info.prefix_tokens,
-            "prefix_hash": info.prefix_hash,
-            "max_sessions": info.max_sessions,
-            "session_budget": info.session_budget,
-            "n_ctx": info.n_ctx,
-            "engine": info.engine,
-            "weights": info.weights,
-        }
-    )
+    params.update({name: getattr(info, name) for name in (
+        "model_name", "prefix_tokens", "prefix_hash", "max_sessions", "session_budget", "n_ctx",
+        "engine", "weights")})
     return params
 
 
@@ -100,21 +91,12 @@ def build_agent_card(
     base = config.base_url
     rest = base + config.rest_prefix
     interfaces = [
-        pb.AgentInterface(
-            url=base + "/",
-            protocol_binding=TransportProtocol.JSONRPC.value,
-            protocol_version=PROTOCOL_VERSION_1_0,
-        ),
-        pb.AgentInterface(
-            url=rest,
-            protocol_binding=TransportProtocol.HTTP_JSON.value,
-            protocol_version=PROTOCOL_VERSION_1_0,
-        ),
-        pb.AgentInterface(
-            url=base + "/",
-            protocol_binding=TransportProtocol.JSONRPC.value,
-            protocol_version=PROTOCOL_VERSION_0_3,
-        ),
+        pb.AgentInterface(url=url, protocol_binding=binding.value, protocol_version=version)
+        for url, binding, version in (
+            (base + "/", TransportProtocol.JSONRPC, PROTOCOL_VERSION_1_0),
+            (rest, TransportProtocol.HTTP_JSON, PROTOCOL_VERSION_1_0),
+            (base + "/", TransportProtocol.JSONRPC, PROTOCOL_VERSION_0_3),
+        )
     ]
     capabilities = pb.AgentCapabilities(streaming=True, push_notifications=True)
     if pool_info is not None:
@@ -138,13 +120,8 @@ def build_agent_card(
         default_input_modes=["text/plain", "application/json"],
         default_output_modes=["text/plain", "application/json"],
         skills=[
-            pb.AgentSkill(
-                id=s.id,
-                name=s.name,
-                description=s.description,
-                tags=list(s.tags) or ["general"],
-                examples=list(s.examples),
-            )
+            pb.AgentSkill(id=s.id, name=s.name, description=s.description,
+                          tags=list(s.tags) or ["general"], examples=list(s.examples))
             for s in resolved
         ],
     )

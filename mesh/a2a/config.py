@@ -88,14 +88,11 @@ class CoordinatorConfig:
             short = [t for t in self.tokens if len(t) < 8]
             if short:
                 raise ValueError("every auth token must be at least 8 characters long")
-        if self.max_body_bytes < 1024:
-            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
-        if self.max_parts < 1:
-            raise ValueError(f"max_parts must be >= 1, got {self.max_parts}")
-        if self.max_message_chars < 1:
-            raise ValueError(f"max_message_chars must be >= 1, got {self.max_message_chars}")
-        if self.max_subtasks < 1:
-            raise ValueError(f"max_subtasks must be >= 1, got {self.max_subtasks}")
+        for name, lo in (("max_body_bytes", 1024), ("max_parts", 1), ("max_message_chars", 1),
+                         ("max_subtasks", 1), ("card_max_age_s", 0), ("text_flush_s", 0),
+                         ("max_hops", 1)):
+            if getattr(self, name) < lo:
+                raise ValueError(f"{name} must be >= {lo}, got {getattr(self, name)}")
         if not 4 <= self.max_json_depth <= 512:
             raise ValueError(f"max_json_depth must be in 4..512, got {self.max_json_depth}")
         if not self.rest_prefix.startswith("/") or self.rest_prefix == "/":
@@ -104,12 +101,6 @@ class CoordinatorConfig:
             )
         if self.rest_prefix.endswith("/"):
             raise ValueError(f"rest_prefix must not end with '/', got {self.rest_prefix!r}")
-        if self.card_max_age_s < 0:
-            raise ValueError(f"card_max_age_s must be >= 0, got {self.card_max_age_s}")
-        if self.text_flush_s < 0:
-            raise ValueError(f"text_flush_s must be >= 0, got {self.text_flush_s}")
-        if self.max_hops < 1:
-            raise ValueError(f"max_hops must be >= 1, got {self.max_hops}")
         if self.plan not in ("auto", "always", "never"):
             raise ValueError(f"plan must be auto, always or never, got {self.plan!r}")
         if self.task_store is not None and urlparse(self.task_store).scheme not in _PG_SCHEMES:

@@ -128,12 +128,8 @@ class _Run:
         is_tool = event.kind in (EventKind.TOOL_CALL, EventKind.TOOL_RESULT)
         if is_tool and len(text) > _TOOL_TEXT_MAX:
             text = text[:_TOOL_TEXT_MAX] + f"... [{len(event.text)} chars]"
-        label = {
-            EventKind.TURN_STARTED: "",
-            EventKind.TOOL_CALL: "tool call: ",
-            EventKind.TOOL_RESULT: "tool result: ",
-            EventKind.STATUS: "",
-        }[event.kind]
+        label = {EventKind.TOOL_CALL: "tool call: ",
+                 EventKind.TOOL_RESULT: "tool result: "}.get(event.kind, "")
         meta: dict[str, Any] = {"subtask": sid, "event": event.kind.value, "turn": event.turn}
         for key in ("wait_s", "paused_s"):  # the turn's wait for the decode gate, a pause
             value = event.data.get(key)

@@ -24,14 +24,9 @@ leaves to the deployment, each through PostgreSQL itself (no broker):
   advisory lock ``(LOCK_SPACE, id)`` on one dedicated session for the process's life;
   ``mesh_task_runs`` names the coordinator running each non-terminal task.
 
-Why an advisory lock for liveness and not a heartbeat: PostgreSQL releases a session's
-advisory locks when the session ends, however it ends — the process killed (SIGKILL
-included: the kernel closes the socket and the backend exits at once), the connection cut,
-the host gone (TCP keepalives, set on that session, find it within ~25 s). "Can I take
-its lock?" is then an exact answer from the database, with no clock, no timeout to tune
-and no false death when a busy coordinator misses a heartbeat. A coordinator whose own
-session drops is fenced the same way: the others fail its tasks, and its next write of any
-of them fails the version check, so the SDK stops it there.
+An advisory lock, not a heartbeat, because PostgreSQL releases it when the session ends
+however it ends: "can I take its lock?" is an exact answer, with no clock or timeout to
+tune (docs/cluster.md, "A coordinator that dies loses nothing").
 
 Invariants:
 
@@ -109,14 +104,8 @@ if TYPE_CHECKING:
     from mesh.a2a.store import TaskBoard
 
 __all__ = [
-    "LOCK_SPACE",
-    "ClusterRequestHandler",
-    "Membership",
-    "NotifiedEventStream",
-    "PostgresStores",
-    "check_postgres",
-    "open_postgres_stores",
-    "redacted",
+    "LOCK_SPACE", "ClusterRequestHandler", "Membership", "NotifiedEventStream", "PostgresStores",
+    "check_postgres", "open_postgres_stores", "redacted",
 ]
 
 logger = logging.getLogger(__name__)
@@ -325,17 +314,20 @@ class _ClaimingStore(VersionedDatabaseTaskStore):
         self._claimed.discard(task_id)
 
     async def _claim(self, task_id: str) -> None:
-        async with self._engine.begin() as conn:
-            await conn.execute(
-                text("INSERT INTO mesh_task_runs (task_id, coordinator_id) VALUES (:t, :c) "
-                     "ON CONFLICT (task_id) DO UPDATE "
-                     "SET coordinator_id = excluded.coordinator_id"),
-                {"t": task_id, "c": self.membership.id})
+        await _execute(self._engine, "INSERT INTO mesh_task_runs (task_id, coordinator_id) "
+                       "VALUES (:t, :c) ON CONFLICT (task_id) DO UPDATE "
+                       "SET coordinator_id = excluded.coordinator_id",
+                       t=task_id, c=self.membership.id)
 
     async def _unclaim(self, task_id: str) -> None:
-        async with self._engine.begin() as conn:
-            await conn.execute(text("DELETE FROM mesh_task_runs WHERE task_id = :t"),
-                               {"t": task_id})
+        await _execute(self._engine, "DELETE FROM mesh_task_runs WHERE task_id = :t", t=task_id)
+
+
+async def _execute(engine: AsyncEngine, *statements: str, **params: Any) -> None:
+    """Run ``statements`` with ``params`` in one transaction."""
+    async with engine.begin() as conn:
+        for statement in statements:
+            await conn.execute(text(statement), params)
 
 
 # --------------------------------------------------------------------------- events
@@ -558,10 +550,8 @@ class PostgresStores:
 
     async def announce_cancel(self, task_id: str) -> None:
         """Tell every other coordinator that ``task_id`` was cancelled (``NOTIFY``)."""
-        async with self.engine.begin() as conn:
-            await conn.execute(text("SELECT pg_notify(:channel, :payload)"),
-                               {"channel": CANCELS_CHANNEL,
-                                "payload": f"{self.membership.id}:{task_id}"})
+        await _execute(self.engine, "SELECT pg_notify(:channel, :payload)",
+                       channel=CANCELS_CHANNEL, payload=f"{self.membership.id}:{task_id}")
 
     async def owner_of_task(self, task_id: str) -> str | None:
         """The owner column of ``task_id`` (``None``: no such task)."""
@@ -631,12 +621,11 @@ class PostgresStores:
         """Delete the event log of tasks finished over ``_PRUNE_AFTER_S`` ago: a finished
         task cannot be resubscribed to, and a tail that was following it has read its end.
         Without this, ``task_events`` keeps every streamed chunk of every task."""
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                text("DELETE FROM task_events e USING tasks t WHERE e.task_id = t.id "
-                     "AND (t.status ->> 'state') = ANY(:terminal) "
-                     "AND t.last_updated < (now() AT TIME ZONE 'utc') - make_interval(secs => :s)"),
-                {"terminal": _TERMINAL_NAMES, "s": _PRUNE_AFTER_S})
+        await _execute(
+            self.engine, "DELETE FROM task_events e USING tasks t WHERE e.task_id = t.id "
+            "AND (t.status ->> 'state') = ANY(:terminal) "
+            "AND t.last_updated < (now() AT TIME ZONE 'utc') - make_interval(secs => :s)",
+            terminal=_TERMINAL_NAMES, s=_PRUNE_AFTER_S)
 
     async def _mark_runs_of(self, seats: set[int], reason: str) -> list[str]:
         async with self.engine.connect() as conn:
@@ -651,11 +640,8 @@ class PostgresStores:
     async def _forget_seats(self, seats: set[int]) -> None:
         if not seats:
             return
-        async with self.engine.begin() as conn:
-            await conn.execute(text("DELETE FROM mesh_task_runs WHERE coordinator_id = ANY(:s)"),
-                               {"s": sorted(seats)})
-            await conn.execute(text("DELETE FROM mesh_coordinators WHERE id = ANY(:s)"),
-                               {"s": sorted(seats)})
+        await _execute(self.engine, "DELETE FROM mesh_task_runs WHERE coordinator_id = ANY(:s)",
+                       "DELETE FROM mesh_coordinators WHERE id = ANY(:s)", s=sorted(seats))
 
     async def _fail(self, task_id: str, owner: str, reason: str) -> bool:
         """Write ``task_id`` failed with ``reason`` unless it is terminal already; the

@@ -49,13 +49,11 @@ from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.push_url_validator import validate_push_notification_url
 from google.protobuf.json_format import MessageToDict
 
+from mesh.a2a.store import TERMINAL_STATES
+
 __all__ = [
-    "ALLOW_PRIVATE_HINT",
-    "BackgroundPushSender",
-    "PushUrlValidator",
-    "build_push_sender",
-    "make_push_url_validator",
-    "pin_address",
+    "ALLOW_PRIVATE_HINT", "BackgroundPushSender", "PushUrlValidator", "build_push_sender",
+    "make_push_url_validator", "pin_address",
 ]
 
 logger = logging.getLogger(__name__)
@@ -134,10 +132,6 @@ async def pin_address(url: str, allow_private: bool) -> tuple[str, str, str] | N
 
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
-_TERMINAL_STATES = frozenset({
-    pb.TaskState.TASK_STATE_COMPLETED, pb.TaskState.TASK_STATE_FAILED,
-    pb.TaskState.TASK_STATE_CANCELED, pb.TaskState.TASK_STATE_REJECTED,
-})
 
 
 class BackgroundPushSender(BasePushNotificationSender):
@@ -180,7 +174,7 @@ class BackgroundPushSender(BasePushNotificationSender):
             if self._last_state.get(task_id) == state:
                 return False
             self._last_state[task_id] = state
-            if state in _TERMINAL_STATES:
+            if state in TERMINAL_STATES:
                 del self._last_state[task_id]  # nothing follows a terminal state
             return True
         return True

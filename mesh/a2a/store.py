@@ -90,8 +90,8 @@ if TYPE_CHECKING:
 __all__ = [
     "INTERRUPTED_REASON", "SETTLED_STATES", "TERMINAL_STATES", "CachedPushConfigStore",
     "ObservedTaskStore", "OwnerUser", "RowWrite", "StoredRow", "Stores", "TaskBoard",
-    "TaskStoreWriteError", "TaskStores", "TaskTable", "WriteBehindTaskStore",
-    "interrupted_status", "mark_interrupted", "open_stores", "owner_context", "owner_of",
+    "TaskStoreWriteError", "TaskStores", "TaskTable", "WriteBehindTaskStore", "interrupted_status",
+    "mark_interrupted", "open_stores", "owner_context", "owner_of",
 ]
 
 

@@ -835,10 +835,8 @@ class RequestGuard:
             "waiting" + (f"; {check.reason}" if check.reason else "")
             + f"); retry after {retry} s"
         )
-        if surface == "jsonrpc":
-            payload = rpc_error(request_id, -32000, text, {"retryAfter": retry})
-        else:
-            payload = rest_error(429, "RESOURCE_EXHAUSTED", text)
+        payload = (rpc_error(request_id, -32000, text, {"retryAfter": retry})
+                   if surface == "jsonrpc" else rest_error(429, "RESOURCE_EXHAUSTED", text))
         await send_json(send, 429, payload, [(b"retry-after", str(retry).encode("ascii"))])
 
     async def _too_large(self, send: Send, surface: str) -> None:
@@ -847,10 +845,8 @@ class RequestGuard:
             "send less (split the work into subtasks), or start the server with a larger "
             "`mesh serve --max-body-bytes N`"
         )
-        if surface == "jsonrpc":
-            payload = rpc_error(None, -32600, text)
-        else:
-            payload = rest_error(413, "INVALID_ARGUMENT", text)
+        payload = (rpc_error(None, -32600, text) if surface == "jsonrpc"
+                   else rest_error(413, "INVALID_ARGUMENT", text))
         await send_json(send, 413, payload, [(b"connection", b"close")])
 
 

@@ -23,9 +23,7 @@ from starlette.requests import Request
 
 from mesh.gate.queue import ANONYMOUS, Admission, Hold, NotAdmitted, QueueFull, Ticket
 
-__all__ = [
-    "Periodic", "Refusal", "admit", "admit_within", "caller_of", "queue_refusal", "release",
-]
+__all__ = ["Periodic", "Refusal", "admit", "admit_within", "caller_of", "queue_refusal", "release"]
 
 
 def caller_of(request: Request) -> str:

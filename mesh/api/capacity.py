@@ -30,18 +30,39 @@ def _num(value: Any) -> float | None:
     return None
 
 
+# (metric, help, where in the capacity document)
+_GAUGES = (
+    ("gate_floor_tps", "Floor tokens/s per worker.", "floor_tps"),
+    ("session_tps_min", "Slowest measured session, tokens/s.", "measured_tps.min"),
+    ("session_tps_p50", "Median measured session, tokens/s.", "measured_tps.p50"),
+    ("gate_projected_tps_next", "Projected tokens/s of the slowest worker if one more is "
+     "admitted.", "projected_tps_next"),
+    ("gate_headroom", "More workers that fit now.", "headroom"),
+    ("gate_queue_length", "Requests waiting for admission.", "queue_len"),
+    ("gate_retry_after_seconds", "Retry-After a refused caller gets.", "retry_after_s"),
+    ("gate_projected_idle_estimate", "1 if workers are counted by their duty cycle.",
+     "projected_idle_estimate"),
+    ("kv_reduction", "Naive / pooled KV cells.", "kv_cells.reduction"),
+    ("gate_admitted", "Admissions granted since start.", "admitted_total"),
+    ("gate_refused", "Requests refused since start.", "refused_total"),
+    ("pool_sessions_attached", "Sessions attached to the pool since start.",
+     "pool_totals.sessions_attached"),
+    ("pool_prefill_tokens", "Suffix tokens prefilled since start.", "pool_totals.prefill_tokens"),
+)
+
+
+def _at(doc: Any, path: str) -> Any:
+    for key in path.split("."):
+        doc = doc.get(key) if isinstance(doc, Mapping) else None
+    return doc
+
+
 class CapacityCollector(Collector):
     """Prometheus gauges built from one ``capacity()`` document per scrape."""
 
     def __init__(self, admission: Admission, namespace: str = "mesh") -> None:
         self._admission = admission
         self._ns = namespace
-
-    def _gauge(self, name: str, doc: str, value: Any) -> GaugeMetricFamily | None:
-        v = _num(value)
-        if v is None:
-            return None
-        return GaugeMetricFamily(f"{self._ns}_{name}", doc, value=v)
 
     def _labelled(
         self, name: str, doc: str, label: str, values: Mapping[str, Any]
@@ -55,50 +76,14 @@ class CapacityCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         cap = self._admission.capacity()
+        for name, doc, path in _GAUGES:
+            value = _num(_at(cap, path))
+            if value is not None:
+                yield GaugeMetricFamily(f"{self._ns}_{name}", doc, value=value)
         sessions = dict(cap.get("sessions", {}))
         sessions.pop("total", None)
-        measured = cap.get("measured_tps", {})
         kv = dict(cap.get("kv_cells", {}))
-        reduction = kv.pop("reduction", None)
-        totals = cap.get("pool_totals", {})
-        gauges = [
-            self._gauge("gate_floor_tps", "Floor tokens/s per worker.", cap.get("floor_tps")),
-            self._gauge(
-                "session_tps_min", "Slowest measured session, tokens/s.", measured.get("min")
-            ),
-            self._gauge(
-                "session_tps_p50", "Median measured session, tokens/s.", measured.get("p50")
-            ),
-            self._gauge(
-                "gate_projected_tps_next",
-                "Projected tokens/s of the slowest worker if one more is admitted.",
-                cap.get("projected_tps_next"),
-            ),
-            self._gauge("gate_headroom", "More workers that fit now.", cap.get("headroom")),
-            self._gauge(
-                "gate_queue_length", "Requests waiting for admission.", cap.get("queue_len")
-            ),
-            self._gauge(
-                "gate_retry_after_seconds",
-                "Retry-After a refused caller gets.",
-                cap.get("retry_after_s"),
-            ),
-            self._gauge(
-                "gate_projected_idle_estimate",
-                "1 if workers are counted by their duty cycle.",
-                cap.get("projected_idle_estimate"),
-            ),
-            self._gauge("kv_reduction", "Naive / pooled KV cells.", reduction),
-            self._gauge(
-                "gate_admitted", "Admissions granted since start.", cap.get("admitted_total")
-            ),
-            self._gauge("gate_refused", "Requests refused since start.", cap.get("refused_total")),
-            self._gauge("pool_sessions_attached", "Sessions attached to the pool since start.",
-                        totals.get("sessions_attached")),
-            self._gauge("pool_prefill_tokens", "Suffix tokens prefilled since start.",
-                        totals.get("prefill_tokens")),
-        ]
-        yield from (g for g in gauges if g is not None)
+        kv.pop("reduction", None)
         yield self._labelled("sessions", "Sessions by state.", "state", sessions)
         yield self._labelled("kv_cells", "KV cells by kind.", "kind", kv)
         yield self._labelled("kv_bytes", "KV cache bytes: allocated, used, per cell.", "kind",

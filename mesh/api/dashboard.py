@@ -32,28 +32,17 @@ The sampler is a :class:`~mesh.api.admit.Periodic` in the serving loop: the app 
 at start-up (``build_app(on_startup=[history.start])``) and every dashboard request makes
 sure it runs (so a server that forgot still remembers from the first page view on).
 
-**The dashboard.** ``GET /dashboard``: a live operator page over the same document ``/capacity``
-serves.
-
-Routes:
-
-* ``GET /dashboard`` and ``GET /dashboard/assets/{dashboard.js,dashboard.css}``: static files
-  shipped in the package (no build step, no CDN). Public: they hold no data.
-* ``GET /dashboard/events``: Server-Sent Events, one ``data:`` frame every ``interval_s``::
-
-      {"t": unix seconds, "capacity": Admission.capacity(), "tasks": TaskBoard.snapshot()}
-
-  Non-finite numbers are sent as ``null``. It sits behind the app's bearer auth like
-  ``/capacity`` (mount :data:`DASHBOARD_PUBLIC_PATHS` as the app's public paths, not the
-  events). At most ``max_streams`` streams are open at once, and at most
-  ``max_streams_per_caller`` of them for one caller (:func:`~mesh.api.admit.caller_of`;
-  without auth every client is the one caller, who may use all ``max_streams``); the next
-  request over either limit gets 429 with ``Retry-After``. Each stream ends with
-  ``event: end`` after ``max_stream_s``, so no client holds a connection forever; the page
-  reconnects.
-* ``GET /dashboard/history``: the last minutes of samples
-  (:class:`~mesh.api.dashboard.DashboardHistory`), behind the same auth; the page
-  draws them at load, before its first live frame.
+**The dashboard.** ``GET /dashboard`` and its two assets: static files shipped in the
+package, public (they hold no data). ``GET /dashboard/events``: Server-Sent Events, one
+``data:`` frame every ``interval_s`` (``{"t", "capacity": Admission.capacity(), "tasks":
+TaskBoard.snapshot()}``, non-finite numbers as ``null``), behind the app's bearer auth like
+``/capacity`` (mount :data:`DASHBOARD_PUBLIC_PATHS` as the app's public paths, not the
+events). At most ``max_streams`` streams are open at once, and at most
+``max_streams_per_caller`` of them for one caller (:func:`~mesh.api.admit.caller_of`;
+without auth every client is the one caller, who may use all ``max_streams``): 429 with
+``Retry-After`` past either. Each stream ends with ``event: end`` after ``max_stream_s``;
+the page reconnects. ``GET /dashboard/history``: :class:`DashboardHistory`'s samples, behind
+the same auth (docs/dashboard.md).
 """
 
 from __future__ import annotations
@@ -77,8 +66,8 @@ from mesh.api.sessions import EventStream
 from mesh.gate.queue import Admission
 
 __all__ = [
-    "DASHBOARD_PUBLIC_PATHS", "DashboardHistory", "TaskSource", "dashboard_routes",
-    "finite", "sample_of"
+    "DASHBOARD_PUBLIC_PATHS", "DashboardHistory", "TaskSource", "dashboard_routes", "finite",
+    "sample_of",
 ]
 
 

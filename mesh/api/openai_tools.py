@@ -408,6 +408,9 @@ class Bounds:
         return "*" if self.array is None else f"{{0,{self.array - 1}}}"
 
 
+_BUILTIN = {"string": "str", "integer": "int", "number": "num", "boolean": "bool"}
+
+
 def _lit(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -461,14 +464,8 @@ class _Rules:
             alts = [self.value({**schema, "type": k}, f"{name}-t{j}", depth)
                     for j, k in enumerate(kinds)]
             return self.add(name, " | ".join(dict.fromkeys(alts))) if alts else f"val{depth}"
-        if kind == "string":
-            return "str"
-        if kind == "integer":
-            return "int"
-        if kind == "number":
-            return "num"
-        if kind == "boolean":
-            return "bool"
+        if kind in _BUILTIN:
+            return _BUILTIN[kind]
         if kind == "null":
             return self.add("nul", '"null"')
         if kind == "array":

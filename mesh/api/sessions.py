@@ -112,26 +112,16 @@ class TurnRequest(BaseModel):
         (0: unknown); raises BadRequest (422) naming the field."""
         max_tokens = min(DEFAULT_MAX_TOKENS, budget) if self.max_tokens is None else self.max_tokens
         if max_tokens > budget:
-            raise BadRequest(
-                422,
-                "invalid_request",
-                f"max_tokens {max_tokens} exceeds the session budget of {budget} tokens",
-            )
+            raise BadRequest(422, "invalid_request", f"max_tokens {max_tokens} exceeds the "
+                             f"session budget of {budget} tokens")
         if n_vocab and self.top_k > n_vocab:
             raise BadRequest(422, "invalid_request", f"top_k exceeds the vocabulary ({n_vocab})")
         if any(not s or len(s) > MAX_STOP_LEN for s in self.stop):
-            raise BadRequest(
-                422, "invalid_request", f"stop strings must be 1..{MAX_STOP_LEN} characters"
-            )
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=self.seed,
-            stop=tuple(self.stop),
-            stop_at_eos=self.stop_at_eos,
-        )
+            raise BadRequest(422, "invalid_request",
+                             f"stop strings must be 1..{MAX_STOP_LEN} characters")
+        params = SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
+                                top_k=self.top_k, top_p=self.top_p, seed=self.seed,
+                                stop=tuple(self.stop), stop_at_eos=self.stop_at_eos)
         try:
             params.validate()
         except ValueError as exc:
@@ -251,11 +241,15 @@ def describe(sid: str, entry: Entry, load: SessionLoad | None, now: float) -> di
 
 def engine_error(exc: EngineError) -> Response:
     """The answer to an engine error in a turn (the caller drops a failed session)."""
+    return error_response(*_status_code(exc), str(exc))
+
+
+def _status_code(exc: EngineError) -> tuple[int, str]:
     if isinstance(exc, ContextOverflow):
-        return error_response(422, "context_overflow", str(exc))
+        return 422, "context_overflow"
     if isinstance(exc, SessionFailed):
-        return error_response(410, "session_failed", str(exc))
-    return error_response(503, "engine_error", str(exc))
+        return 410, "session_failed"
+    return 503, "engine_error"
 
 
 def start_error(exc: Exception) -> Response:
@@ -531,15 +525,10 @@ class SessionAPI:
                     yield sse_event("paused", {"paused_s": round(piece.paused_s, 4)})
                     continue
                 yield sse_event("token", {"token": piece.token, "text": piece.text})
-        except ContextOverflow as exc:
-            yield sse_event("error", {"code": "context_overflow", "message": str(exc)})
-            return
-        except SessionFailed as exc:
-            await self._drop(sid)
-            yield sse_event("error", {"code": "session_failed", "message": str(exc)})
-            return
         except EngineError as exc:
-            yield sse_event("error", {"code": "engine_error", "message": str(exc)})
+            if isinstance(exc, SessionFailed):
+                await self._drop(sid)
+            yield sse_event("error", {"code": _status_code(exc)[1], "message": str(exc)})
             return
         result = entry.generation.result
         if result is None:
