@@ -334,14 +334,14 @@ class RemoteSession:
             self.busy_s += now - self._busy_since
             self._busy_since = None
 
-    def snapshot(self, now: float) -> SessionLoad:
+    def snapshot(self, now: float, turn_place: int | None = None) -> SessionLoad:
         age = now - self.created
         busy = self.busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
         return SessionLoad(
             id=self.id, state=self.state, private_cells=self.private + self.pending_tokens,
             context_len=self.context_len, decode_tps=self.decode_tps,
             duty_cycle=busy / age if age > 0 else None, age_s=age,
-            num_generated=self.num_generated)
+            num_generated=self.num_generated, turn_place=turn_place)
 
 
 class RemoteGeneration:
@@ -390,8 +390,9 @@ class RemoteGeneration:
         start = time.monotonic()
         generated, finish, usage = 0, "cancelled", None
         s.state = SessionState.WAITING  # until the decode gate lets the turn run
+        priority = s.created if self._params.priority is None else self._params.priority
         try:
-            await s.engine.turn_line.enter()
+            await s.engine.turn_line.enter(priority, s.id)  # completion order, as the pool
         except BaseException:
             s.state = SessionState.IDLE if not s.pending else SessionState.PREFILLING
             raise
@@ -796,9 +797,13 @@ class OpenAIEngine:
         measured on the streamed steps (``recent``)."""
         self.turn_line.gate = gate
 
+    def turn_place(self, session_id: str) -> int | None:
+        return self.turn_line.place(session_id)
+
     def load(self) -> PoolLoad:
         now = time.monotonic()
-        rows = tuple(s.snapshot(now) for s in self.sessions.values())
+        places = self.turn_line.places()
+        rows = tuple(s.snapshot(now, places.get(s.id)) for s in self.sessions.values())
         prefix = self.info.prefix_tokens
         private = sum(r.private_cells for r in rows)
         return PoolLoad(

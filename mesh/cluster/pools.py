@@ -372,6 +372,7 @@ class RayPools:
         self._budgets: tuple[PrefillBudget | None, TurnAdmission | None] = (None, None)
         self._steps: deque[StepSample] = deque(maxlen=STEP_WINDOW)
         self._load: PoolLoad | None = None  # cached until a report arrives
+        self._places: dict[str, int] = {}  # the cached load's held turns' places
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
         # Sessions by id: the handles callers hold (weak: a dropped one is detached by
@@ -586,7 +587,15 @@ class RayPools:
     def load(self) -> PoolLoad:
         if self._load is None:
             self._load = self._merge()
+            self._places = {s.id: s.turn_place for s in self._load.sessions
+                            if s.turn_place is not None}
         return self._load
+
+    def turn_place(self, session_id: str) -> int | None:
+        """From the pools' latest reports (each pool's own line: a place is within the
+        pool that holds the session)."""
+        self.load()
+        return self._places.get(session_id)
 
     def _merge(self) -> PoolLoad:
         """The pools' latest reports as one load: what is held now (sessions, cells,

@@ -35,8 +35,10 @@ The seam itself is two protocols, :class:`Engine` and :class:`Session`:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import enum
+import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -288,8 +290,9 @@ class TurnAdmission(Protocol):
     """The decode gate: how many more turns may start running in the next step.
 
     A turn *runs* from the first step that prefills or decodes for it until it ends; a
-    turn that was asked for (``generate``) but does not run yet *waits*, first come first
-    served, with its session's cells kept. ``num_running`` turns run now, over
+    turn that was asked for (``generate``) but does not run yet *waits*, in completion
+    order (``SamplingParams.priority``, then the order asked), with its session's cells
+    kept. ``num_running`` turns run now, over
     ``cells_used`` cells; ``recent`` are the last measured steps (oldest first). Pure and
     cheap: the engine thread asks it once per step while a turn waits. The pool always
     lets one turn run when none does (progress).
@@ -299,22 +302,47 @@ class TurnAdmission(Protocol):
                   recent: Sequence[StepSample]) -> int: ...
 
 
+class _Held:
+    """One turn waiting in a :class:`TurnLine`: its place key and whose turn it is."""
+
+    __slots__ = ("key", "owner")
+
+    def __init__(self, key: tuple[float, int], owner: str | None) -> None:
+        self.key = key
+        self.owner = owner
+
+
+def _held_key(held: _Held) -> tuple[float, int]:
+    return held.key
+
+
 class TurnLine:
     """The decode gate's line for an engine whose turns run on the event loop.
 
-    Turns ``enter`` first come first served and run once the gate has room for one more;
-    ``leave`` when they end. As the pool's planner does: one turn always runs when none
-    does, and a gate that raises holds the turns as they are. Room is asked again when a
-    turn leaves, when the engine measures a step (``poke``) and every ``recheck_s``. Such
-    an engine cannot pause a turn between its steps, so a negative room (shed) only keeps
-    the waiting turns waiting. ``cells_used`` and ``recent`` read the engine's own figures.
+    Turns ``enter`` and wait in *completion order*, as the pool's planner lets them in
+    (:func:`mesh.engine.scheduler.order`): lowest ``priority`` first — a turn of a task
+    already running before a newer task's turn — then the order they were asked for. The
+    head runs once the gate has room for one more; turns ``leave`` when they end. As the
+    pool's planner does: one turn always runs when none does, and a gate that raises holds
+    the turns as they are. Room is asked again when a turn leaves, when the engine measures
+    a step (``poke``) and every ``recheck_s``. :meth:`place` is a waiting turn's place in
+    the line (1: the next to start), what its session's
+    :attr:`SessionLoad.turn_place` reports.
+
+    Such an engine runs a turn as one coroutine and cannot pause it between its steps, so
+    what the pool does with running rows does not happen here: a negative room (shed) only
+    keeps the waiting turns waiting, and a waiting turn of an older task never takes the
+    row of a newer task's running turn — it goes first among the waiting ones only.
+    ``cells_used`` and ``recent`` read the engine's own figures.
     """
 
     def __init__(self, cells_used: Callable[[], int],
                  recent: Callable[[], Sequence[StepSample]], *, recheck_s: float = 0.05) -> None:
         self.gate: TurnAdmission | None = None
         self.running = 0
-        self._line: list[object] = []
+        self._line: list[_Held] = []  # sorted by key: the next to start first
+        self._owners: dict[str, _Held] = {}
+        self._asked = itertools.count()  # equal priorities: the order asked (FIFO)
         self._changed = asyncio.Event()
         self._cells_used = cells_used
         self._recent = recent
@@ -323,6 +351,18 @@ class TurnLine:
     @property
     def waiting(self) -> int:
         return len(self._line)
+
+    def place(self, owner: str) -> int | None:
+        """The place of ``owner``'s waiting turn in the line (1: the next to start); None
+        while none of its turns waits."""
+        held = self._owners.get(owner)
+        if held is None:
+            return None
+        return bisect.bisect_left(self._line, held.key, key=_held_key) + 1
+
+    def places(self) -> dict[str, int]:
+        """Every waiting turn's place by owner (the turns entered without one left out)."""
+        return {h.owner: i + 1 for i, h in enumerate(self._line) if h.owner is not None}
 
     def _may_start(self) -> bool:
         if self.gate is None or self.running == 0:
@@ -334,18 +374,29 @@ class TurnLine:
             logger.exception("the decode gate failed; the waiting turns keep waiting")
             return False
 
-    async def enter(self) -> None:
-        """Wait for this turn's place, then count it running. Cancelling the wait leaves
-        the line (nothing held)."""
-        me = object()
-        self._line.append(me)
+    async def enter(self, priority: float = 0.0, owner: str | None = None) -> None:
+        """Wait for this turn's place, then count it running. ``priority``: its completion
+        order (the engine passes ``SamplingParams.priority``, else its session's attach
+        time, as the pool does); ``owner``: whose turn it is (its session id), for
+        :meth:`place` — one waiting turn per owner. Cancelling the wait leaves the line
+        (nothing held)."""
+        me = _Held((priority, next(self._asked)), owner)
+        bisect.insort(self._line, me, key=_held_key)
+        if owner is not None:
+            self._owners[owner] = me
         try:
             while not (self._line[0] is me and self._may_start()):
                 self._changed.clear()
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel
+                # that lands as the event is set (a poke), and the cancelled turn would
+                # stay in the line.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), self._recheck_s)
+                    async with asyncio.timeout(self._recheck_s):
+                        await self._changed.wait()
         finally:
-            self._line.remove(me)
+            del self._line[bisect.bisect_left(self._line, me.key, key=_held_key)]
+            if owner is not None and self._owners.get(owner) is me:
+                del self._owners[owner]
             self.poke()  # the next one in line looks again
         self.running += 1
 
@@ -407,6 +458,12 @@ class Engine(Protocol):
 
     def load(self) -> PoolLoad:
         """A snapshot for the gate and ``/capacity``."""
+
+    def turn_place(self, session_id: str) -> int | None:
+        """The place in the decode gate's line of session ``session_id``'s held turn (1:
+        the next to start), as its :attr:`SessionLoad.turn_place` in :meth:`load` says;
+        None while no turn of it waits. Cheap (no snapshot is built): a waiting worker may
+        ask it every fraction of a second."""
 
     def count_tokens(self, text: str) -> int:
         """How many tokens ``text`` is (no BOS), for budgeting."""

@@ -217,6 +217,9 @@ class SharedKVPool:
     def load(self) -> PoolLoad:
         return self._snapshots.load()
 
+    def turn_place(self, session_id: str) -> int | None:
+        return self._snapshots.turn_place(session_id)
+
 
 class OrphanReaper:
     """The safety net under every detach: releases the sessions of ``pool`` that no caller

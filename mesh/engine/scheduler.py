@@ -376,7 +376,7 @@ class StepStats:
                        prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
                        session_budget,
                        (sessions_attached, self.prefill_tokens, sessions_reaped), parking,
-                       cell_bytes)
+                       cell_bytes, places={st.id: i + 1 for i, st in enumerate(held)})
 
 
 class Capture:
@@ -386,10 +386,14 @@ class Capture:
                  agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int,
                  prefix_len: int, n_ctx: int, free_seq_ids: int, max_sessions: int,
                  session_budget: int, totals: tuple[int, int, int] = (0, 0, 0),
-                 parking: Parking = NO_PARKING, cell_bytes: float = 0.0) -> None:
+                 parking: Parking = NO_PARKING, cell_bytes: float = 0.0,
+                 places: dict[str, int] | None = None) -> None:
         self._args = (now, rows, step_ms, agg_tps, recent, prefix_cells, prefix_len, n_ctx,
                       free_seq_ids, max_sessions, session_budget, totals, parking, cell_bytes)
         self._load: PoolLoad | None = None
+        # Each held turn's place by session id (never changed once captured): what
+        # turn_place reads without building the snapshot.
+        self.places: dict[str, int] = places or {}
 
     def load(self) -> PoolLoad:
         """The snapshot (any thread; built on first use, then shared)."""
@@ -471,6 +475,12 @@ class Snapshots:
         if self._capture is None:
             raise RuntimeError("the pool is not started")
         return self._capture.load()
+
+    def turn_place(self, session_id: str) -> int | None:
+        """The held turn's place of ``session_id`` in the last published snapshot (any
+        thread; a dict read, no snapshot built)."""
+        capture = self._capture
+        return None if capture is None else capture.places.get(session_id)
 
 # -------------------- the scheduler -------------------------------------------
 

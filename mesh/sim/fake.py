@@ -6,10 +6,11 @@ an optional delay per step. It is for unit tests and for measuring the A2A layer
 overhead (``bench/a2a_bench.py``); ``mesh serve`` never uses it.
 
 The decode gate holds its turns in a :class:`~mesh.engine.interface.TurnLine` (a turn waits
-in state ``waiting`` as on the pool); its prefill is instant, so a prefill budget is taken
-and has nothing to cap. ``SamplingParams.grammar`` is accepted and ignored: the fake cannot
-enforce GBNF (its echo is not sampled from logits). Grammar behaviour is tested on the real
-pool only.
+in state ``waiting`` as on the pool, in the pool's completion order, its place in line in
+``SessionLoad.turn_place``; a running turn is never paused, see the line); its prefill
+is instant, so a prefill budget is taken and has nothing to cap. ``SamplingParams.grammar``
+is accepted and ignored: the fake cannot enforce GBNF (its echo is not sampled from
+logits). Grammar behaviour is tested on the real pool only.
 
 Turn endings follow the pool's: stop strings go through the same
 :class:`~mesh.engine.session.TurnOutput` (cut exactly, named in ``TurnResult.stop``), and a
@@ -73,10 +74,11 @@ class _FakeGeneration:
             await s.detach()
             raise SessionFailed(reason)
         s.state = SessionState.WAITING
+        priority = s.created if self._params.priority is None else self._params.priority
         try:
-            await engine.turn_line.enter()
+            await engine.turn_line.enter(priority, s.id)  # completion order, as the pool
         except BaseException:
-            s.state = SessionState.IDLE
+            s.state = SessionState.IDLE  # as the pool: no turn, its text stays queued
             raise
         try:
             async for piece in self._turn():
@@ -248,8 +250,12 @@ class FakeEngine:
         self.sessions[session.id] = session
         return session
 
+    def turn_place(self, session_id: str) -> int | None:
+        return self.turn_line.place(session_id)
+
     def load(self) -> PoolLoad:
         now = time.monotonic()
+        places = self.turn_line.places()
         sessions = tuple(
             SessionLoad(
                 id=s.id,
@@ -261,6 +267,7 @@ class FakeEngine:
                 duty_cycle=None,
                 age_s=now - s.created,
                 num_generated=s.num_generated,
+                turn_place=places.get(s.id),
             )
             for s in self.sessions.values()
         )

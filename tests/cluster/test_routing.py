@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.cluster.pools import PoolView, route
+from mesh.cluster.pool_actor import PoolReport
+from mesh.cluster.pools import PoolHandle, PoolView, RayPools, route
+from mesh.engine.interface import AttachCheck, PoolLoad, SessionLoad, SessionState
 
 H = "a" * 64  # the session's prefix hash
 
@@ -50,3 +52,28 @@ def test_route_none_names_every_pool() -> None:
     assert "c: no free sequence id" in r.reason
     assert "d: refused this session just now" in r.reason
     assert route([], H).reason == "no pool can take a session (there are no pools)"
+
+
+def test_turn_place_reads_the_pools_latest_reports() -> None:
+    """RayPools.turn_place: each held turn's place as its pool's report says (its own
+    line), cached with the merged load and read again once a new report arrives; no Ray
+    call is made."""
+    pools = RayPools(lambda: None, num_pools=1, tokenize=lambda text: [])  # type: ignore[arg-type, return-value]
+    h = PoolHandle(name="p0", actor=None)
+    pools.pools.append(h)
+
+    def report(places: dict[str, int | None]) -> PoolReport:
+        rows = tuple(SessionLoad(id=sid, state=SessionState.WAITING if place else
+                                 SessionState.DECODING, private_cells=1, context_len=1,
+                                 decode_tps=None, duty_cycle=None, age_s=0.0, num_generated=0,
+                                 turn_place=place) for sid, place in places.items())
+        load = PoolLoad(taken_at=0.0, sessions=rows, step_ms=None, agg_tps=0.0, cells_used=1,
+                        cells_total=8, prefix_cells=0, naive_cells=1, free_seq_ids=1,
+                        max_sessions=4, session_budget=8)
+        return PoolReport(load=load, check=AttachCheck(True), new_steps=())
+
+    assert pools.turn_place("p0/s1") is None  # no report yet
+    pools.take_report(h, report({"s1": None, "s2": 1, "s3": 2}))
+    assert [pools.turn_place(f"p0/s{i}") for i in (1, 2, 3)] == [None, 1, 2]
+    pools.take_report(h, report({"s1": None, "s2": None, "s3": 1}))
+    assert [pools.turn_place(f"p0/s{i}") for i in (1, 2, 3)] == [None, None, 1]

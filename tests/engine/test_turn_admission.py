@@ -207,13 +207,17 @@ def test_held_turns_show_their_place_in_completion_order(tiny_model_path: Path) 
             await it.__anext__()  # a runs; the other two are held
             places = {s.id: s.turn_place for s in pool.load().sessions}
             out = {"a": places[a.id], "late": places[late.id], "early": places[early.id]}
+            # The accessor a waiting worker polls reads the same snapshot, no load built.
+            assert {s.id: pool.turn_place(s.id) for s in (a, late, early)} == places
+            assert pool.turn_place("no-such-session") is None
             await asyncio.gather(_drain(it), _drain(gens[1]), _drain(gens[2]))
             out["after"] = max((s.turn_place or 0) for s in pool.load().sessions)
+            out["after_accessor"] = max(pool.turn_place(s.id) or 0 for s in (a, late, early))
             return out
         finally:
             await pool.aclose()
 
-    assert run(body()) == {"a": None, "early": 1, "late": 2, "after": 0}
+    assert run(body()) == {"a": None, "early": 1, "late": 2, "after": 0, "after_accessor": 0}
 
 
 def test_an_older_tasks_turn_takes_the_row_of_a_newer_one(tiny_model_path: Path) -> None:
