@@ -43,16 +43,12 @@ it registers on the :class:`~contextlib.AsyncExitStack` it is handed is closed t
 reverse order, after the A2A side below. Objects built by the caller beforehand (tests,
 benchmarks) are handed in as :class:`AppParts` directly (:func:`build_app`).
 
-The lifespan, in order:
-
-* startup: with ``task_store`` (PostgreSQL), check it answers (one line naming
-  ``--task-store`` if not); compose; then the agent card, the stores, the request handler
-  and the routes are assembled from its parts; create ``DATA_DIR/tasks.db`` (or the
-  PostgreSQL tables) if needed and mark tasks a previous process (or a coordinator that
-  died) left running as failed "interrupted by restart"; run ``on_startup``;
-* shutdown: ``on_shutdown``; cancel running tasks (workers detach, tickets are released),
-  mark them failed "interrupted by restart", close the push client and the stores; then
-  everything compose registered (the pool last, if it registered it first).
+The lifespan, in order (docs/architecture.md, "Start and stop"): with ``task_store``,
+check PostgreSQL answers (one line naming ``--task-store`` if not); compose; assemble the
+card, stores, handler and routes from the parts; open the stores and mark tasks left
+running as failed "interrupted by restart"; ``on_startup``. At shutdown: ``on_shutdown``;
+running tasks cancelled and marked; the push client and the stores closed; then what
+compose registered, in reverse.
 
 Routes, in match order (the SDK's HTTP+JSON routes end in a catch-all ``/{tenant}`` mount,
 so they come last): the agent card, ``/healthz``, ``extra_routes`` (the lead's

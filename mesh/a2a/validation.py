@@ -677,10 +677,11 @@ def check_rest(method: str, rest: str, headers: dict[str, str], body: bytes, sco
         doc = _rest_doc(body, max_depth)
         sends = op.startswith("/message:")
         try:
-            if legacy:
+            if legacy and sends:
                 message = doc.get("message", doc.get("request"))
-                return shapes.legacy_message(message, "body.message", rest=True) if sends \
-                    else None
+                return shapes.legacy_message(message, "body.message", rest=True)
+            if legacy:
+                return None
             if sends:
                 return shapes.send(doc, "body")
             shapes.push_config(doc, "body", need_task=False)
