@@ -1,58 +1,34 @@
-"""``--engine openai:URL``: an OpenAI-compatible server (vLLM, SGLang, llama-server, another
-mesh) as the engine: its wire (SSE, grammars, metrics), a remote session, and the engine
-over them. Read top to bottom:
-
-**The wire.** What the OpenAI backend reads off the wire: the engine spec, SSE events, ``/metrics``.
-
-Pure functions, no I/O, so they are tested without a server.
-
-**Remote sessions.** A remote session: its conversation kept on mesh's side, one streamed
-completion a turn.
-
-See :mod:`mesh.backends.openai` for the wire contract. The rules mirror the local pool's
-(:mod:`mesh.engine.interface`): ``append`` never waits on the backend and raises
-:class:`~mesh.engine.interface.ContextOverflow` past the budget; a turn that runs out of budget
-ends ``context_full``; stop strings are cut by :class:`~mesh.engine.session.TurnOutput`
-and, as in the pool, the stop string stays in the session's context (its text is kept in
-the history, not in the turn's text); a backend that fails mid-turn detaches the session
-and the generation raises :class:`~mesh.engine.interface.SessionFailed` naming the backend.
-
-A stream that ends (``[DONE]``, or the body closes) without a ``finish_reason`` was cut
-by the backend, not finished: llama-cpp-python's server does that to a running stream the
-moment another request arrives (its ``--interrupt_requests``, on by default). The turn is
-then resumed with one more request whose prompt continues after the text streamed so far,
-for the tokens left. A stream that ends with no chunk at all is a failure, not a cut
-(llama-cpp-python's server ends one so when the prompt exceeds its context).
-
-**The engine.** The engine seam over an OpenAI-compatible ``/v1/completions`` API (``--engine
-openai:URL``).
-
-vLLM, SGLang, llama-server, llama-cpp-python's server and mesh's own ``/v1/completions``
-all serve it. :class:`OpenAIEngine` implements :class:`~mesh.engine.interface.Engine` on top:
+"""``--engine openai:URL``: an OpenAI-compatible server (vLLM, SGLang, llama-server,
+llama-cpp-python's server, another mesh) as the engine, over its ``/v1/completions`` API
+(docs/vllm.md): what is read off the wire (pure: the engine spec, SSE events, ``/metrics``),
+a remote session, and :class:`OpenAIEngine` over them. No A2A and no Starlette here; the
+one HTTP client is httpx.
 
 * A session keeps its conversation **on mesh's side** (appended text plus generated text).
-  Each turn sends one completion whose prompt is the immutable prefix text, byte-identical
-  every time, then the session's history: exactly what those servers' prefix caches (vLLM's
-  automatic prefix caching, SGLang's radix cache, llama.cpp's slot cache) need to hit.
-* Streaming (SSE); stop strings are cut on mesh's side by the local pool's own
-  :class:`~mesh.engine.session.TurnOutput` (they are not sent to the backend, whose rules
-  differ), and the stream is closed at the match, which aborts the request there.
+  Each turn sends one streamed completion whose prompt is the immutable prefix text,
+  byte-identical every time, then the session's history: what the servers' prefix caches
+  need to hit.
+* The rules mirror the local pool's (:mod:`mesh.engine.interface`): ``append`` never waits
+  on the backend and raises :class:`~mesh.engine.interface.ContextOverflow` past the
+  budget; a turn that runs out of budget ends ``context_full``; stop strings are cut on
+  mesh's side by the pool's own :class:`~mesh.engine.session.TurnOutput` (not sent to the
+  backend, whose rules differ), the stream closed at the match, and the stop string stays
+  in the session's context; a backend that fails mid-turn detaches the session and the
+  generation raises :class:`~mesh.engine.interface.SessionFailed` naming the backend.
+* A stream that ends (``[DONE]``, or the body closes) without a ``finish_reason`` was cut
+  by the backend, not finished (llama-cpp-python's server cuts a running stream when
+  another request arrives): the turn is resumed with one more request whose prompt
+  continues after the text streamed so far. A stream that ends with no chunk at all is a
+  failure (that server ends one so when the prompt exceeds its context).
 * ``load()`` is built from the streamed tokens: per-session decode tokens/s (EWMA of the
-  gaps between chunks, first chunk excluded: that gap is the prefill) and one
-  :class:`~mesh.engine.interface.StepSample` per gap (rows = sessions decoding then), so the
-  gate's throughput model learns this backend as it learns the local pool. When the backend
-  exposes ``/metrics`` (vLLM, llama-server, mesh), it is polled and
-  :meth:`OpenAIEngine.backend_metrics` reports running/waiting requests, inter-token
-  latency and KV use (``/capacity`` shows them under ``engine.backend``).
-* A grammar (plans, tool calls) goes out in the field the backend reads: vLLM's
-  ``structured_outputs.grammar``, SGLang's ``ebnf``, llama.cpp's ``grammar`` (by the
-  model's ``owned_by`` in ``GET /v1/models``); vLLM ignores an unknown field silently.
-* A backend that lists its context (vLLM's ``max_model_len``) must hold the prefix plus
-  one full session, checked at start (else a session would fail mid-turn).
+  gaps between chunks, the first, the prefill, excluded) and one
+  :class:`~mesh.engine.interface.StepSample` per gap, so the gate learns this backend as it
+  learns the local pool. A backend's ``/metrics`` (vLLM, llama-server, mesh) is polled for
+  :meth:`OpenAIEngine.backend_metrics` (``/capacity`` → ``engine.backend``).
+* A grammar goes out in the field the backend reads (:func:`grammar_fields`); a backend
+  that lists its context must hold the prefix plus one full session (:func:`check_context`).
 * Limits are mesh's: ``max_sessions`` sessions of ``session_budget`` tokens each; the
   backend's own scheduler does the batching and the KV cache.
-
-No A2A and no Starlette here; the one HTTP client is httpx.
 """
 
 from __future__ import annotations
@@ -68,7 +44,7 @@ import re
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import httpx
@@ -293,9 +269,8 @@ class RemoteSession:
         n = self.engine.count_tokens(text)
         budget = self.engine.info.session_budget
         if self.private + self.pending_tokens + n > budget:
-            raise ContextOverflow(
-                f"appending {n} tokens would exceed session {self.id}'s budget of "
-                f"{budget} tokens")
+            raise ContextOverflow(f"appending {n} tokens would exceed session {self.id}'s "
+                                  f"budget of {budget} tokens")
         self.pending += text
         self.pending_tokens += n
         self.state = SessionState.PREFILLING
@@ -704,7 +679,7 @@ class OpenAIEngine:
             await self._warm()
         if progress is not None:
             progress(n_prefix, n_prefix)
-        self._info = PoolInfo(**{**self._info.__dict__, "build_s": time.monotonic() - t0})
+        self._info = replace(self._info, build_s=time.monotonic() - t0)
         if cfg.poll_metrics and self._metrics_task is None:
             # Held for the engine's life (the loop keeps weak refs only); aclose cancels it.
             self._metrics_task = asyncio.get_running_loop().create_task(self._poll_metrics())

@@ -1,80 +1,41 @@
-"""``mesh serve --ray``: pools as Ray actors behind the engine interface. The pure routing
-rule, connecting to a cluster, then the engine over the actors. Read top to bottom:
+"""``mesh serve --ray``: pools as Ray actors behind the engine interface (docs/cluster.md:
+the routing rule, addresses, what happens when a pool dies, and why Ray Core rather than
+Ray Serve). The pure routing rule, connecting to a cluster, then the engine over the actors.
 
-**Routing.** Which pool a new session goes to: prefix- and floor-aware routing, pure.
+**Routing** (:func:`route`, pure: tested with tables of :class:`PoolView`, one per pool
+actor, from its latest report), first rule first: a pool whose actor died is never chosen
+again; only a pool whose prefix hash equals the session's may take it; its last report said
+``check_attach`` is ok and it has attach room left after the sessions this coordinator
+holds on it and is attaching there; pools whose decode gate holds no turn waiting (room at
+the floor) come first; then the fewest running turns, the most attach room, the most free
+cells, and the name. A session stays on its pool: routing runs once, at attach (and again
+only if the pool dies).
 
-The coordinator keeps one :class:`PoolView` per pool actor, refreshed from the pool's own
-load reports (:mod:`mesh.cluster.pools`); :func:`route` reads them and names a pool or
-says why none can take a session. No I/O, no Ray: tested with tables of views.
+**Connecting** (:func:`connect`): ``auto`` joins the cluster this machine runs, else starts
+a local one (this process its head, stopped with mesh); ``HOST:PORT`` (or
+``ray://HOST:PORT``) joins that one, after a TCP probe, so a wrong address fails at start
+in one line naming ``--ray`` instead of Ray retrying for minutes.
 
-The order, first rule first:
-
-1. **alive**: a pool whose actor died is never chosen again (its sessions resume elsewhere);
-2. **holds the prefix**: only a pool whose prefix hash equals the session's may take it
-   (a session's suffix is only meaningful after that exact prefix; a pool building its
-   prefix, or holding another project's, does not qualify);
-3. **can attach**: its last report said ``check_attach`` is ok and it has attach room
-   left after the sessions this coordinator holds on it and is attaching there;
-4. **room at the floor**: a pool whose decode gate holds turns waiting has no room at the
-   floor now; pools with none waiting come first;
-5. then the fewest running turns (the step a new row joins is the cheapest), the most
-   attach room, the most free cells, and the name (a stable tie-break).
-
-A session stays on its pool: routing runs once, at attach (and again only if the pool dies).
-
-**Connecting.** Joining a Ray cluster, or starting one on this machine: ``mesh serve --ray
-auto|ADDRESS``.
-
-* ``auto``: join the cluster this machine already runs (``$RAY_ADDRESS``, or the latest
-  ``ray start`` here); with none, start a local one (this process is its head; it stops
-  with mesh).
-* ``ADDRESS`` (``host:port`` of the head's GCS, as ``ray start --head`` prints it, or
-  ``ray://host:port`` of a Ray Client server): join that cluster.
-
-Ray retries an unreachable address for minutes; :func:`connect` first opens a TCP
-connection to it (a few seconds at most), so a wrong address fails at start in one line
-naming ``--ray``.
-
-**The engine over the actors.** Pools as Ray actors behind the one engine interface:
-:class:`RayPools` is an
-:class:`~mesh.engine.interface.Engine` over N :class:`~mesh.cluster.pool_actor.PoolActor`
-actors, so the gate, the worker and the A2A layers run on it as on a local pool.
-
-Why Ray Core, not Ray Serve: a session is state (its KV cells) that must stay on the pool
-that holds it, turn after turn, and a turn is a stream the gate holds per step. Serve's
-unit is a stateless request load-balanced over replicas, with its own queueing and
-autoscaling in front: it would route a session's second turn anywhere and queue turns the
-floor gate already holds. An actor is exactly one pool: placed once by the resources it
-asks for (``num_gpus``, ``memory``), addressed by handle, and its death is reported to
-whoever calls it. Routing and recovery are mesh's (they need the prefix, the floor and the
-session's history), so they live here, over plain handles.
-
-Contract (beyond :class:`~mesh.engine.interface.Engine`'s):
+**The engine** (:class:`RayPools`): an :class:`~mesh.engine.interface.Engine` over N
+:class:`~mesh.cluster.pool_actor.PoolActor` actors, so the gate, the worker and the A2A
+layers run on it as on a local pool. Beyond the interface's contract:
 
 * ``start()`` places ``num_pools`` actors (``ValueError`` naming ``--ray-gpus`` /
   ``--ray-pools`` when the cluster cannot hold them) and builds every pool; it returns
-  the pools' :class:`~mesh.engine.interface.PoolInfo` summed (sessions, cells) under
-  ``engine="ray:N"``.
-* ``attach()`` routes by :func:`~mesh.cluster.routing.route` (prefix, then room at the
-  floor) and tries the next pool when one refuses; the session then **stays on its pool**.
+  their :class:`~mesh.engine.interface.PoolInfo` summed under ``engine="ray:N"``.
+* ``attach()`` routes by :func:`route` and tries the next pool when one refuses.
 * ``load()`` and ``check_attach()`` read the pools' latest reports (each actor is asked
-  every ``poll_s``, and sends one with every turn's end), never Ray inline: the gate reads
-  them often. Every step a pool measured reaches ``load().recent_steps`` once.
-* The gate's budgets (``set_prefill_budget``/``set_turn_admission``) are shipped to every
-  pool as one pair (:meth:`PoolActor.set_budgets`): each pool's engine thread asks its own
-  copy per step, as a local pool asks the gate's.
-* **A pool actor that dies** (its process killed, its node lost) is marked dead and never
-  routed to again. Each of its sessions **moves** at its next use, or at once if a turn is
-  streaming: it attaches to another pool and recomputes its context from the text it holds
-  (every appended text and every generated piece, in order: the prefix is the new pool's
-  own), then the turn goes on for the tokens it has left. While the live pools are full
-  it waits for room (up to :data:`MOVE_WAIT_S`); where no pool can take it, the turn
-  raises :class:`~mesh.engine.interface.SessionFailed` naming the dead pool and why none
-  could (the worker fails its task with it). Nothing is retried twice on one pool,
-  and the coordinator's event loop never waits on a dead actor: Ray reports the death.
-  Recompute is of text: a model's own output re-tokenized may not give the same ids, so
-  the resumed context is the same text, not always the same tokens; held-back text (a
-  possible stop string's start) dies with its pool.
+  every ``poll_s``, and sends one with every turn's end), never Ray inline; every step a
+  pool measured reaches ``load().recent_steps`` once.
+* The gate's budgets are shipped to every pool as one pair
+  (:meth:`PoolActor.set_budgets`): each pool's engine thread asks its own copy per step.
+* A pool actor that dies is marked dead and never routed to again. Each of its sessions
+  moves at its next use (or at once if a turn is streaming): it attaches to another pool,
+  recomputes its context from the text it holds (the prefix is the new pool's own), and
+  the turn goes on for the tokens it has left. While the live pools are full it waits for
+  room (up to :data:`MOVE_WAIT_S`); where no pool can take it, the turn raises
+  :class:`~mesh.engine.interface.SessionFailed` naming the dead pool and why. Held-back
+  text (a possible stop string's start) dies with its pool.
 * A session whose handle is dropped without ``detach`` is detached on its pool by the
   next poll (the pool's own reaper cannot see a coordinator's handles).
 """
@@ -308,21 +269,22 @@ class PoolHandle:
     num_routed: int = 0
 
     def view(self) -> PoolView:
-        rep = self.report
-        load = rep.load if rep is not None else None
+        prefix_hash = self.info.prefix_hash if self.info is not None else ""
+        # Attach room is counted here: a pool's report lags its attaches (its snapshot is
+        # taken between steps).
+        held = self.num_sessions + self.attaching
+        if self.report is None:
+            return PoolView(name=self.name, is_alive=self.is_alive, prefix_hash=prefix_hash,
+                            can_attach=False, attach_reason="no report yet", attach_room=-held,
+                            waiting_turns=0, running_turns=0, cells_free=0)
+        load, check = self.report.load, self.report.check
         return PoolView(
-            name=self.name, is_alive=self.is_alive,
-            prefix_hash=self.info.prefix_hash if self.info is not None else "",
-            can_attach=rep is not None and rep.check.ok,
-            attach_reason=(rep.check.reason if rep is not None else "no report yet"),
-            # Counted here: a pool's report lags its attaches (its snapshot is taken
-            # between steps).
-            attach_room=(max(load.max_attached, load.max_sessions) if load is not None else 0)
-            - self.num_sessions - self.attaching,
-            waiting_turns=load.count(SessionState.WAITING) if load is not None else 0,
-            running_turns=(load.count(SessionState.DECODING)
-                           + load.count(SessionState.PREFILLING)) if load is not None else 0,
-            cells_free=load.cells_free if load is not None else 0)
+            name=self.name, is_alive=self.is_alive, prefix_hash=prefix_hash,
+            can_attach=check.ok, attach_reason=check.reason,
+            attach_room=max(load.max_attached, load.max_sessions) - held,
+            waiting_turns=load.count(SessionState.WAITING),
+            running_turns=load.count(SessionState.DECODING) + load.count(SessionState.PREFILLING),
+            cells_free=load.cells_free)
 
 
 async def _get(ref: Any) -> Any:
