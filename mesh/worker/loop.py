@@ -61,9 +61,13 @@ reported to the model, not raised.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Mapping
+import logging
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -99,20 +103,63 @@ from mesh.worker.tools import ToolError, ToolFn
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
 
 __all__ = [
-    "SESSION_SYSTEM", "AgentWorker", "Tally", "WorkerFailed", "WorkerLimits", "closed_text",
-    "release", "stream_turn"
+    "PLACE_EVERY_S", "PLACE_POLL_S", "SESSION_SYSTEM", "AgentWorker", "Tally", "WorkerFailed",
+    "WorkerLimits", "closed_text", "place_text", "release", "stream_turn"
 ]
 
 
 # -------------------- one streamed turn ---------------------------------------
 
+logger = logging.getLogger(__name__)
+
+
 class WorkerFailed(Exception):
     """The subtask failed; the message is the reason shown to the client."""
 
 
+# A turn the decode gate holds: its place in line is read this often (a dict read on the
+# engine, Engine.turn_place) and said as a status event when it changed, at most once per
+# PLACE_EVERY_S.
+PLACE_POLL_S = 0.25
+PLACE_EVERY_S = 1.0
+
+
+def place_text(place: int) -> str:
+    """The status line of a turn the decode gate holds at ``place``."""
+    return f"waiting for a decode turn (#{place} in line)"
+
+
+async def _say_places(place: Callable[[], int | None], emit: Emit, turn: int,
+                      stop: asyncio.Event) -> None:
+    """Until ``stop``: each time ``place()`` (the turn's place in the decode gate's line,
+    None while it runs) changes to a place, a status event naming it — not more often than
+    every :data:`PLACE_EVERY_S`, the latest place then. A failing read or write ends the
+    watch, never the turn."""
+    said: int | None = None
+    said_at = -PLACE_EVERY_S
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PLACE_POLL_S):
+                    await stop.wait()
+            if stop.is_set():
+                return
+            now = place()
+            if now is None:
+                said = None  # running (again): a later wait is said anew
+                continue
+            if now == said or time.monotonic() - said_at < PLACE_EVERY_S:
+                continue
+            said, said_at = now, time.monotonic()
+            await emit(WorkerEvent(EventKind.STATUS, place_text(now), turn,
+                                   {"turn_place": now}))
+    except Exception:
+        logger.debug("turn %d: its place in line is no longer said", turn, exc_info=True)
+
+
 async def stream_turn(
     session: Session, params: SamplingParams, emit: Emit, turn: int, *,
-    loop_stop: bool = False,
+    loop_stop: bool = False, place: Callable[[], int | None] | None = None,
 ) -> EngineTurn:
     """Generate one turn, emitting each piece; on any early exit, stop the generation.
 
@@ -120,27 +167,49 @@ async def stream_turn(
     the load it simulates) a turn that repeats a phrase
     (:class:`~mesh.worker.text.LoopGuard`) is stopped there: its result is the text before
     the repeat, with finish reason ``loop`` (a finished turn).
+
+    With ``place`` (a worker's turns: ``functools.partial(engine.turn_place, session.id)``)
+    a turn the decode gate holds says its place in line while it waits, as a status event
+    ("waiting for a decode turn (#3 in line)", ``data["turn_place"]``) when the place
+    changed, at most about once a second; a turn let in at once says nothing, and a
+    running turn nothing more (a paused one waits again, and says so). Its events and the
+    turn's own go out one at a time.
     """
     generation = session.generate(params)
     pieces = generation.__aiter__()
     guard = LoopGuard() if loop_stop else None
     generated = 0
     finished = False
+    stop = asyncio.Event()
+    watch: asyncio.Task[None] | None = None
+    say = emit
+    if place is not None:
+        lock = asyncio.Lock()
+
+        async def say(event: WorkerEvent) -> None:  # one write at a time
+            async with lock:
+                await emit(event)
+
+        watch = asyncio.create_task(_say_places(place, say, turn, stop))
     try:
         async for piece in pieces:
             generated += piece.token >= 0
             if piece.paused_s:  # the decode gate paused the turn: waiting, not decoding
-                await emit(WorkerEvent(
+                await say(WorkerEvent(
                     EventKind.STATUS,
                     f"paused {piece.paused_s:.2f} s by the decode gate to keep the floor",
                     turn, {"paused_s": round(piece.paused_s, 4)}))
             if piece.text:
-                await emit(WorkerEvent(EventKind.TEXT, piece.text, turn))
+                await say(WorkerEvent(EventKind.TEXT, piece.text, turn))
                 if guard is not None and guard.feed(piece.text) is not None:
                     break
         else:
             finished = True
     finally:
+        if watch is not None:  # it ends at its next look (never cut mid-write)
+            stop.set()
+            with anyio.CancelScope(shield=True):
+                await watch
         if not finished:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await generation.aclose()
@@ -334,7 +403,8 @@ class AgentWorker:
                                           or turn == lim.max_turns,
                                           call_only=self._first_call and turn == 1),
                 ), opens=(syntax.answer_open,), close="<", first=True)
-                result = await stream_turn(session, params, emit, turn, loop_stop=True)
+                result = await stream_turn(session, params, emit, turn, loop_stop=True,
+                                           place=partial(self._engine.turn_place, session.id))
                 state.generated += result.num_generated
                 state.last_text = result.text
                 state.finishes.append(result.finish_reason)
@@ -514,7 +584,8 @@ class AgentWorker:
                          {"role": "user", "content": ask}]
             state.turns += 1
             await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {state.turns}", state.turns))
-            result = await stream_turn(session, params, emit, state.turns, loop_stop=True)
+            result = await stream_turn(session, params, emit, state.turns, loop_stop=True,
+                                       place=partial(self._engine.turn_place, session.id))
         except (ContextOverflow, EngineError, WorkerFailed):
             return await self._whole(state, text, finish, shown, **extra)  # no room to repair
         state.generated += result.num_generated

@@ -25,6 +25,7 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -256,7 +257,8 @@ class ScenarioWorker:
                     stop_at_eos=False,
                     priority=subtask.priority,
                 )
-                result = await stream_turn(session, sampling, emit, step.index)
+                result = await stream_turn(session, sampling, emit, step.index,
+                                           place=partial(self._engine.turn_place, session.id))
                 generated += result.num_generated
                 last = result.text
                 call = syntax.format(step.tool, dict(step.arguments))
