@@ -6,7 +6,8 @@ turns.
 
 Shared by the workers (:mod:`mesh.worker.loop`, :mod:`mesh.worker.simulated`) and the
 agent's planning and synthesis turns: :func:`stream_turn` generates one turn and emits
-its pieces (stopping the generation on any early exit), :func:`release` detaches a
+its pieces (stopping the generation on any early exit; a worker's turn that the decode gate
+holds also says its place in line), :func:`release` detaches a
 session even under cancellation, :func:`closed_text` is a turn's text as the session's
 context holds it, :class:`Tally` counts a subtask's turns into its
 :class:`~mesh.worker.types.WorkerResult`.
