@@ -41,7 +41,7 @@ cache and the pending slots are trusted over it.
 
 **The task board** (:class:`TaskBoard`): a bounded, in-memory view of every caller's live
 and recently finished tasks for the dashboard (``GET /dashboard/events``, behind the same
-bearer auth as ``/capacity``), fed by :class:`ObservedTaskStore`.
+bearer auth as ``/capacity``), fed by the task store's ``on_saved``.
 
 Every row carries its owner (the authenticated caller, ``""`` when auth is off); every
 read is filtered by ``owner_of(context)``. Invariant kept by :func:`mark_interrupted`:
@@ -75,7 +75,6 @@ from a2a.server.tasks import (
     DatabaseTaskStore,
     PushNotificationConfigStore,
     PushNotificationSender,
-    TaskStore,
 )
 from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
@@ -89,7 +88,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INTERRUPTED_REASON", "SETTLED_STATES", "TERMINAL_STATES", "CachedPushConfigStore",
-    "ObservedTaskStore", "OwnerUser", "RowWrite", "StoredRow", "Stores", "TaskBoard",
+    "OwnerUser", "RowWrite", "StoredRow", "Stores", "TaskBoard",
     "TaskStoreWriteError", "TaskStores", "TaskTable", "WriteBehindTaskStore", "interrupted_status",
     "mark_interrupted", "open_stores", "owner_context", "owner_of",
 ]
@@ -313,6 +312,7 @@ class WriteBehindTaskStore(DatabaseTaskStore):
         self._flusher: asyncio.Task[None] | None = None
         self._is_closed = False
         self._opening = asyncio.Lock()
+        self.on_saved: Callable[[pb.Task], None] | None = None  # sees every accepted save
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -364,6 +364,8 @@ class WriteBehindTaskStore(DatabaseTaskStore):
         self._schedule(task.id, snapshot, is_urgent=is_urgent)
         if is_urgent:
             await self._wait_for_commit()
+        if self.on_saved is not None:
+            self.on_saved(task)
 
     async def get(self, task_id: str, context: ServerCallContext) -> pb.Task | None:
         await self._ensure_open()
@@ -598,31 +600,6 @@ class TaskBoard:
         }
 
 
-class ObservedTaskStore(TaskStore):
-    """A :class:`TaskStore` that forwards to ``inner`` and reports each save to ``board``.
-
-    The save reaches the board only once the inner store accepted it.
-    """
-
-    def __init__(self, inner: TaskStore, board: TaskBoard) -> None:
-        self.inner = inner
-        self.board = board
-
-    async def save(self, task: pb.Task, context: ServerCallContext) -> None:
-        await self.inner.save(task, context)
-        self.board.observe(task)
-
-    async def get(self, task_id: str, context: ServerCallContext) -> pb.Task | None:
-        return await self.inner.get(task_id, context)
-
-    async def list(
-        self, params: pb.ListTasksRequest, context: ServerCallContext
-    ) -> pb.ListTasksResponse:
-        return await self.inner.list(params, context)
-
-    async def delete(self, task_id: str, context: ServerCallContext) -> None:
-        await self.inner.delete(task_id, context)
-
 # -------------------- the stores ----------------------------------------------
 
 INTERRUPTED_REASON = "interrupted by restart"
@@ -766,10 +743,13 @@ class Stores:
         self, executor: AgentExecutor, card: pb.AgentCard, *, board: TaskBoard | None,
         push_sender: PushNotificationSender, push_url_validator: PushUrlValidator,
     ) -> DefaultRequestHandler:
-        """The SDK's handler over these stores (one process: no event stream)."""
+        """The SDK's handler over these stores (one process: no event stream); ``board``
+        (the dashboard) sees every save."""
+        if board is not None:
+            self.tasks.on_saved = board.observe
         return DefaultRequestHandler(
             executor,
-            self.tasks if board is None else ObservedTaskStore(self.tasks, board),
+            self.tasks,
             card,
             push_config_store=self.push_configs,
             push_sender=push_sender,

@@ -18,7 +18,7 @@ from starlette.middleware import Middleware
 from uvicorn import Config, Server
 
 from mesh.a2a.app import BearerAuth
-from mesh.a2a.store import ObservedTaskStore, TaskBoard
+from mesh.a2a.store import TaskBoard, open_stores, owner_context
 from mesh.api.dashboard import (
     DASHBOARD_PUBLIC_PATHS,
     DashboardHistory,
@@ -203,24 +203,15 @@ def test_taskboard_tracks_live_and_recent() -> None:
         TaskBoard(max_live=0)
 
 
-class _Memory:
-    def __init__(self) -> None:
-        self.saved: list[str] = []
-
-    async def save(self, task: pb.Task, context: Any) -> None:
-        if task.id == "boom":
-            raise RuntimeError("store down")
-        self.saved.append(task.id)
-
-
-async def test_observed_store_reports_only_accepted_saves() -> None:
+async def test_the_task_store_reports_only_accepted_saves(tmp_path: Any) -> None:
     board = TaskBoard()
-    inner = _Memory()
-    store = ObservedTaskStore(inner, board)  # type: ignore[arg-type]
-    await store.save(_task("ok", pb.TASK_STATE_WORKING), None)  # type: ignore[arg-type]
-    with pytest.raises(RuntimeError):
-        await store.save(_task("boom", pb.TASK_STATE_WORKING), None)  # type: ignore[arg-type]
-    assert inner.saved == ["ok"]
+    stores = open_stores(tmp_path)
+    await stores.initialize()
+    stores.tasks.on_saved = board.observe
+    await stores.tasks.save(_task("ok", pb.TASK_STATE_WORKING), owner_context(""))
+    await stores.aclose()
+    with pytest.raises(RuntimeError):  # the store is closed: the save is refused
+        await stores.tasks.save(_task("boom", pb.TASK_STATE_WORKING), owner_context(""))
     assert [r["id"] for r in board.snapshot()["live"]] == ["ok"]
 
 
