@@ -45,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
@@ -208,34 +208,6 @@ def check_context(url: str, model_id: str | None, n_prefix: int, session_budget:
 
 # -------------------- remote sessions -----------------------------------------
 
-class SessionHost(Protocol):
-    """What a :class:`RemoteSession` needs from its engine (``OpenAIEngine`` is one), so
-    this module does not import the engine's."""
-
-    prefix_text: str
-    sessions: dict[str, RemoteSession]
-    turn_line: TurnLine
-
-    @property
-    def info(self) -> PoolInfo: ...
-
-    @property
-    def http(self) -> httpx.AsyncClient: ...
-
-    @property
-    def completions_url(self) -> str: ...
-
-    def count_tokens(self, text: str) -> int: ...
-
-    def record_token(self, gap_s: float | None, n: int = 1) -> None: ...
-
-    def record_resume(self) -> None: ...
-
-    def record_compaction(self, freed: int) -> None: ...
-
-    def request_body(self, prompt: str, **fields: Any) -> dict[str, Any]: ...
-
-
 _BUSY_RETRIES = 3  # a 429/503 from the backend is retried this often (Retry-After, ≤ 5 s)
 _EWMA = 0.2
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
@@ -244,7 +216,7 @@ _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 class RemoteSession:
     """One session on the backend (see the module docstring)."""
 
-    def __init__(self, engine: SessionHost, sid: str) -> None:
+    def __init__(self, engine: OpenAIEngine, sid: str) -> None:
         self.engine = engine
         self.id = sid
         self.history = ""  # every appended and generated text, in order
