@@ -1,21 +1,15 @@
-"""The immutable project prefix: a confined view of the project directory, then the prefix
-built once from a template and that view. Read top to bottom:
+"""The immutable project prefix, built once from a template and a confined view of the
+project directory.
 
-**The project.** A read-only, confined view of a project directory: its files, sorted, and their
-text.
+**The project scan** is deterministic (sorted, no timestamps, paths relative to the root in
+POSIX form) and never leaves the root: directories are not followed through symlinks, a
+symlink whose target lies outside the root is an error naming it, and hidden entries
+(``.git``, ``.env``, ``.venv``...) and build/cache folders are left out unless the template
+asks for hidden ones. Glob patterns are anchored at the root: ``*`` and ``?`` stay inside
+one path component, ``**/`` matches any number of directories (``**/*.py`` is every Python
+file, ``*.md`` only the top-level ones).
 
-The scan is deterministic (sorted, no timestamps, paths relative to the root in POSIX form)
-and never leaves the root: directories are not followed through symlinks, a symlink whose
-target lies outside the root is an error naming it, and hidden entries (``.git``, ``.env``,
-``.venv``...) and build/cache folders are left out unless the template asks for hidden ones.
-
-Glob patterns are anchored at the root: ``*`` and ``?`` stay inside one path component,
-``**/`` matches any number of directories (``**/*.py`` is every Python file, ``*.md`` only
-the top-level ones).
-
-**The prefix.** The immutable project prefix: built once from a template and a project directory.
-
-Composition follows the template's ``prefix.sections`` in order, within a token budget
+**The prefix** follows the template's ``prefix.sections`` in order, within a token budget
 (``prefix.target_tokens`` or the ``target_tokens`` argument, the one knob that scales a
 prefix from a CPU demo to a 128K-token GPU run):
 
