@@ -42,7 +42,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from mesh.engine.config import SamplingParams
 
@@ -467,6 +467,10 @@ class Engine(Protocol):
 
     def count_tokens(self, text: str) -> int:
         """How many tokens ``text`` is (no BOS), for budgeting."""
+
+    def backend_metrics(self) -> dict[str, Any] | None:
+        """What a remote serving engine last exposed of its own load (running and waiting
+        requests, inter-token time) for ``/capacity``; None for an engine in this process."""
 
     def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
         """Cap the prefill a step carries beside decoding rows (None: no cap)."""

@@ -220,6 +220,9 @@ class SharedKVPool:
     def turn_place(self, session_id: str) -> int | None:
         return self._snapshots.turn_place(session_id)
 
+    def backend_metrics(self) -> None:
+        return None  # the pool is this process: /capacity has its figures already
+
 
 class OrphanReaper:
     """The safety net under every detach: releases the sessions of ``pool`` that no caller

@@ -422,13 +422,12 @@ def _why(last: TurnRoom | None, gate: DecodeGate | None) -> str | None:
 
 def _engine_doc(engine: Engine) -> dict[str, Any]:
     """Which engine runs (``PoolInfo.engine``) and, for a remote backend, the metrics it
-    last exposed (``engine.backend_metrics()``, when the engine has one)."""
+    last exposed (``engine.backend_metrics()``)."""
     try:
         name = engine.info.engine
     except (AttributeError, RuntimeError):  # a stub, or a pool not started yet
         name = None
-    metrics = getattr(engine, "backend_metrics", None)
-    return {"name": name, "backend": metrics() if callable(metrics) else None}
+    return {"name": name, "backend": engine.backend_metrics()}
 
 
 def _worker_rows(load: PoolLoad) -> list[dict[str, Any]]:

@@ -253,6 +253,9 @@ class FakeEngine:
     def turn_place(self, session_id: str) -> int | None:
         return self.turn_line.place(session_id)
 
+    def backend_metrics(self) -> None:
+        return None
+
     def load(self) -> PoolLoad:
         now = time.monotonic()
         places = self.turn_line.places()
