@@ -131,10 +131,11 @@ class _Run:
         label = {EventKind.TOOL_CALL: "tool call: ",
                  EventKind.TOOL_RESULT: "tool result: "}.get(event.kind, "")
         meta: dict[str, Any] = {"subtask": sid, "event": event.kind.value, "turn": event.turn}
-        for key in ("wait_s", "paused_s"):  # the turn's wait for the decode gate, a pause
+        # the turn's wait for the decode gate, a pause, its place in the gate's line
+        for key in ("wait_s", "paused_s", "turn_place"):
             value = event.data.get(key)
             if isinstance(value, int | float):
-                meta[key] = float(value)
+                meta[key] = int(value) if key == "turn_place" else float(value)
         await self.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] {label}{text}", meta)
 
 

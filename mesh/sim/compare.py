@@ -12,10 +12,11 @@ delivery, time under the floor and deep sub-floor beside the source system's.
 ``--compare KEY=V1,V2`` gives each run its own report folder (``OUT/<key>-<value>/``) and
 adds its tables (``compare.md``, ``compare.json``: per neighbour phase, one row per run)
 and panels (:mod:`mesh.sim.plots`) in ``OUT``. The floor sweep adds ``sweep.md``,
-``sweep.json`` and ``sweep.png`` and names the sweet spot by the decode gate's own knee
-rule (``--floor-tps auto``): among the floors that delivered every package and kept time
-under the floor at or below ``max_under``, going from the highest floor down, the last
-floor before the next lower one stops adding :data:`KNEE_GAIN` to the aggregate tokens/s.
+``sweep.json`` and ``sweep.png`` and names the sweet spot, the knee over floors: among the
+floors that delivered every package and kept time under the floor at or below
+``max_under``, going from the highest floor down, the last floor before the next lower one
+stops adding :data:`KNEE_GAIN` to the aggregate tokens/s. (``--floor-tps auto`` finds its
+knee over rows instead, from the step's shared part: :mod:`mesh.gate.decode_gate`.)
 The lowest p50 delivery is reported beside it.
 """
 
@@ -336,8 +337,8 @@ def write_sweep(floors: Sequence[float], summaries: Sequence[Summary], out_dir: 
     table = summary_table([(f"floor {f:g}", s) for f, s in zip(floors, summaries, strict=True)])
     verdict = (
         f"Sweet spot: floor **{best:g}** tok/s — the knee: a lower floor (more rows) adds "
-        f"under {100 * KNEE_GAIN:g} % to the aggregate tokens/s (the rule of "
-        f"`--floor-tps auto`), among floors that delivered every package with time under "
+        f"under {100 * KNEE_GAIN:g} % to the aggregate tokens/s, among floors that "
+        f"delivered every package with time under "
         f"the floor ≤ {100 * max_under:g} %. Lowest p50 delivery among them: floor "
         f"{fastest:g}." if best is not None and fastest is not None
         else f"No floor delivered every package with time under the floor ≤ {100 * max_under:g} %.")
