@@ -238,6 +238,20 @@ class TaskOutcome:
     prefix_saved_tokens: int | None = None
     loop: bool = False  # the answer repeats a phrase of >= 8 words 3+ times
     echo: bool = False  # the answer holds a sentence of >= 8 words of the instructions
+    evidence: str = ""  # the answer artifact's evidence part (files and lines), not checked
+
+
+EVIDENCE_PREFIX = "Evidence: "
+
+
+def split_evidence(texts: list[str]) -> tuple[str, str]:
+    """(answer, evidence) from the text parts of the ``answer`` artifact, in order: the
+    answer streams as chunks, then one part says its evidence (``Evidence: path lines
+    …``; :func:`mesh.worker.evidence.render_evidence`). The checker reads the answer
+    alone: a file named in the evidence is not the model saying it."""
+    answer = [t for t in texts if not t.strip().startswith(EVIDENCE_PREFIX)]
+    evidence = [t.strip() for t in texts if t.strip().startswith(EVIDENCE_PREFIX)]
+    return "".join(answer).strip(), "\n".join(evidence)
 
 
 @dataclass
@@ -461,12 +475,13 @@ async def _ask(url: str, question: Question, timeout_s: float) -> TaskOutcome:
             await client.close()
     out.seconds = time.perf_counter() - start
     out.state = pb.TaskState.Name(task.status.state).removeprefix("TASK_STATE_").lower()
+    texts: list[str] = []
     for artifact in task.artifacts:
         if artifact.artifact_id != "answer":
             continue
         for part in artifact.parts:
             if part.HasField("text"):
-                out.answer = part.text
+                texts.append(part.text)
             elif part.HasField("data"):
                 subs = json.loads(json.dumps(_to_py(part.data))).get("subtasks", [])
                 out.subtasks = len(subs)
@@ -475,9 +490,10 @@ async def _ask(url: str, question: Question, timeout_s: float) -> TaskOutcome:
                 out.tokens = int(sum(_key(s, "numGenerated", "tokens") for s in subs))
                 out.tool_calls = int(sum(_key(s, "numToolCalls", "toolCalls") for s in subs))
                 out.finish_reason = ",".join(str(_key(s, "finishReason", default="")) for s in subs)
+    out.answer, out.evidence = split_evidence(texts)
     # The worker runs a malformed call too (to answer it with the error): not a tool call.
     out.tool_calls = max(out.tool_calls - out.malformed_calls, 0)
-    out.missing = check(out.answer, question)
+    out.missing = check(out.answer, question)  # the model's words only, never the evidence
     out.ok = not out.missing
     return out
 

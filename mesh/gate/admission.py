@@ -46,7 +46,7 @@ import anyio.lowlevel
 from mesh.engine.interface import Engine, PoolLoad, PrefillBudget, SessionState
 from mesh.gate.config import POLICIES, GateConfig
 from mesh.gate.decide import Decision, GateInput, Verdict, WorkerRule, decide, live_scale
-from mesh.gate.decode_gate import BudgetState, DecodeGate, FloorBudget, TurnRoom
+from mesh.gate.decode_gate import KNEE_SHARE, BudgetState, DecodeGate, FloorBudget, TurnRoom
 from mesh.gate.model import StepCost, ThroughputModel
 from mesh.gate.queue import (
     ANONYMOUS,
@@ -409,7 +409,8 @@ def _why(last: TurnRoom | None, gate: DecodeGate | None) -> str | None:
     step = (f"{last.projected_now_s * 1e3:.0f} ms a step now, "
             f"{last.projected_next_s * 1e3:.0f} ms with one more row")
     if gate.auto:
-        rule = "auto: rows while one more adds >= 10 % to the aggregate tokens/s"
+        rule = (f"auto: rows while the step's shared part stays >= "
+                f"{100 * KNEE_SHARE:g} % of it")
     else:
         rule = f"floor {gate.floor_tps:g} tok/s: a step within {1e3 / gate.floor_tps:.0f} ms"
     if last.infeasible and not gate.auto:

@@ -371,10 +371,14 @@ def _knee_room(k: int, measured: dict[int, float], last: list[float],
     if (k > 1 and len(last) == SHED_STEPS and fitted is not None
             and shared_share(k, statistics.median(last), fitted) < SHED_SHARE):
         return replace(base, room=-1)
-    if k not in measured:
-        return base  # the rows running now are measured first
     if fitted is None:
-        return replace(base, room=1)  # one row count measured: try one more
+        # One row count measured (or none): try one more once the rows running now were
+        # measured, so every new row count is measured before the next.
+        return replace(base, room=1) if k in measured else base
+    # A slope is known: the step at k + 1 rows is predicted from the nearest measured row
+    # count. (The rows running now need not be measured themselves: a turn that is still
+    # prefilling counts as running but decodes no row yet, and in an agent workload some
+    # turn nearly always is, so "k measured first" held the rows wherever they stood.)
     if shared_share(k + 1, predicted(k + 1), fitted) >= KNEE_SHARE:
         return replace(base, room=1)
     return base

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.agent.__main__ import Question, check, questions
+from bench.agent.__main__ import Question, check, questions, split_evidence
 
 SAMPLE = Path(__file__).resolve().parents[2] / "templates" / "sample"
 
@@ -44,3 +44,14 @@ def test_the_multi_part_checker_wants_every_fact_as_a_whole_word() -> None:
     assert check("from courier.parcels import", Question("?", ("parcels",), multi=True)) == []
     single = Question("?", ("30",))
     assert check("MAX_WEIGHT_KG = 30.0", single) == []  # single: plain substring, as before
+
+
+def test_the_checker_reads_the_answer_not_its_evidence() -> None:
+    # Round 7's first run kept only the last text part, the evidence line, and scored a
+    # file named there as the model's answer.
+    parts = ["The Parcel class is ", "defined in courier/parcels.py.",
+             "\n\nEvidence: courier/parcels.py lines 17"]
+    assert split_evidence(parts) == ("The Parcel class is defined in courier/parcels.py.",
+                                     "Evidence: courier/parcels.py lines 17")
+    assert split_evidence(["\n\nEvidence: courier/parcels.py lines 17"]) == (
+        "", "Evidence: courier/parcels.py lines 17")

@@ -195,6 +195,17 @@ def test_auto_grows_past_ten_percent_aggregate_while_rows_share_the_step() -> No
     assert turn_room(COST, 1.0, 21, 0, recent, auto=True).room == 0
 
 
+def test_auto_grows_while_turns_still_prefill_beside_the_measured_rows() -> None:
+    # Measured in the light scenario: 8 turns running, 6 of them decoding, 2 prefilling
+    # their tool results; steps with more than a few prefill tokens are not "measured by
+    # rows", so 8 rows never were. A rule that waited for 8 to be measured held 5-8 rows
+    # for the whole run (13.9 tok/s against legacy's 19.4).
+    recent = light_cpu(5) + light_cpu(6)
+    assert turn_room(COST, 1.0, 8, 0, recent, auto=True).room == 1
+    # With one row count measured and no slope yet, it still waits for the rows running now.
+    assert turn_room(COST, 1.0, 8, 0, light_cpu(6), auto=True).room == 0
+
+
 def test_auto_sheds_a_row_once_the_shared_part_is_under_its_share() -> None:
     # Three rows: the shared part is 8 % of the step: pause one.
     assert turn_room(COST, 1.0, 3, 0, cpu_like(2) + cpu_like(3, n=3), auto=True).room == -1
