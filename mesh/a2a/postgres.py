@@ -100,8 +100,7 @@ if TYPE_CHECKING:
     import asyncpg
     from a2a.server.agent_execution import AgentExecutor
 
-    from mesh.a2a.push import PushUrlValidator
-    from mesh.a2a.store import TaskBoard
+    from mesh.a2a.store import PushUrlValidator, TaskBoard
 
 __all__ = [
     "LOCK_SPACE", "ClusterRequestHandler", "Membership", "NotifiedEventStream", "PostgresStores",

@@ -37,7 +37,6 @@ import ipaddress
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlparse, urlunparse
 
 import httpx
@@ -49,16 +48,15 @@ from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.push_url_validator import validate_push_notification_url
 from google.protobuf.json_format import MessageToDict
 
-from mesh.a2a.store import TERMINAL_STATES
+from mesh.a2a.store import TERMINAL_STATES, PushUrlValidator
 
 __all__ = [
-    "ALLOW_PRIVATE_HINT", "BackgroundPushSender", "PushUrlValidator", "build_push_sender",
+    "ALLOW_PRIVATE_HINT", "BackgroundPushSender", "build_push_sender",
     "make_push_url_validator", "pin_address",
 ]
 
 logger = logging.getLogger(__name__)
 
-PushUrlValidator = Callable[[str], Awaitable[bool]]
 
 #: The fix named by every address refusal (push URLs and peers share the policy).
 ALLOW_PRIVATE_HINT = "start the server with --allow-private-push to allow private addresses"

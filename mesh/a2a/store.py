@@ -58,7 +58,7 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
@@ -84,14 +84,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
 
-    from mesh.a2a.push import PushUrlValidator
-
 __all__ = [
     "INTERRUPTED_REASON", "SETTLED_STATES", "TERMINAL_STATES", "CachedPushConfigStore",
-    "OwnerUser", "RowWrite", "StoredRow", "Stores", "TaskBoard",
+    "OwnerUser", "PushUrlValidator", "RowWrite", "StoredRow", "Stores", "TaskBoard",
     "TaskStoreWriteError", "TaskStores", "TaskTable", "WriteBehindTaskStore", "interrupted_status",
     "mark_interrupted", "open_stores", "owner_context", "owner_of",
 ]
+
+# A push target's check (mesh.a2a.push makes the real one): defined here so push imports
+# the store and never the other way round.
+PushUrlValidator = Callable[[str], Awaitable[bool]]
 
 
 # -------------------- the task table ------------------------------------------
