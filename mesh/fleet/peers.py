@@ -1,59 +1,33 @@
-"""Other A2A agents as peers: delegation hops and their limit, the address guard that
-confines where a peer call may connect, and the peer client itself. Read top to bottom:
+"""Other A2A agents as peers: delegation hops, the address guard, and the peer client.
 
-**Hops.** Delegation hops on the A2A wire: ``metadata.meshHops`` (hops so far, this one included)
-and ``metadata.meshChain`` (the agents the message went through).
-
-The request guard reads them once at the door (:func:`hops_of`, refusing a message past
-``--max-hops``); they travel with the task's subtasks as :class:`~mesh.worker.types.Hops`,
-and whoever sends a message on (:mod:`.peers`) writes
+**Hops.** ``metadata.meshHops`` (hops so far, this one included) and ``metadata.meshChain``
+(the agents the message went through). The request guard reads them once at the door
+(:func:`hops_of`, refusing a message past ``--max-hops``, so A → B → A cannot loop); they
+travel with the task's subtasks as :class:`~mesh.worker.types.Hops`, and ``send`` writes
 :func:`hops_metadata` of :meth:`Hops.onward <mesh.worker.types.Hops.onward>`.
 
-**The address guard.** Where a peer's token may go: its configured address, checked, and nowhere
-else.
+**The address guard.** A peer's card lists interface URLs the *peer* chose; followed
+blindly, they could send the bearer token meant for that peer anywhere (another port, a
+private host, a cloud metadata service). Two guards keep delegation at the configured
+address:
 
-A peer's card lists its interfaces (``supportedInterfaces``) with URLs the *peer* chose; the
-SDK's client sends to them. Followed blindly, a card could send the message, with the
-bearer token meant for that peer, to any address (another port, a private host, a cloud
-metadata service). Two guards keep delegation at the configured address:
+* :func:`confine_card` replaces every interface URL not at the configured URL's origin
+  and at or under its path by the configured URL: the card chooses the protocol binding
+  and version, never the address.
+* :class:`GuardedTransport`, under every ``httpx`` client that carries a peer token,
+  refuses any origin that is not a configured peer's, resolves the host once, checks each
+  address against the push policy (no private addresses unless ``--allow-private-push``)
+  and connects to that very address (the host stays in ``Host`` and SNI), so DNS cannot
+  answer differently between the check and the connect.
 
-* :func:`confine_card` rewrites a card before the SDK client is built: an interface URL at
-  the configured URL's origin (scheme, host, port) and at or under its path is kept; any
-  other interface URL is replaced by the configured URL. The card still chooses the
-  protocol binding and version, never the address.
-* :class:`GuardedTransport`, under every ``httpx`` client that carries a peer token, refuses
-  any request whose origin is not a configured peer's, resolves the host once, checks the
-  address it will connect to against the address policy (the push policy: no private
-  addresses unless ``--allow-private-push``) and connects to that very address (the host
-  stays in ``Host`` and, for https, in SNI), so DNS cannot answer differently between the
-  check and the connect.
-
-**The peer client.** Chaining: talk to other A2A agents (other coordinators, or any A2A server)
-as peers.
-
-:class:`PeerClient` fetches each peer's card with the SDK's card resolver, lists their
-skills (the text a worker's ``delegate`` tool shows the model), and ``send(peer, text)``
-sends one message with the SDK client and returns the final answer text. A peer may answer
-with a ``Message`` (its text is the answer) or a ``Task``: the client follows the stream
-(or polls ``GetTask`` when the peer does not stream) until the task is terminal, then reads
-the answer from the task's ``answer`` artifact (mesh peers) or, failing that, every text
-artifact, or the final status message. A peer task that fails, is canceled or rejected
-raises :class:`PeerError` with the peer's reason.
-
-Only configured peers are reachable: ``send`` takes a peer's configured name (``--peer
-NAME=URL``), its URL as configured, or its card name; any other URL is refused, so a
-model cannot point ``delegate`` at an address of its choosing. Each peer URL passes the
-push policy (``url_validator``: no private addresses unless ``--allow-private-push``)
-before its card is fetched (start-up included) and before each send, and a peer may have
-its own bearer token (``MESH_PEER_TOKEN_<NAME>``). Messages go to the configured address
-only: the card picks the protocol binding, never the address (:mod:`.peer_guard` rewrites
-its interface URLs, and the transport under every token-carrying client refuses any other
-origin and connects only to the address the policy checked).
-
-Every delegated message carries ``metadata.meshHops`` (hops so far, this one included)
-and ``metadata.meshChain`` (the agents it went through), from the ``hops`` argument of
-``send`` (the incoming message's, :mod:`.hops`); a coordinator refuses a message past
-``--max-hops`` at its door, with the chain, so A → B → A cannot loop.
+**The peer client.** :class:`PeerClient` fetches each peer's card, lists its skills (the
+text the ``delegate`` tool shows the model), and ``send(peer, text)`` returns the final
+answer text: a ``Message``'s text, or a ``Task`` followed (streamed, or polled with
+``GetTask``) until terminal, then its ``answer`` artifact, else every text artifact, else
+the final status message. A task that fails, is canceled or rejected raises
+:class:`PeerError` with the peer's reason. ``send`` takes only a configured name, URL or
+card name. Each URL passes the push policy before its card is fetched and before each
+send; a peer may have its own bearer token (``MESH_PEER_TOKEN_<NAME>``).
 """
 
 from __future__ import annotations
@@ -198,9 +172,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         if not addresses:
             raise httpx.ConnectError(f"cannot resolve {host}", request=request)
         for address in addresses:  # every address, as the push policy judges a host
-            if self.validate is not None and not await _accepts(
-                self.validate, str(request.url.copy_with(host=address))
-            ):
+            if not await _accepts(self.validate, str(request.url.copy_with(host=address))):
                 raise PeerAddressRefused(
                     f"refused to send to {host} ({address}): a private or loopback address, "
                     "refused by the push policy; start the server with --allow-private-push "
@@ -226,9 +198,11 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-async def _accepts(validate: Validator, url: str) -> bool:
-    """The policy's verdict; a refusal raised (the push policy raises it with its reason)
-    is a refusal."""
+async def _accepts(validate: Validator | None, url: str) -> bool:
+    """The policy's verdict (None: no policy); a refusal raised (the push policy raises it
+    with its reason) is a refusal."""
+    if validate is None:
+        return True
     try:
         return await validate(url)
     except A2AError:
@@ -260,14 +234,8 @@ def peer_token_env(name: str) -> str:
     return "MESH_PEER_TOKEN_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
-_TERMINAL = frozenset(
-    {
-        pb.TaskState.TASK_STATE_COMPLETED,
-        pb.TaskState.TASK_STATE_FAILED,
-        pb.TaskState.TASK_STATE_CANCELED,
-        pb.TaskState.TASK_STATE_REJECTED,
-    }
-)
+_TERMINAL = frozenset({pb.TaskState.TASK_STATE_COMPLETED, pb.TaskState.TASK_STATE_FAILED,
+                       pb.TaskState.TASK_STATE_CANCELED, pb.TaskState.TASK_STATE_REJECTED})
 
 
 class PeerError(Exception):
@@ -289,16 +257,20 @@ class PeerInfo:
     skills: tuple[tuple[str, str], ...]  # (name, description)
 
 
+def _text(parts: Iterable[pb.Part], sep: str = "") -> str:
+    return sep.join(p.text for p in parts if p.HasField("text"))
+
+
 def _message_text(message: pb.Message) -> str:
-    return "\n".join(p.text for p in message.parts if p.HasField("text"))
+    return _text(message.parts, "\n")
 
 
 def answer_text(task: pb.Task) -> str:
     """The answer a terminal task carries (see the module docstring for the order)."""
     for artifact in task.artifacts:
         if ANSWER_ARTIFACT in (artifact.artifact_id, artifact.name):
-            return "".join(p.text for p in artifact.parts if p.HasField("text"))
-    texts = ["".join(p.text for p in a.parts if p.HasField("text")) for a in task.artifacts]
+            return _text(artifact.parts)
+    texts = [_text(a.parts) for a in task.artifacts]
     joined = "\n".join(t for t in texts if t)
     return joined or _message_text(task.status.message)
 
@@ -354,10 +326,6 @@ class PeerClient:
             )
         return self._clients[token]
 
-    @property
-    def _http(self) -> httpx.AsyncClient:
-        return self._http_for("")
-
     async def aclose(self) -> None:
         if self._owns_http:
             for client in self._clients.values():
@@ -382,14 +350,8 @@ class PeerClient:
         infos: list[PeerInfo] = []
         for url in self.urls:
             card = await self.card(url)
-            infos.append(
-                PeerInfo(
-                    url=url,
-                    name=card.name,
-                    description=card.description,
-                    skills=tuple((s.name, s.description) for s in card.skills),
-                )
-            )
+            infos.append(PeerInfo(url=url, name=card.name, description=card.description,
+                                  skills=tuple((s.name, s.description) for s in card.skills)))
         return infos
 
     async def describe(self) -> str:
@@ -427,13 +389,7 @@ class PeerClient:
 
     async def _check(self, url: str) -> None:
         """:class:`PeerRefused` unless ``url`` passes the address policy."""
-        if self._validate is None:
-            return
-        try:
-            ok = await self._validate(url)
-        except A2AError:  # the push policy raises its refusal, with the reason
-            ok = False
-        if not ok:
+        if not await _accepts(self._validate, url):
             raise PeerRefused(
                 f"peer {url} resolves to a private or loopback address (or does not "
                 "resolve), refused by the push policy; start the server with "
@@ -453,7 +409,7 @@ class PeerClient:
         raise PeerError(f"unknown peer {peer!r}; delegate only to a configured peer: {known}")
 
     def _confined(self, url: str, card: pb.AgentCard) -> pb.AgentCard:
-        """``card`` with every interface at the configured ``url`` (see :mod:`.peer_guard`);
+        """``card`` with every interface at the configured ``url`` (:func:`confine_card`);
         says once per peer when the card named another address."""
         confined, replaced = confine_card(card, url)
         if replaced and url not in self._warned:
@@ -470,15 +426,11 @@ class PeerClient:
         config = ClientConfig(
             httpx_client=self._http_for(url),
             streaming=card.capabilities.streaming,
-            supported_protocol_bindings=[
-                TransportProtocol.JSONRPC.value,
-                TransportProtocol.HTTP_JSON.value,
-            ],
-        )
+            supported_protocol_bindings=[TransportProtocol.JSONRPC.value,
+                                         TransportProtocol.HTTP_JSON.value])
         client = ClientFactory(config).create(card)
-        message = pb.Message(
-            role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[pb.Part(text=text)]
-        )
+        message = pb.Message(role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex,
+                             parts=[pb.Part(text=text)])
         message.metadata.update(hops_metadata(hops.onward(self.origin)))
         request = pb.SendMessageRequest(message=message)
         task_id = ""
