@@ -1,56 +1,45 @@
-"""A task's life: how the coordinator plans (its configuration), what a task says while it
-runs (the event writer's seam), the one fan-out to workers, and the one task path. Read
-top to bottom:
+"""A task's life: the coordinator's configuration, the event writer's seam, the fan-out to
+workers, and the one task path.
 
-**Configuration.** How the coordinator plans (:class:`AgentConfig`), checked once at start-up.
+**Events.** The A2A executor (:mod:`mesh.a2a.executor`) implements :class:`TaskEvents`
+over the SDK's event queue; the agent only calls it. The artifact names are the task's
+public surface.
 
-**Events.** What a task says while it runs, as the agent sees it: the event writer's seam.
+**The fan-out.** :func:`run_subtask` is one subtask's life: queue for the gate (its queue
+position said as progress), admitted, the worker runs (its text streamed as
+``stream-<id>``, its other events as status lines), the admission released in a
+``finally``. :func:`fan_out` runs a task's subtasks at once: a worker that raises fails
+only its own subtask (:class:`SubtaskFailed`); anything else (the gate breaking, a write
+failing, a full queue) cancels the rest and is raised, so the task fails with it.
 
-The A2A executor (:mod:`mesh.a2a.executor`) implements :class:`TaskEvents` over the SDK's
-event queue (status updates, artifacts, the terminal state); the agent (:mod:`.task`,
-:mod:`.fanout`) only calls it. The artifact names are the task's public surface.
-
-**The fan-out.** Every subtask of a task through the gate to a worker, side by side: the one
-fan-out.
-
-:func:`run_subtask` is one subtask's life: queue for the gate (its queue position said as
-progress), admitted, the worker runs (its text streamed as ``stream-<id>``, its other
-events as status lines), the admission released in a ``finally``. :func:`fan_out` runs a
-task's subtasks at once: a worker that raises fails only its own subtask
-(:class:`SubtaskFailed`, the sibling workers go on); anything else (the gate breaking, a
-write failing, a full queue) cancels the rest and is raised, so the task fails with it.
-
-**The task.** The one task path: plan (or take the client's plan), fan out through the gate, answer.
-
-Every task runs here, whatever its message (the executor only writes its events)::
+**The task.** Every task runs :meth:`AgentTask.run`, whatever its message::
 
     explicit subtasks, or planning off ─▶ the explicit plan (no planning turn)
     otherwise: working "planning" ─▶ the plan forming as status lines ─▶ working
       event=plan (the plan in the task's metadata, ``plan``)
       ├─ action answer   ─▶ completed with the ``answer`` artifact (no worker)
       ├─ action ask      ─▶ input-required with the question (the reply resumes the task)
-      └─ action delegate ─▶
-    delegate: every subtask through the gate to a worker at once (:mod:`.fanout`; one
-      failing does not cancel the others) ─▶ a synthesis turn (stream-synthesis) for a
-      model's plan of two or more ─▶ completed with ``answer`` (what failed is said) │
-      failed when every worker failed
+      └─ action delegate ─▶ every subtask through the gate at once ─▶ a synthesis turn
+         (stream-synthesis) for a model's plan of two or more ─▶ completed with
+         ``answer`` (what failed is said) │ failed when every worker failed
 
 The planning and synthesis turns are pool sessions admitted by the gate like workers (keys
 ``<task>/plan`` and ``<task>/synthesis``), so they share the prefix and keep the floor.
 Queue places: the door counted one per explicit subtask, else one for the planning turn; a
 plan's N subtasks enter the gate's queue only once all N fit its free places and the
-caller's share (the task waits outside the queue until then), so a plan never takes the
-queue past its bound. In ``auto`` mode a plan that does not parse (or a planning turn that
-fails) falls back to the message as one subtask; in ``always`` mode it fails the task.
-Planned tasks (not explicit ones) remember their context's conversation.
+caller's share, so a plan never takes the queue past its bound. In ``auto`` mode a plan
+that does not parse (or a planning turn that fails) falls back to the message as one
+subtask; in ``always`` mode it fails the task. Planned tasks (not explicit ones) remember
+their context's conversation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -86,7 +75,7 @@ from mesh.agent.synthesis import (
 )
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Engine, EngineError, Session, TurnResult
-from mesh.gate.queue import Admission, QueueFull, admitted
+from mesh.gate.queue import Admission, Hold, QueueFull, admitted
 from mesh.worker.loop import WorkerFailed, release, stream_turn
 from mesh.worker.text import fragment, prose_params
 from mesh.worker.types import NO_HOPS, EventKind, Hops, Subtask, Worker, WorkerEvent, WorkerResult
@@ -141,11 +130,14 @@ class AgentConfig:
         plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
                     files=self.files)  # checks
 
+    def parts(self, message: str) -> tuple[str, ...]:
+        """The request's parts a guided plan follows (none for a free plan)."""
+        return request_parts(message, self.max_subtasks) if self.style == "guided" else ()
+
     def schema(self, message: str) -> dict[str, Any]:
-        """The plan schema for ``message``: guided plans follow the request's parts."""
-        parts = request_parts(message, self.max_subtasks) if self.style == "guided" else ()
+        """The plan schema for ``message``."""
         return plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
-                           files=self.files, parts=parts)
+                           files=self.files, parts=self.parts(message))
 
 # -------------------- events --------------------------------------------------
 
@@ -209,26 +201,33 @@ class SubtaskFailed(Exception):
     """A worker raised; the message is the reason the client sees."""
 
 
+@contextlib.asynccontextmanager
+async def _admitted(events: TaskEvents, admission: Admission, key: str, sid: str, what: str,
+                    caller: str) -> AsyncIterator[Hold]:
+    """The gate's hold of ``key`` (``sid`` as the client names it): its queue position
+    said as progress, then ``[sid] admitted; <what>``."""
+    async def on_position(position: int) -> None:
+        if position > 0:
+            await events.progress(f"[{sid}] queued for the gate at position {position}",
+                                  {"subtask": sid, "event": "queued", "queue_position": position})
+
+    async with admitted(admission, key, on_position=on_position, accepted=True,
+                        caller=caller) as hold:
+        await events.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] admitted; {what}",
+                            {"subtask": sid, "event": "admitted"})
+        yield hold
+
+
 async def run_subtask(events: TaskEvents, admission: Admission, workers: WorkerFactory,
                       subtask: Subtask, caller: str = "") -> WorkerResult:
     """Run ``subtask`` on a fresh worker once the gate admits it (see the module doc);
     ``caller``: whose share of the gate's queue it takes. Raises :class:`SubtaskFailed`
     when the worker raised."""
     sid = local_id(subtask)
-    meta: dict[str, Any] = {"subtask": sid}
-
-    async def on_position(position: int) -> None:
-        if position > 0:
-            await events.progress(f"[{sid}] queued for the gate at position {position}",
-                                  {**meta, "event": "queued", "queue_position": position})
-
     # The request passed check_queue at the door for all its places (or its plan waited
     # for room): it queues, it is never rejected here. The worker attaches its own session;
     # the ticket is released (shielded) whatever the exit.
-    async with admitted(admission, subtask.id, on_position=on_position, accepted=True,
-                        caller=caller):
-        await events.status(pb.TaskState.TASK_STATE_WORKING, f"[{sid}] admitted; worker started",
-                            {**meta, "event": "admitted"})
+    async with _admitted(events, admission, subtask.id, sid, "worker started", caller):
         sink = events.stream(f"stream-{sid}", f"{sid} output")
 
         async def emit(event: WorkerEvent) -> None:
@@ -412,17 +411,9 @@ class AgentTask:
                              params: SamplingParams, *, notes: bool = False) -> TurnResult:
         """One coordinator turn through the gate; its text streams as ``stream-<key>``,
         or as status lines when ``notes`` (the plan: never an artifact)."""
-        async def on_position(position: int) -> None:
-            if position > 0:
-                await self.events.progress(f"[{key}] queued for the gate at position {position}",
-                                           {"subtask": key, "event": "queued",
-                                            "queue_position": position})
-
         # the hold detaches the turn's session, then releases the ticket, whatever the exit
-        async with admitted(self.admission, f"{self.task_id}/{key}", on_position=on_position,
-                            accepted=True, caller=self.caller) as hold:
-            await self.events.status(S.TASK_STATE_WORKING, f"[{key}] admitted; {key} turn",
-                                     {"subtask": key, "event": "admitted"})
+        async with _admitted(self.events, self.admission, f"{self.task_id}/{key}", key,
+                             f"{key} turn", self.caller) as hold:
             sink = (self.events.notes(key) if notes
                     else self.events.stream(f"stream-{key}", f"{key} output"))
             session = await hold.attach(agent.engine)
@@ -430,8 +421,8 @@ class AgentTask:
 
     async def _plan(self, agent: Agent, history: str) -> Plan | None:
         cfg = agent.config
-        parts = request_parts(self.message, cfg.max_subtasks) if cfg.style == "guided" else ()
-        prompt = plan_prompt(self.message, history, cfg.tools, cfg.max_subtasks, parts)
+        prompt = plan_prompt(self.message, history, cfg.tools, cfg.max_subtasks,
+                             cfg.parts(self.message))
         try:
             turn = await self._admitted_turn(
                 agent, "plan", prompt,
