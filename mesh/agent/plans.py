@@ -1,32 +1,22 @@
-"""The coordinator's plan: its grammar, the shape of an explicit subtask list, the parts of
-a request, and the planning turn itself (schema, prompt, parser). Read top to bottom:
+"""The coordinator's plan: its grammar, explicit subtask lists, the parts of a request, and
+the planning turn (schema, prompt, parser). Everything here is pure.
 
-**The plan grammar.** A plan's JSON schema → a llama.cpp GBNF grammar, and the longest text it
-admits. Pure.
+**The plan grammar.** :func:`schema_to_gbnf` turns the subset of JSON schema that
+:func:`plan_schema` writes into a llama.cpp grammar: every property required and in
+order; strings bounded and without escapes (``pattern`` only as :data:`LETTER_FIRST`;
+:data:`STARTS_WITH`: a fixed JSON-escaped opening the model continues); arrays bounded, or
+a fixed tuple (``prefixItems``); ``const``, ``enum`` and ``oneOf``. No free whitespace, so
+every text the grammar admits is a parseable plan of at most :func:`max_plan_chars`
+characters.
 
-The subset :func:`mesh.agent.plans.plan_schema` writes: every property required and
-in order; strings bounded and without escapes (``pattern`` only as the letter-first rule;
-``x-startsWith``: a fixed JSON-escaped opening the model continues); arrays bounded, or a
-fixed tuple (``prefixItems``); ``const``, ``enum`` and ``oneOf``. No free whitespace, so
-every text the grammar admits is a plan of at most :func:`max_plan_chars` characters.
+**Explicit subtasks.** A message carries plain text (planned, or one subtask) or a data
+part ``{"subtasks": [{"instructions": "...", "params": {...}, "id": "optional"}, ...]}``.
+Text parts next to a subtask list go to each subtask as ``params["context"]``
+(:func:`explicit_plan`). :func:`check_subtask_list` runs once, on the raw JSON at the door
+(:mod:`mesh.a2a.validation`), so a client's mistake is reported as invalid params.
 
-**Explicit subtasks.** The shape of an explicit subtask list, and subtask ids.
-
-A message carries either plain text (planned, or one subtask) or a data part listing
-subtasks::
-
-    {"subtasks": [{"instructions": "...", "params": {...}, "id": "optional"}, ...]}
-
-Text parts next to a subtask list are shared context: each subtask gets it as
-``params["context"]`` (:func:`mesh.agent.plans.explicit_plan`). :func:`check_subtask_list`
-runs once, on the raw JSON at the door (:mod:`mesh.a2a.validation`), so a client's mistake
-is reported as invalid params, never discovered half-way through a task; what it returns
-travels with the request to the task.
-
-**Request parts.** The parts of a user's request: its questions and clauses, in order. Pure.
-
-Guided planning (:mod:`mesh.agent.plans`, ``style="guided"``) anchors each planned
-subtask on one part of the request, so a small model's plan keeps what was asked::
+**Request parts.** Guided planning (``style="guided"``) anchors each planned subtask on
+one part of the request, so a small model's plan keeps what was asked::
 
     "In which file is the parcel weight checked, and what happens to a parcel of 40 kg?"
     -> ("In which file is the parcel weight checked?", "What happens to a parcel of 40 kg?")
@@ -36,22 +26,15 @@ clause (``, which ...``, ``, and what ...``, `` and how ...``). A part of fewer 
 :data:`MIN_WORDS` words joins the one before it, so ``"Where, and why?"`` stays whole.
 Each part starts with a capital letter and ends with its sentence's punctuation.
 
-**The planning turn.** The coordinator's planning turn: the plan's JSON schema, its GBNF
-grammar, prompt, parser.
-
-A plan is one JSON object of three shapes (the ``action`` decides)::
+**The planning turn.** A plan is one JSON object of three shapes::
 
     {"action": "delegate", "subtasks": [{"instructions": "...", "files": ["..."],
                                          "tools": ["read_file"]}, ...]}
     {"action": "answer", "answer": "..."}        # no worker needed
     {"action": "ask", "question": "..."}         # the task needs the user first
 
-:func:`plan_schema` builds the JSON schema (at most ``max_subtasks`` subtasks, every string
-bounded), :func:`schema_to_gbnf` turns that schema into a llama.cpp grammar, so a turn
-sampled under it is always a parseable plan that ends within :func:`max_plan_chars`
-characters (no free whitespace, bounded strings). A subtask's instructions start with a
-letter and hold at least :data:`INSTRUCTIONS_MIN` characters, so even a small model's
-noise cannot plan ", ". Everything here is pure.
+A subtask's instructions start with a letter and hold at least :data:`INSTRUCTIONS_MIN`
+characters, so even a small model's noise cannot plan ", ".
 """
 
 from __future__ import annotations
@@ -360,8 +343,6 @@ class Plan:
         return out
 
 
-# --------------------------------------------------------------------------- schema
-
 
 def _string(max_len: int, min_len: int = 1) -> dict[str, Any]:
     return {"type": "string", "minLength": min_len, "maxLength": max_len}
@@ -384,12 +365,11 @@ def plan_schema(
 ) -> dict[str, Any]:
     """The JSON schema of a plan; ``actions`` narrows which shapes are allowed.
 
-    Instructions are at most ``text_max`` characters (at least ``min(INSTRUCTIONS_MIN,
-    text_max)``, the first a letter), a direct answer or a question twice that, a file name
-    ``min(80, text_max)``. With ``files`` (at most :data:`FILES_ENUM_MAX`) a plan names
-    only those. With ``parts`` (guided: :func:`mesh.agent.plans.request_parts`)
-    a delegate plan has exactly one subtask per part, each one's instructions opening with
-    its part, then at most :data:`GUIDED_EXTRA` characters of the model's own.
+    Instructions are at most ``text_max`` characters, a direct answer or a question twice
+    that, a file name ``min(80, text_max)``. With ``files`` (at most :data:`FILES_ENUM_MAX`)
+    a plan names only those. With ``parts`` (guided: :func:`request_parts`) a delegate plan
+    has one subtask per part, its instructions the part, then at most
+    :data:`GUIDED_EXTRA` characters of the model's own.
     """
     if text_max < 8:
         raise ValueError(f"text_max must be >= 8, got {text_max}")
@@ -430,8 +410,6 @@ def plan_schema(
     }
     return {"oneOf": [shapes[a] for a in actions]}
 
-
-# --------------------------------------------------------------------------- prompt, parse
 
 
 def plan_prompt(
@@ -488,16 +466,13 @@ def parse_plan(text: str, max_subtasks: int) -> Plan:
     if not isinstance(data, dict):
         raise PlanError("the plan must be a JSON object")
     action = data.get("action")
-    if action == "answer":
-        answer = data.get("answer")
-        if not isinstance(answer, str) or not answer.strip():
-            raise PlanError("an 'answer' plan needs a non-empty answer")
-        return Plan("answer", answer=answer.strip())
-    if action == "ask":
-        question = data.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise PlanError("an 'ask' plan needs a non-empty question")
-        return Plan("ask", question=question.strip())
+    if action in ("answer", "ask"):
+        key = "answer" if action == "answer" else "question"
+        value = data.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise PlanError(f"an {action!r} plan needs a non-empty {key}")
+        value = value.strip()
+        return Plan(action, answer=value) if action == "answer" else Plan(action, question=value)
     if action != "delegate":
         raise PlanError(f"action must be one of {ACTIONS}, got {action!r}")
     raw = data.get("subtasks")
