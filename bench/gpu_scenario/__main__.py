@@ -42,7 +42,7 @@ from mesh.engine.config import EngineConfig, KVShape, SamplingParams
 from mesh.engine.interface import ContextOverflow, PoolFull
 from mesh.engine.llama import LlamaModel
 from mesh.engine.models import vocabulary_size
-from mesh.engine.pool import MAX_SEQUENCES, SharedKVPool
+from mesh.engine.pool import MAX_SEQUENCES, SharedKVPool, held_steps
 
 GIB = 1 << 30
 
@@ -145,7 +145,7 @@ class Scenario:
         S = self.a.agent_budget
         filler = self.tok.ids(S)
         admitted, reason = [], ""
-        async with pool.held():
+        async with held_steps(pool):
             while True:
                 try:
                     s = await pool.attach()

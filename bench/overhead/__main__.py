@@ -6,7 +6,7 @@
 
 N sessions share a P-token prefix (P = 512), each with a 16-token private suffix prefilled
 before timing; then all N start a greedy turn of T tokens in the same step (inside
-``pool.held()``) and are consumed by N asyncio tasks, as the HTTP layers consume them.
+``held_steps(pool)``) and are consumed by N asyncio tasks, as the HTTP layers consume them.
 Per step, from the pool's own counters:
 
 * ``decode_ms``: inside ``llama_decode``;
@@ -26,7 +26,7 @@ the 6,820 measured before the native step. The table goes to stdout, everything 
 ``bench/overhead/results/overhead.json`` (or ``--out``; with ``--quick``, a temporary path:
 ``QUICK_OUT``); nothing is asserted.
 
-The counters and the clock are read inside ``pool.held()``, before the hold is released: the
+The counters and the clock are read inside ``held_steps(pool)``, before the hold is released: the
 engine steps as soon as it is, so a reading taken after the release would miss the steps run
 meanwhile (their tokens counted, their time not: a negative ``other_ms`` on short turns).
 """
@@ -53,7 +53,7 @@ from typing import Any
 from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.llama import LlamaModel
 from mesh.engine.models import resolve_model
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 from mesh.engine.session import PooledSession
 from mesh.template.loader import load_template, sample_project_dir
 from mesh.template.prefix import build_prefix
@@ -123,7 +123,7 @@ async def start_all(pool: SharedKVPool, sessions: list[PooledSession],
                     params: SamplingParams) -> tuple[list[Any], Reading]:
     """Start every turn in the same step; the reading is taken before any of it runs."""
     gens = [s.generate(params) for s in sessions]
-    async with pool.held():
+    async with held_steps(pool):
         for g in gens:
             await g.start()
         before = Reading.of(pool)  # inside the hold: no step has run yet
@@ -218,7 +218,7 @@ async def run_all(args: argparse.Namespace, model_path: str, tok: LlamaModel,
                       f"{row['host_ms']:.2f} other {row['other_ms']:.2f} ms/step, "
                       f"{row['agg_tps']:.0f} tok/s", file=sys.stderr, flush=True)
     finally:
-        used = {m: bool(getattr(p, "uses_native", False)) for m, p in pools.items()}
+        used = {m: p.parts.runner.stepper is not None for m, p in pools.items()}
         for p in pools.values():
             await p.aclose()
     return used

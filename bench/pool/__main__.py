@@ -29,7 +29,7 @@ What is measured, and how:
   chunked prefill the pool does, on that context. Neither includes model loading. The
   end-to-end ``start()`` times of the cold and warm pools are reported beside them.
 * ``decode``: N sessions, each generating T tokens greedy, started together inside
-  ``pool.held()``; vs the same N generations one after another on the same pool (fresh
+  ``held_steps(pool)``; vs the same N generations one after another on the same pool (fresh
   sessions with the same suffixes). Suffix prefill is done before timing in both cases.
 * ``overhead``: ``pool.stats.host_s``/``decode_s``/``num_steps`` deltas over the batched runs.
   ``untracked_ms`` is wall time per step outside both counters (the engine loop between
@@ -58,7 +58,7 @@ from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.interface import PoolFull
 from mesh.engine.llama import LlamaContext, LlamaModel
 from mesh.engine.models import resolve_model
-from mesh.engine.pool import MAX_SEQUENCES, SharedKVPool
+from mesh.engine.pool import MAX_SEQUENCES, SharedKVPool, held_steps
 from mesh.engine.session import PooledSession
 
 QUICK_OUT = Path(tempfile.gettempdir()) / "mesh-bench" / "pool.json"
@@ -137,7 +137,7 @@ async def run_turns(sessions: Sequence[PooledSession], pool: SharedKVPool,
                     params: SamplingParams) -> list[list[int]]:
     """Start one turn per session in the same step (inside ``held()``), run them all."""
     gens = [s.generate(params) for s in sessions]
-    async with pool.held():
+    async with held_steps(pool):
         for g in gens:
             await g.start()
     return list(await asyncio.gather(*(collect(g) for g in gens)))
@@ -273,7 +273,7 @@ class Bench:
                     done[0] += 1
                     self.live(label, f"{done[0]}/{total} tokens")
 
-            async with pool.held():
+            async with held_steps(pool):
                 for g in gens:
                     await g.start()
                 c0 = counters()
@@ -374,7 +374,7 @@ class Bench:
                                n_ctx=buf, share_prefix=False)
         admitted: list[PooledSession] = []
         try:
-            async with pool.held():
+            async with held_steps(pool):
                 while True:
                     try:
                         s = await pool.attach()

@@ -20,7 +20,7 @@ and K/V are), plus a read of arrays that fit in the LLC (what freshly written lo
 (its defaults: flash attention ``auto``, shared-prefix attention ``auto``, the native step
 when built, weights as :class:`~mesh.engine.config.EngineConfig` loads them). N sessions
 attach, each prefills S private tokens, then all N generate T greedy tokens in the same
-steps (``pool.held()``). The pool's counters give, per step: wall period, time inside
+steps (``held_steps(pool)``). The pool's counters give, per step: wall period, time inside
 ``llama_decode`` (``stats.decode_s``) and the native step's sampling (``sample_s``).
 
 llama.cpp has no per-op timer in release builds. Its scheduler does call an *eval
@@ -128,7 +128,7 @@ from mesh.engine.interface import ModelError
 from mesh.engine.llama import LlamaContext, LlamaModel, backend_init, ll
 from mesh.engine.models import resolve_model
 from mesh.engine.native import load as load_native
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 from mesh.engine.sampling import Sampler, make_sampler
 from mesh.engine.session import PooledSession
 from mesh.template.loader import ToolCallSyntax
@@ -965,7 +965,7 @@ def greedy(n: int) -> SamplingParams:
 async def run_turns(sessions: Sequence[PooledSession], pool: SharedKVPool, n: int) -> float:
     """One greedy turn of ``n`` tokens per session, all started in the same step; wall s."""
     gens = [s.generate(greedy(n)) for s in sessions]
-    async with pool.held():
+    async with held_steps(pool):
         for g in gens:
             await g.start()
         t0 = time.perf_counter()
@@ -1076,7 +1076,7 @@ async def open_engine(path: Path, prefix: list[int], prof: Profiler, plan: Plan,
     prefill = {"prefix": len(prefix), "chunk": cfg.prefill_chunk, "start_s": start_s,
                "chunks": chunks, "profile": profile_parts(records),
                "flash_attn": info.flash_attn, "prefix_attention": info.prefix_attention,
-               "native_step": pool.uses_native}
+               "native_step": pool.parts.runner.stepper is not None}
     return Engine(pool, prof, plan), prefill
 
 

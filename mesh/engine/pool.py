@@ -132,11 +132,6 @@ class SharedKVPool:
             raise RuntimeError("the pool is not started; await pool.start() first")
         return self._parts
 
-    @property
-    def uses_native(self) -> bool:
-        """Whether steps run through the native step (native/) rather than Python."""
-        return self._parts is not None and self._parts.runner.stepper is not None
-
     def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
         """Cap the prefill tokens of a step while sessions decode (None: the whole
         ``n_batch``, today's behaviour). Read by the engine thread once per step."""
@@ -156,21 +151,6 @@ class SharedKVPool:
         """Run ``fn`` on the engine thread and await its result (SessionFailed when the
         pool is not running)."""
         return await self._engine.call(fn)
-
-    @contextlib.asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
-        """Run no step inside this block (commands still run): turns started inside it
-        begin in the same step, which makes a multi-session schedule reproducible."""
-        engine = self._engine
-
-        def hold(value: bool) -> None:
-            engine.held = value
-
-        await self.call(lambda: hold(True))
-        try:
-            yield
-        finally:
-            await self.call(lambda: hold(False))
 
     def tokenize(self, text: str) -> list[int]:
         return self.parts.built.model.tokenize(text, add_bos=False)
@@ -222,6 +202,23 @@ class SharedKVPool:
 
     def backend_metrics(self) -> None:
         return None  # the pool is this process: /capacity has its figures already
+
+
+@contextlib.asynccontextmanager
+async def held_steps(pool: SharedKVPool) -> AsyncIterator[None]:
+    """Run no step of ``pool`` inside this block (commands still run): turns started inside
+    it begin in the same step, which makes a multi-session schedule reproducible (tests and
+    benchmarks; the server never holds steps)."""
+    engine = pool._engine
+
+    def hold(value: bool) -> None:
+        engine.held = value
+
+    await pool.call(lambda: hold(True))
+    try:
+        yield
+    finally:
+        await pool.call(lambda: hold(False))
 
 
 class OrphanReaper:

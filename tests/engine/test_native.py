@@ -14,7 +14,7 @@ import pytest
 from mesh.engine import native
 from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.interface import EngineError, SessionFailed
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 
 PREFIX = "The shared project prefix: tools, files and notes for every agent. " * 6
 LIB, WHY = native.load()
@@ -33,7 +33,7 @@ async def make_pool(model: Path, use_native: bool, **kw: Any) -> SharedKVPool:
     pool = SharedKVPool(EngineConfig(model_path=str(model), native=use_native, **settings),
                         PREFIX)
     await pool.start()
-    assert pool.uses_native is use_native
+    assert (pool.parts.runner.stepper is not None) is use_native
     return pool
 
 
@@ -54,7 +54,7 @@ async def schedule(model: Path, use_native: bool, params: list[SamplingParams],
             return toks, g.result.text, g.result.finish_reason
 
         gens = []
-        async with pool.held():
+        async with held_steps(pool):
             for i, (s, p) in enumerate(zip(sessions[:half], params[:half], strict=True)):
                 s.append(f"session {i} reads the notes and says")
                 g = s.generate(p)
@@ -63,7 +63,7 @@ async def schedule(model: Path, use_native: bool, params: list[SamplingParams],
         first = [asyncio.ensure_future(drain(g)) for g in gens]
         await asyncio.sleep(0)
         later = []
-        async with pool.held():
+        async with held_steps(pool):
             for i, (s, p) in enumerate(zip(sessions[half:], params[half:], strict=True)):
                 s.append(f"late session {i} answers")
                 g = s.generate(p)
@@ -167,7 +167,7 @@ def test_missing_library_is_an_error_when_asked_for_and_one_line_in_auto(
                                          session_budget=64, n_threads=1), PREFIX)
         await pool.start()
         try:
-            assert not pool.uses_native
+            assert pool.parts.runner.stepper is None
             s = await pool.attach()
             s.append("still works")
             toks = [p.token async for p in s.generate(SamplingParams(max_tokens=3,

@@ -11,7 +11,7 @@ import pytest
 
 from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.interface import ContextOverflow, PoolFull, SessionState
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 from mesh.engine.session import PooledSession
 from tests.engine.test_pool import GREEDY, make_pool, run, tokens_of
 
@@ -123,7 +123,7 @@ def test_a_parked_turn_waits_while_every_resident_session_is_in_a_turn(
             b.append("b first")
             long = SamplingParams(max_tokens=30, stop_at_eos=False)
             gen_b, gen_a = b.generate(long), a.generate(GREEDY)
-            async with pool.held():
+            async with held_steps(pool):
                 await gen_b.start()
                 await gen_a.start()  # b holds the one id and is in a turn: a waits
                 check = pool.check_attach()

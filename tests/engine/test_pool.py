@@ -12,7 +12,7 @@ import pytest
 from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.interface import ContextOverflow, PoolFull, SessionFailed, SessionState
 from mesh.engine.llama import Batch, LlamaContext, LlamaModel
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 from mesh.engine.session import PooledSession
 
 PREFIX = "The shared project prefix: tools, files and notes for every agent. " * 6
@@ -194,7 +194,7 @@ async def _sampled_run(model: Path) -> list[list[int]]:
         params = SamplingParams(max_tokens=10, temperature=0.9, top_k=40, top_p=0.95,
                                 stop_at_eos=False)
         gens = []
-        async with pool.held():  # every turn starts in the same step: same schedule
+        async with held_steps(pool):  # every turn starts in the same step: same schedule
             for i, s in enumerate(sessions):
                 s.append(f"session {i} says")
                 g = s.generate(params)

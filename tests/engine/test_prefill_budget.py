@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Generation, StepSample
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 from tests.engine.test_pool import make_pool, run
 
 LONG = "the water and the land of every house in the old city " * 10
@@ -40,7 +40,7 @@ def steps_with_a_late_prefill(model: Path, cap: Cap | None) -> tuple[list[StepSa
                 await it.__anext__()  # A is decoding now
             n_b = pool.count_tokens(LONG)
             gen_b = b.generate(SamplingParams(max_tokens=4, stop_at_eos=False))
-            async with pool.held():  # B's text and turn reach the engine between two steps
+            async with held_steps(pool):  # B's text and turn reach the engine between two steps
                 b.append(LONG)
                 await gen_b.start()
             task_b = asyncio.ensure_future(_drain(gen_b))

@@ -14,7 +14,7 @@ from mesh.engine import session
 from mesh.engine import thread as poster
 from mesh.engine.config import EngineConfig, SamplingParams
 from mesh.engine.interface import SessionState
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 from mesh.engine.scheduler import SNAPSHOT_INTERVAL_S
 
 PREFIX = "The shared project prefix: tools, files and notes for every agent. " * 4
@@ -26,7 +26,7 @@ async def run_lockstep(model: Path, n: int, tokens: int) -> tuple[SharedKVPool, 
     await pool.start()
     sessions = [await pool.attach() for _ in range(n)]
     gens = []
-    async with pool.held():
+    async with held_steps(pool):
         for i, s in enumerate(sessions):
             s.append(f"session {i}")
             g = s.generate(SamplingParams(max_tokens=tokens, stop_at_eos=False))

@@ -14,7 +14,7 @@ import pytest
 
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Piece, TurnResult
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 from tests.engine.test_pool import make_pool, run
 
 PROMPT = "Tell me about the water and the land:"
@@ -134,7 +134,7 @@ def test_stops_in_concurrent_sessions_are_cut_independently(
     async def body() -> list[tuple[list[Piece], TurnResult]]:
         pool = await make_pool(model, max_sessions=4)
         try:
-            async with pool.held():  # all turns begin in the same step
+            async with held_steps(pool):  # all turns begin in the same step
                 tasks = [asyncio.ensure_future(turn(pool, (s,))) for s in stops]
                 await asyncio.sleep(0.05)
             return list(await asyncio.gather(*tasks))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import Piece, SessionState, StepSample, TurnResult
-from mesh.engine.pool import SharedKVPool
+from mesh.engine.pool import SharedKVPool, held_steps
 from mesh.engine.session import PoolGeneration
 from tests.engine.test_pool import make_pool, run
 
@@ -36,7 +36,7 @@ def test_a_waiting_turn_runs_only_when_the_gate_lets_it(tiny_model_path: Path) -
             b.append("and you")
             params = SamplingParams(max_tokens=40, stop_at_eos=False)
             gen_a, gen_b = a.generate(params), b.generate(params)
-            async with pool.held():  # both turns are asked for before any step
+            async with held_steps(pool):  # both turns are asked for before any step
                 await gen_a.start()
                 await gen_b.start()
             seen: list[SessionState] = []
@@ -75,7 +75,7 @@ def test_without_a_gate_turns_run_together(tiny_model_path: Path) -> None:
             b.append("and you")
             params = SamplingParams(max_tokens=20, stop_at_eos=False)
             gen_a, gen_b = a.generate(params), b.generate(params)
-            async with pool.held():
+            async with held_steps(pool):
                 await gen_a.start()
                 await gen_b.start()
             await asyncio.gather(_drain(gen_a), _drain(gen_b))
@@ -181,7 +181,7 @@ async def _two_turns(pool: SharedKVPool, max_tokens: int, *,
     gen_a = a.generate(SamplingParams(max_tokens=max_tokens, stop_at_eos=False))
     gen_b = b.generate(SamplingParams(max_tokens=max_tokens, stop_at_eos=False,
                                       priority=b_priority))
-    async with pool.held():
+    async with held_steps(pool):
         await gen_a.start()
         await gen_b.start()
     return gen_a, gen_b
@@ -200,7 +200,7 @@ def test_held_turns_show_their_place_in_completion_order(tiny_model_path: Path) 
             gens = [a.generate(SamplingParams(max_tokens=30, stop_at_eos=False, priority=1.0)),
                     late.generate(SamplingParams(max_tokens=4, priority=30.0)),
                     early.generate(SamplingParams(max_tokens=4, priority=20.0))]
-            async with pool.held():
+            async with held_steps(pool):
                 for g in gens:
                     await g.start()
             it = gens[0].__aiter__()
