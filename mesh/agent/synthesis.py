@@ -1,15 +1,5 @@
-"""The synthesis turn's inputs and outputs: how each worker ended, the prompt, the summary.
-
-Pure functions. :class:`Outcome` is one planned subtask after its worker ended (a result,
-or the reason it failed); :func:`needs_synthesis` says whether a synthesis turn runs at all
-(not for one subtask: its worker's answer is the answer); :func:`synthesis_prompt` is the
-synthesis session's suffix; :func:`synthesis_answer` turns the synthesis turn's text into
-the answer (markup and loops removed; the workers' reports instead when it reproduces its
-own instructions); :func:`direct_answer` does the same for a plan's own answer;
-:func:`summary` is the structured data part of the ``answer`` artifact (camelCase keys);
-:func:`missing_note` is the line the answer carries when some worker failed;
-:func:`evidence` is what the answer rests on (the workers' ``data["evidence"]``, else the
-project files it names) and :func:`answer_parts` the ``answer`` artifact's parts.
+"""The synthesis turn's inputs and outputs: how each worker ended (:class:`Outcome`), the
+prompt, the answer, and the ``answer`` artifact's parts. Pure functions.
 
 An answer is never a fragment (:func:`mesh.worker.text.fragment`): a synthesis that is not
 whole gives way to the workers' reports, as one that echoes its instructions does.
@@ -124,12 +114,9 @@ def synthesis_prompt(
     parts.append("User request:\n" + message)
     reports = []
     for o in outcomes:
-        if o.result is not None:
-            body = o.result.answer.strip()[:_ANSWER_CHARS] or "(empty answer)"
-            how = f"ended with {o.result.finish_reason} after {o.result.num_turns} turn(s)"
-        else:
-            body, how = "(no answer)", f"FAILED: {o.error}"
-        reports.append(f"[{o.id}] {o.instructions}\n{how}\n{body}")
+        body = ((o.result.answer.strip()[:_ANSWER_CHARS] or "(empty answer)")
+                if o.result is not None else "(no answer)")
+        reports.append(f"[{o.id}] {o.instructions}\n{_how(o)}\n{body}")
     parts.append(f"Plan: {len(plan.subtasks)} subtask(s).\n\n" + "\n\n".join(reports))
     parts.append("Answer:")
     return "\n\n".join(parts) + "\n"
@@ -168,9 +155,8 @@ def synthesis_answer(text: str, plan: Plan, outcomes: Sequence[Outcome],
     """(the answer, '' or why the workers' reports replaced the synthesis): the turn's
     text without markup, loops and repeated paragraphs; the reports
     (:func:`joined_answers`) when it is empty, not whole (:func:`fragment`) or reproduces
-    its instructions (a sentence
-    of :data:`SYNTHESIS_INSTRUCTIONS` or of ``instructions``, the prefix's instruction
-    texts, or a line of the prompt's frame: a report's header, ``Answer:``...)."""
+    its instructions (a sentence of :data:`SYNTHESIS_INSTRUCTIONS` or of
+    ``instructions``, or a line of the prompt's frame: a report's header, ``Answer:``...)."""
     answer = without_repeats(clean(text))
     if not answer:
         return joined_answers(outcomes), "the synthesis wrote nothing"
