@@ -1,64 +1,40 @@
 """The coordinator's Starlette app: bearer auth, the app built around the SDK's routes, and
-serving it on uvicorn. Read top to bottom:
+serving it on uvicorn.
 
-**Auth.** Bearer-token authentication and per-caller identity, as a pure ASGI middleware.
+**Auth** (:class:`BearerAuth`): the SDK declares security schemes on the card but enforces
+none. Every HTTP request but the public paths (the card, ``/healthz``) must carry
+``Authorization: Bearer TOKEN`` for a configured token, else 401 with ``WWW-Authenticate:
+Bearer``. Every token is compared, in constant time, on every request: timing reveals
+neither the token nor which one matched. A match becomes ``scope["user"]``
+(``caller-<sha256 prefix>``), the SDK's ``ServerCallContext.user``, by which the task store
+scopes every read and write: a caller sees only its own tasks.
 
-The SDK declares security schemes on the card but enforces none; this middleware does.
-Every HTTP request except the public paths (the agent card, ``/healthz``) must carry
-``Authorization: Bearer TOKEN`` for one of the configured tokens, else it gets 401 with
-``WWW-Authenticate: Bearer``. Tokens are compared in constant time, and every configured
-token is compared on every request, so timing reveals neither the token nor which one
-matched.
+**Serving** (:func:`run_server`): on one loop, the app's lifespan start-up, uvicorn on the
+socket, then the lifespan's shutdown; uvicorn's own lifespan and signal handling are off, so
+every object is built, used and closed on the loop that serves it. A SIGINT or SIGTERM:
 
-A matched token becomes ``scope["user"]`` (a Starlette ``SimpleUser`` named
-``caller-<sha256 prefix>``); the SDK turns it into ``ServerCallContext.user`` and the task
-store scopes every read and write by that name, so a caller sees only its own tasks.
+* at start-up: the start-up is cancelled and what it built closed; exit status
+  ``128 + signal`` (130 for Ctrl-C);
+* while serving: uvicorn stops accepting, gives open streams ``graceful_s`` seconds (a
+  second SIGINT cuts that short), then the app closes (running tasks cancelled and recorded
+  failed "interrupted by restart", sessions freed, the store closed); exit status 0;
+* while closing: ignored (closing is under way and bounded).
 
-**Serving.** Serve an app on one event loop, from its start-up to its close.
+**The app** (:func:`create_app`): the one composition root of ``mesh serve``, its ``--node``
+form, the tests and the benchmarks. Its *compose* step builds the live objects (pool, gate,
+peer and node clients, session and OpenAI APIs) as :class:`AppParts` in the lifespan, on the
+serving loop; what it registers on the :class:`~contextlib.AsyncExitStack` is closed there,
+in reverse, after the A2A side (:func:`build_app`: parts built beforehand). The lifespan
+(docs/architecture.md, "Start and stop"): with ``task_store``, check PostgreSQL answers;
+compose; assemble card, stores, handler and routes; open the stores and mark tasks left
+running failed; ``on_startup``. At shutdown: ``on_shutdown``; running tasks cancelled and
+marked; push client and stores closed; then what compose registered.
 
-:func:`run_server` runs three things on one loop, in order: the app's lifespan start-up
-(which builds what the app serves, see :func:`mesh.a2a.app.create_app`), uvicorn on the
-socket, then the lifespan's shutdown. uvicorn's own lifespan and signal handling are off
-here: this module owns both, so every object is built, used and closed on the loop that
-serves it, and a signal closes everything once.
-
-A signal (SIGINT or SIGTERM), by phase:
-
-* start-up: the start-up is cancelled and what it built so far is closed; the exit status
-  is ``128 + signal`` (130 for Ctrl-C);
-* serving: uvicorn stops accepting, gives open streams ``graceful_s`` seconds, then the
-  app closes (running tasks are cancelled and recorded as failed "interrupted by
-  restart", sessions freed, the store closed); exit status 0. A second SIGINT cuts the
-  graceful wait short, as in uvicorn;
-* closing: ignored (closing is already under way and bounded).
-
-**The app.** The coordinator's ASGI app, assembled from the SDK's route factories: the one
-composition root of ``mesh serve``, its ``--node`` form, the tests and the benchmarks.
-
-:func:`create_app` takes the config and a *compose* step: an async function that builds
-the live objects (the pool, the gate, peer and node clients, the session and OpenAI APIs)
-and returns them as :class:`AppParts`. Nothing is built at import or at ``create_app``:
-compose runs in the app's ``lifespan``, on the event loop that serves the app, and what
-it registers on the :class:`~contextlib.AsyncExitStack` it is handed is closed there, in
-reverse order, after the A2A side below. Objects built by the caller beforehand (tests,
-benchmarks) are handed in as :class:`AppParts` directly (:func:`build_app`).
-
-The lifespan, in order (docs/architecture.md, "Start and stop"): with ``task_store``,
-check PostgreSQL answers (one line naming ``--task-store`` if not); compose; assemble the
-card, stores, handler and routes from the parts; open the stores and mark tasks left
-running as failed "interrupted by restart"; ``on_startup``. At shutdown: ``on_shutdown``;
-running tasks cancelled and marked; the push client and the stores closed; then what
-compose registered, in reverse.
-
-Routes, in match order (the SDK's HTTP+JSON routes end in a catch-all ``/{tenant}`` mount,
-so they come last): the agent card, ``/healthz``, ``extra_routes`` (the lead's
-``/capacity``, ``/metrics``, ``/v1/sessions``), JSON-RPC at ``/`` (1.0 and 0.3), HTTP+JSON
-under ``config.rest_prefix`` (1.0, and 0.3 under ``PREFIX/v1``). They exist once the
-lifespan has started (uvicorn, ``run_server`` and ``app.router.lifespan_context`` run it).
-
-Middleware, outermost first: :class:`BearerAuth` (401s; card and ``/healthz`` public),
-then :class:`RequestGuard` (413, request validation, 429 from the gate's queue check). Both
-cover ``extra_routes`` too.
+Routes, in match order (the SDK's HTTP+JSON routes end in a catch-all ``/{tenant}`` mount):
+the card, ``/healthz``, ``extra_routes`` (``/capacity``, ``/metrics``, ``/v1/sessions``),
+JSON-RPC at ``/`` (1.0 and 0.3), HTTP+JSON under ``config.rest_prefix`` (1.0; 0.3 under
+``PREFIX/v1``). Middleware, outermost first, covering ``extra_routes`` too: :class:`BearerAuth`,
+then :class:`~mesh.a2a.validation.RequestGuard` (413, validation, 429 from the gate's queue).
 """
 
 from __future__ import annotations
@@ -102,8 +78,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mesh.a2a.card import Skill, build_agent_card, card_routes
 from mesh.a2a.config import CoordinatorConfig
 from mesh.a2a.executor import CoordinatorExecutor
-from mesh.a2a.postgres import check_postgres, open_postgres_stores
-from mesh.a2a.push import BackgroundPushSender, build_push_sender, make_push_url_validator
+from mesh.a2a.postgres import PostgresStores, check_postgres
+from mesh.a2a.push import BackgroundPushSender, make_push_url_validator
 from mesh.a2a.store import TaskBoard, TaskStores, open_stores
 from mesh.a2a.validation import CheckedContextBuilder, RequestGuard, rest_error, send_json
 from mesh.a2a_names import CARD_PATH, LEGACY_CARD_PATH
@@ -147,10 +123,7 @@ class BearerAuth:
         return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self._tokens:
-            await self.app(scope, receive, send)
-            return
-        if scope["path"] in self._public:
+        if scope["type"] != "http" or not self._tokens or scope["path"] in self._public:
             await self.app(scope, receive, send)
             return
         header: str | None = None
@@ -160,19 +133,15 @@ class BearerAuth:
                 break
         name = self._match(header)
         if name is None:
-            await _unauthorized(send, header is not None)
+            why = "invalid" if header is not None else "missing"
+            message = (f"{why} bearer token; send 'Authorization: Bearer TOKEN' "
+                       "(mesh commands: --token or MESH_TOKEN)")
+            await send_json(send, 401, rest_error(401, "UNAUTHENTICATED", message),
+                            [(b"www-authenticate", b'Bearer realm="mesh"')])
             return
         scope["user"] = SimpleUser(name)
         scope["auth"] = AuthCredentials(["authenticated"])
         await self.app(scope, receive, send)
-
-
-async def _unauthorized(send: Send, had_header: bool) -> None:
-    message = (
-        "invalid bearer token" if had_header else "missing bearer token"
-    ) + "; send 'Authorization: Bearer TOKEN' (mesh commands: --token or MESH_TOKEN)"
-    await send_json(send, 401, rest_error(401, "UNAUTHENTICATED", message),
-                    [(b"www-authenticate", b'Bearer realm="mesh"')])
 
 # -------------------- serving -------------------------------------------------
 
@@ -240,9 +209,8 @@ def _handlers(loop: asyncio.AbstractEventLoop, stop: _Stop) -> Iterator[None]:
 async def serve_app(app: Any, config: uvicorn.Config,
                     sock: socket.socket | None = None) -> int:
     """Start ``app``'s lifespan, serve it with uvicorn (``config.lifespan`` must be
-    ``"off"``: the lifespan runs here), close it; on the running loop. Returns the exit
-    status (see the module docstring; 1 if uvicorn could not start). Exceptions of the
-    app's start-up propagate (the CLI turns them into one line)."""
+    ``"off"``), close it, on the running loop; returns the exit status (1 if uvicorn could
+    not start). The start-up's exceptions propagate (the CLI turns them into one line)."""
     if config.lifespan != "off":
         raise ValueError("serve_app runs the app's lifespan itself: pass "
                          "uvicorn.Config(..., lifespan='off')")
@@ -279,13 +247,9 @@ def run_server(
     graceful_s: int = 5,
     sock: socket.socket | None = None,
 ) -> int:
-    """Serve ``app`` until SIGINT/SIGTERM on a new event loop (:func:`serve_app`);
-    returns an exit status.
-
-    ``sock``: an already bound, listening socket to serve on (``mesh serve`` binds the port
-    before its slow start-up, so a port in use fails at once); without it uvicorn binds
-    ``host:port`` itself.
-    """
+    """Serve ``app`` until SIGINT/SIGTERM on a new event loop (:func:`serve_app`); returns
+    an exit status. ``sock``: a bound, listening socket (``mesh serve`` binds before its
+    slow start-up, so a port in use fails at once); without it uvicorn binds ``host:port``."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
                             timeout_graceful_shutdown=graceful_s)
     factory = getattr(config, "get_loop_factory", None)  # uvicorn >= 0.36
@@ -302,15 +266,11 @@ Hook = Callable[[], Awaitable[None]]
 
 @dataclass(frozen=True)
 class AppParts:
-    """What a composition root hands the app.
-
-    ``worker_factory`` makes one worker per admitted subtask; ``admission`` is the gate's
-    async face (its ``check_queue`` also drives the 429 answer); ``pool_info`` goes on the
-    card; ``task_board``, if given, sees every task the handler saves (the dashboard);
-    ``on_startup`` runs after the stores are ready (the dashboard's history);
-    ``on_shutdown`` runs first at shutdown (the session API's ``aclose``); ``agent``
-    (optional) plans messages without explicit subtasks.
-    """
+    """What a composition root hands the app. ``worker_factory`` makes one worker per
+    admitted subtask; ``admission`` is the gate's async face (its ``check_queue`` drives the
+    429 too); ``pool_info`` goes on the card; ``task_board`` sees every task saved (the
+    dashboard); ``on_startup`` runs once the stores are ready, ``on_shutdown`` first at
+    shutdown; ``agent`` (optional) plans messages without explicit subtasks."""
 
     worker_factory: WorkerFactory
     admission: Admission
@@ -360,13 +320,9 @@ def create_app(
     *,
     public_paths: Sequence[str] = (),
 ) -> Starlette:
-    """The A2A coordinator as a Starlette app (see the module docstring for its lifespan
-    and what it mounts).
-
-    ``compose`` builds the parts in the lifespan (or is the parts, built by the caller);
-    ``public_paths`` are served without auth next to the card and ``/healthz``. Raises
-    ``ValueError`` if ``config`` does not validate. Does no I/O and builds nothing live.
-    """
+    """The A2A coordinator as a Starlette app (see the module docstring). ``compose`` builds
+    the parts in the lifespan (or is the parts); ``public_paths`` are served without auth
+    too. Raises ``ValueError`` if ``config`` does not validate; does no I/O."""
     config.validate()
     build: Compose = _given(compose) if isinstance(compose, AppParts) else compose
     live = _Live()
@@ -445,18 +401,13 @@ def _assemble(config: CoordinatorConfig,
     push sender the shutdown closes."""
     card = build_agent_card(config, parts.skills, parts.pool_info)
     stores: TaskStores = (open_stores(config.data_dir) if config.task_store is None
-                          else open_postgres_stores(config.task_store))
+                          else PostgresStores(config.task_store))
     url_validator = make_push_url_validator(config.allow_private_push)
     push_client = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
-    executor = CoordinatorExecutor(
-        parts.worker_factory,
-        parts.admission,
-        max_subtasks=config.max_subtasks,
-        text_flush_s=config.text_flush_s,
-        agent=parts.agent,
-    )
-    push_sender = build_push_sender(push_client, stores.push_configs, url_validator,
-                                    allow_private=config.allow_private_push)
+    executor = CoordinatorExecutor(parts.worker_factory, parts.admission,
+                                   text_flush_s=config.text_flush_s, agent=parts.agent)
+    push_sender = BackgroundPushSender(push_client, stores.push_configs, url_validator,
+                                       allow_private=config.allow_private_push)
     handler = stores.request_handler(executor, card, board=parts.task_board,
                                      push_sender=push_sender, push_url_validator=url_validator)
     return Coordinator(config, card, stores, executor, handler, push_client), push_sender

@@ -1,12 +1,10 @@
 """The coordinator's ``AgentExecutor``: the SDK's contract and the task's event writer.
 
-``execute`` hands every task to the one task path (:class:`mesh.agent.task.AgentTask`:
-plan or the client's subtasks, the fan-out through the gate, the answer) with what the
-door checked of its message (:func:`mesh.a2a.validation.checked_message`: subtask list,
-text, hops; nothing is parsed again), and writes what it says as the SDK's events. Life of
-a task with explicit subtasks (a planned one adds its planning and synthesis turns, see
-:mod:`mesh.agent.task`; every step is an event on the SDK's queue, so it is persisted,
-streamed to subscribers and pushed)::
+``execute`` hands every task to the one task path (:class:`mesh.agent.task.AgentTask`)
+with what the door checked of its message (:func:`mesh.a2a.validation.checked_message`;
+nothing is parsed again), and writes what it says as the SDK's events (persisted, streamed
+and pushed). Life of a task with explicit subtasks (a planned one adds its planning and
+synthesis turns)::
 
     submitted ─▶ submitted "queued for the gate at position N" (per subtask, while queued)
               ─▶ working "admitted" ─▶ working per worker turn / tool call,
@@ -15,21 +13,16 @@ streamed to subscribers and pushed)::
               ─▶ completed with the ``answer`` artifact │ failed with the reason │
                  rejected (queue full) │ canceled
 
-Generated text that is progress, not an output (the plan forming), streams as working
-status lines instead (:meth:`_Run.notes`), and the plan rides in the task's metadata: the
-``answer`` is the task's last artifact and no artifact holds the plan (issue 41).
+Text that is progress, not an output (the plan forming), streams as working status lines
+(:meth:`_Run.notes`); the plan rides in the task's metadata, so the ``answer`` is the last
+artifact (issue 41). A failed worker does not cancel its siblings: the task completes with
+the answers it has, naming the missing ones; it fails only when every worker failed.
 
-A worker that fails does not cancel its siblings: the task completes with the answers it
-has and says which subtasks are missing and why; it fails only when every worker failed.
-
-Contract with the SDK (``AgentExecutor``): ``execute`` enqueues the ``Task`` first when
-``context.current_task`` is None and always ends in a terminal state unless it is
-cancelled. ``cancel`` writes the canceled state itself and then the SDK cancels the
-``execute`` coroutine; that cancellation reaches the gate wait (the queue entry is
-dropped) or the running worker (which detaches its session), and every admission ticket
-is released in a ``finally``. After ``cancel`` has written its terminal state, the
-cancelled run's own late events are dropped (:class:`_Run.closed`), so nothing follows
-the terminal event.
+Contract with the SDK: ``execute`` enqueues the ``Task`` first when ``context.current_task``
+is None and always ends in a terminal state unless cancelled. ``cancel`` writes the
+canceled state, then the SDK cancels ``execute``, which reaches the gate wait or the
+running worker; admission tickets are released in a ``finally``, and the cancelled run's
+late events are dropped (:class:`_Run.closed`): nothing follows the terminal event.
 """
 
 from __future__ import annotations
@@ -197,15 +190,13 @@ class _NoteStream(_TextStream):
 
 class CoordinatorExecutor(AgentExecutor):
     """The SDK's executor over the one task path (see the module docstring). ``agent``
-    (optional) plans messages without explicit subtasks; ``max_subtasks`` is checked at
-    the door (:mod:`mesh.a2a.validation`) and kept here for the constructor's callers."""
+    (optional) plans messages without explicit subtasks."""
 
     def __init__(
         self,
         worker_factory: WorkerFactory,
         admission: Admission,
         *,
-        max_subtasks: int = 32,
         text_flush_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         agent: Agent | None = None,
@@ -213,7 +204,6 @@ class CoordinatorExecutor(AgentExecutor):
         self._agent = agent
         self._worker_factory = worker_factory
         self._admission = admission
-        self._max_subtasks = max_subtasks
         self._text_flush_s = text_flush_s
         self._clock = clock
         self._runs: dict[str, _Run] = {}

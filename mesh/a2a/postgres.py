@@ -1,32 +1,22 @@
-"""Tasks in PostgreSQL: several coordinator processes on one database.
+"""Tasks in PostgreSQL: several coordinator processes on one database
+(``mesh serve --task-store postgresql://...``).
 
-``mesh serve --task-store postgresql://...`` keeps tasks, their versions and events, push
-configs and every row's owner in PostgreSQL, in the a2a-sdk's own schema, through its
-cluster stores (SQLAlchemy + asyncpg): :class:`VersionedDatabaseTaskStore` (each write is
-a compare-and-swap on the task's version and appends the event to ``task_events`` in the
-same transaction) and ``DatabasePushNotificationConfigStore``. Any coordinator answers
-GetTask, ListTasks and the push-config calls for any task; the SDK's handler does the rest
-given a :class:`TaskEventStream` and the version checks. mesh adds three things the SDK
-leaves to the deployment, each through PostgreSQL itself (no broker):
+Tasks, their versions and events, push configs and owners live in the a2a-sdk's own schema,
+through its cluster stores: :class:`VersionedDatabaseTaskStore` (each write a compare-and-swap
+on the task's version, appending its event to ``task_events``) and
+``DatabasePushNotificationConfigStore``; any coordinator answers for any task. mesh adds
+three things the SDK leaves to the deployment, through PostgreSQL itself (no broker):
 
-* **Events cross processes** (SubscribeToTask on a coordinator that does not run the
-  task): :class:`NotifiedEventStream` tails ``task_events``; a trigger on that table sends
-  ``NOTIFY mesh_task_events, '<task id>'`` in the writing transaction, so a tail wakes at
-  the commit instead of waiting out a poll (it still polls every ``poll_s`` as a backstop).
-* **Cancels cross processes**: the SDK writes CANCELED (a version bump) when the task
-  runs elsewhere, which its runner would notice only at its next write — a task queued at
-  the gate or in a long tool call writes nothing for a while. :class:`ClusterRequestHandler`
-  then sends ``NOTIFY mesh_cancels``; the runner cancels the task at once through its own
-  handler (the executor's ``cancel``: the gate wait or the worker is cancelled and its
-  tickets released), and its next write finds the task terminal.
-* **A dead coordinator's tasks are failed**, as the restart sweep does for one process:
-  :class:`Membership` gives each coordinator a row in ``mesh_coordinators`` and holds the
-  advisory lock ``(LOCK_SPACE, id)`` on one dedicated session for the process's life;
-  ``mesh_task_runs`` names the coordinator running each non-terminal task.
-
-An advisory lock, not a heartbeat, because PostgreSQL releases it when the session ends
-however it ends: "can I take its lock?" is an exact answer, with no clock or timeout to
-tune (docs/cluster.md, "A coordinator that dies loses nothing").
+* **Events cross processes**: :class:`NotifiedEventStream` tails ``task_events``, woken by
+  the ``NOTIFY mesh_task_events`` a trigger sends at the commit (polling as a backstop).
+* **Cancels cross processes**: the SDK writes CANCELED where the call lands, which the
+  runner would notice only at its next write; :class:`ClusterRequestHandler` sends
+  ``NOTIFY mesh_cancels`` and the runner cancels the task at once (gate wait or worker).
+* **A dead coordinator's tasks are failed**: :class:`Membership` gives each coordinator a
+  ``mesh_coordinators`` row and holds the advisory lock ``(LOCK_SPACE, id)`` on one session
+  for its life; ``mesh_task_runs`` names the runner of each non-terminal task. A lock, not a
+  heartbeat: PostgreSQL releases it however the session ends, so "can I take its lock?" is
+  exact, with no timeout to tune (docs/cluster.md).
 
 Invariants:
 
@@ -46,8 +36,7 @@ two sweepers never fail a live task   a runner is judged only after its run row 
 no write is lost or doubled           the SDK's compare-and-swap: a sweeper and a runner
                                       racing on one task — one wins, the other re-reads
 the event log stays bounded           the sweep deletes the events of tasks finished
-                                      over a minute ago, once a minute (a finished task
-                                      cannot be resubscribed to)
+                                      over a minute ago, once a minute
 ====================================  ================================================
 """
 
@@ -90,6 +79,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from mesh.a2a.store import (
     INTERRUPTED_REASON,
     SETTLED_STATES,
+    TERMINAL_NAMES,
     TERMINAL_STATES,
     interrupted_status,
     owner_context,
@@ -104,7 +94,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCK_SPACE", "ClusterRequestHandler", "Membership", "NotifiedEventStream", "PostgresStores",
-    "check_postgres", "open_postgres_stores", "redacted",
+    "check_postgres", "redacted",
 ]
 
 logger = logging.getLogger(__name__)
@@ -117,9 +107,6 @@ CANCELS_CHANNEL = "mesh_cancels"
 _CONNECT_TIMEOUT_S = 10.0
 _PRUNE_EVERY_S = 60.0  # how often the event log of finished tasks is pruned
 _PRUNE_AFTER_S = 60.0  # how long a finished task's events are kept
-
-# Stored as the proto JSON of the status: state names.
-_TERMINAL_NAMES = [pb.TaskState.Name(s) for s in TERMINAL_STATES]
 
 # mesh's own tables and the trigger, created once (IF NOT EXISTS) under the schema lock.
 _SCHEMA = (
@@ -190,13 +177,10 @@ async def check_postgres(url: str) -> None:
 
 class Membership:
     """This coordinator's seat: its ``mesh_coordinators`` row, the advisory lock that says
-    it is alive, and the LISTEN side of both channels — all on one dedicated session, used
-    for nothing else (statements go through the engine's pool).
-
-    ``on_event(task_id)`` runs for every task event committed by any coordinator;
-    ``on_cancel(task_id)`` for every cancel another coordinator announced. Both run on the
-    event loop that called :meth:`join` and must not block.
-    """
+    it is alive, and the LISTEN side of both channels, on one dedicated session.
+    ``on_event(task_id)`` runs for every task event committed by any coordinator,
+    ``on_cancel(task_id)`` for every cancel another one announced; both on the loop that
+    called :meth:`join`, and must not block."""
 
     def __init__(self, url: str, *, on_event: Callable[[str], None],
                  on_cancel: Callable[[str], None]) -> None:
@@ -270,14 +254,11 @@ async def _dead_among(engine: AsyncEngine, seats: set[int]) -> set[int]:
 
 
 class _ClaimingStore(VersionedDatabaseTaskStore):
-    """The SDK's versioned store that keeps ``mesh_task_runs`` (which coordinator runs each
-    non-terminal task) and reports each save to ``on_saved`` (the dashboard's board).
-
-    Writes of a task by this coordinator: the first non-terminal one claims the task
-    before its row is written; a terminal one deletes the claim after its row is written;
-    an input- or auth-required one keeps the claim (the restart sweep fails such tasks
-    too) but forgets it here, so whichever coordinator resumes the task claims it again.
-    """
+    """The SDK's versioned store that keeps ``mesh_task_runs`` and reports each save to
+    ``on_saved`` (the dashboard's board). The first non-terminal write of a task here
+    claims it before the row is written; a terminal one deletes the claim after; an input-
+    or auth-required one keeps the claim but forgets it here, so whichever coordinator
+    resumes the task claims it again."""
 
     def __init__(self, engine: AsyncEngine, membership: Membership) -> None:
         super().__init__(engine, create_table=False, owner_resolver=owner_of)
@@ -333,12 +314,9 @@ async def _execute(engine: AsyncEngine, *statements: str, **params: Any) -> None
 
 
 class NotifiedEventStream(TaskEventStream):
-    """Tails ``task_events`` (rows the versioned store appends with each write) for one
-    task, woken by ``NOTIFY`` (:meth:`wake`) and polling every ``poll_s`` as a backstop.
-
-    ``publish`` has nothing to do: the event is in the table, and its trigger notified,
-    once the write that produced it committed.
-    """
+    """Tails ``task_events`` for one task, woken by ``NOTIFY`` (:meth:`wake`) and polling
+    every ``poll_s`` as a backstop. ``publish`` has nothing to do: the write that produced
+    the event put it in the table, and the trigger notified, at its commit."""
 
     def __init__(self, engine: AsyncEngine, *, poll_s: float = 2.0) -> None:
         self._engine = engine
@@ -455,9 +433,11 @@ class ClusterRequestHandler(DefaultRequestHandler):
 
 
 class PostgresStores:
-    """The engine, the stores, the event stream and the seat on ``url``
-    (:func:`open_postgres_stores`). ``initialize`` creates the schema and takes the seat;
-    ``aclose`` gives it up and closes everything."""
+    """The engine, the stores, the event stream and the seat on the PostgreSQL at ``url``
+    (``postgresql://USER:PASSWORD@HOST:PORT/DB``, libpq options such as ``?sslmode=require``
+    included). No I/O until ``initialize``, which creates the schema and takes the seat;
+    ``aclose`` gives it up and closes everything. ``sweep_s``: how often dead coordinators
+    are looked for; ``poll_s``: the backstop poll of a cross-process tail."""
 
     def __init__(self, url: str, *, sweep_s: float = 1.0, poll_s: float = 2.0) -> None:
         self.url = url
@@ -531,13 +511,9 @@ class PostgresStores:
 
     async def mark_interrupted(self, *, is_shutdown: bool = False,
                                reason: str = INTERRUPTED_REASON) -> list[str]:
-        """The restart sweep across coordinators; returns the ids it marked failed.
-
-        At start (the first call): every non-terminal task whose runner is not alive
-        (none named, or its seat's lock is free). At shutdown: this coordinator's own.
-        The periodic sweep (every ``sweep_s``, started by the first call) covers the rest:
-        the runs of every coordinator that died since.
-        """
+        """The restart sweep across coordinators; returns the ids it marked failed. At start:
+        every non-terminal task whose runner is not alive, then (every ``sweep_s``) the
+        runs of every coordinator that died since. At shutdown: this coordinator's own."""
         if is_shutdown:
             await self._stop_sweeper()
             return await self._mark_runs_of({self.membership.id}, reason)
@@ -578,7 +554,7 @@ class PostgresStores:
                 text("SELECT t.id, t.owner, r.coordinator_id FROM tasks t "
                      "LEFT JOIN mesh_task_runs r ON r.task_id = t.id "
                      "WHERE NOT ((t.status ->> 'state') = ANY(:terminal))"),
-                {"terminal": _TERMINAL_NAMES})).all()
+                {"terminal": sorted(TERMINAL_NAMES)})).all()
         seats = {int(seat) for _, _, seat in rows if seat is not None}
         seats.discard(self.membership.id)
         dead = await _dead_among(self.engine, seats)
@@ -617,14 +593,13 @@ class PostgresStores:
                                  self.sweep_s)
 
     async def _prune_events(self) -> None:
-        """Delete the event log of tasks finished over ``_PRUNE_AFTER_S`` ago: a finished
-        task cannot be resubscribed to, and a tail that was following it has read its end.
-        Without this, ``task_events`` keeps every streamed chunk of every task."""
+        """Delete the event log of tasks finished over ``_PRUNE_AFTER_S`` ago (a finished
+        task cannot be resubscribed to; its tails have read its end)."""
         await _execute(
             self.engine, "DELETE FROM task_events e USING tasks t WHERE e.task_id = t.id "
             "AND (t.status ->> 'state') = ANY(:terminal) "
             "AND t.last_updated < (now() AT TIME ZONE 'utc') - make_interval(secs => :s)",
-            terminal=_TERMINAL_NAMES, s=_PRUNE_AFTER_S)
+            terminal=sorted(TERMINAL_NAMES), s=_PRUNE_AFTER_S)
 
     async def _mark_runs_of(self, seats: set[int], reason: str) -> list[str]:
         async with self.engine.connect() as conn:
@@ -705,10 +680,3 @@ def _is_connect_error(exc: BaseException) -> bool:
         seen = seen.__cause__ or getattr(seen, "orig", None)
     return False
 
-
-def open_postgres_stores(url: str, *, sweep_s: float = 1.0, poll_s: float = 2.0) -> PostgresStores:
-    """The stores on the PostgreSQL at ``url`` (``postgresql://USER:PASSWORD@HOST:PORT/DB``,
-    libpq query options such as ``?sslmode=require`` included). No I/O until
-    :meth:`PostgresStores.initialize`. ``sweep_s``: how often dead coordinators are looked
-    for; ``poll_s``: the backstop poll of a cross-process tail."""
-    return PostgresStores(url, sweep_s=sweep_s, poll_s=poll_s)

@@ -1,33 +1,20 @@
 """Push notifications: a real sender, behind a URL policy.
 
-The SDK stores push configs but sends nothing unless a sender is given; this module builds
-the sender (the SDK's ``BasePushNotificationSender`` on a shared ``httpx.AsyncClient``) and
-the URL policy used both when a config is accepted and again before each delivery:
+The SDK stores push configs but sends nothing unless given a sender. The URL policy, checked
+when a config is accepted and again before each delivery: ``http``/``https`` URLs with a
+host only, whose host resolves to public addresses only (the SDK's
+``validate_push_notification_url``) unless ``allow_private`` (``--allow-private-push``).
+A refused URL raises ``InvalidParamsError`` (the SDK maps errors by exact class: no
+subclass) saying why.
 
-* only ``http``/``https`` URLs with a host;
-* by default the host must resolve to public addresses only (the SDK's
-  ``validate_push_notification_url``: no loopback, private, link-local, metadata...);
-* ``allow_private=True`` (operator's choice, and the tests') lifts the address check.
-
-A refused URL raises ``InvalidParamsError`` (the SDK answers -32602 / 400 with its message;
-it maps errors by exact class, so no subclass), saying why and, for an address refusal,
-naming ``--allow-private-push``; an accepted one returns True.
-
-Delivery is in the background: the SDK awaits ``send_notification`` inside the task's
-event consumer, so a receiver that is slow (or a connect that hangs until the client's
-timeout) would hold up every later event of the task, and a blocking ``SendMessage``
-with it. :class:`BackgroundPushSender` queues each event and returns at once; one
-delivery loop per task sends that task's events in order. The backlog is bounded
-(``max_pending`` events in all); past it, events are dropped and counted.
-
-Each delivery resolves the host once, checks every address against the policy and then
-connects to that checked address (the URL's host goes in ``Host`` and, for https, in SNI),
-so DNS cannot answer differently between the check and the connect. A 5xx, 429, timeout
-or connection error is retried ``retries`` times with exponential backoff; other 4xx are
-not. Pushes are per state change, not per streamed piece: a task pushes its first
-``Task``, every status update whose state differs from the last pushed one (terminal
-states always), and artifact updates that close an artifact (``lastChunk``) or are not
-appends; the 50 ms text chunks in between are not pushed.
+:class:`BackgroundPushSender` delivers in the background: the SDK awaits
+``send_notification`` in the task's event consumer, so a slow receiver would hold up every
+later event of the task. Events are queued (``max_pending`` in all; past it dropped and
+counted) and one loop per task sends them in order, to the address the policy checked (the
+URL's host in ``Host`` and SNI: DNS cannot answer differently between check and connect).
+5xx, 429, timeouts and connection errors are retried with exponential backoff. A task
+pushes its first ``Task``, each change of state, and artifact updates that close an
+artifact or are not appends, not the text chunks in between.
 """
 
 from __future__ import annotations
@@ -51,8 +38,7 @@ from google.protobuf.json_format import MessageToDict
 from mesh.a2a.store import TERMINAL_STATES, PushUrlValidator
 
 __all__ = [
-    "ALLOW_PRIVATE_HINT", "BackgroundPushSender", "build_push_sender",
-    "make_push_url_validator", "pin_address",
+    "ALLOW_PRIVATE_HINT", "BackgroundPushSender", "make_push_url_validator", "pin_address",
 ]
 
 logger = logging.getLogger(__name__)
@@ -257,14 +243,3 @@ class BackgroundPushSender(BasePushNotificationSender):
             loop.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
 
-
-def build_push_sender(
-    client: httpx.AsyncClient,
-    config_store: PushNotificationConfigStore,
-    validator: PushUrlValidator,
-    *,
-    allow_private: bool = False,
-) -> BackgroundPushSender:
-    """A sender that POSTs each task event to every URL registered for the task, in the
-    background (a slow receiver never holds up the task)."""
-    return BackgroundPushSender(client, config_store, validator, allow_private=allow_private)

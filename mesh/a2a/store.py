@@ -1,26 +1,15 @@
-"""Task persistence on SQLite: the task table, the coalescing write-behind store over it, the
-dashboard's task board, and the stores as the app opens them (:func:`open_stores`).
-:mod:`mesh.a2a.postgres` keeps the same things in PostgreSQL for several coordinators
-(``--task-store``); both answer to :class:`TaskStores`, all the app needs of them.
+"""Task persistence on SQLite (``DATA_DIR/tasks.db``): the task table, the write-behind
+store over it, the dashboard's task board, and the stores as the app opens them
+(:func:`open_stores`). :mod:`mesh.a2a.postgres` keeps the same in PostgreSQL; both answer
+to :class:`TaskStores`.
 
-**The task table** (:class:`TaskTable`): the SDK's tasks table in ``DATA_DIR/tasks.db``
-spoken over raw ``sqlite3``. Rows are exactly what the SDK's ``DatabaseTaskStore`` writes
-through SQLAlchemy (same columns, protobuf JSON in the JSON columns, SQLAlchemy's text
-format for ``last_updated``), so the SDK's own code lists and reads them. Writes run on
-one writer thread, on a connection only it touches (WAL, ``synchronous=NORMAL``,
-transactions of at most ``_ROWS_PER_TRANSACTION`` rows); a read runs inline on the event
-loop's thread on a read-only connection (a primary-key lookup costs less than a thread hop).
-
-**Write-behind** (:class:`WriteBehindTaskStore`): the SDK's ``DatabaseTaskStore`` costs
-about a millisecond of event-loop time per operation and writes the whole task on every
-event. This store keeps its rows, its table and its ``list`` (ListTasks paging, filters
-and owner scoping are the SDK's own) and changes how rows get there: ``save`` snapshots
-the task into a per-task pending slot (a later save replaces it: a task that moves
-through ten working states in 50 ms is written once); one flusher coroutine hands the
-slots that are due to the table's writer thread; ``get`` answers from the pending slots,
-then a bounded cache of recent snapshots, then the table.
-
-Durability contract (what a caller may rely on when ``save`` returns):
+:class:`TaskTable` speaks the SDK's tasks table over raw ``sqlite3``, writing exactly the
+rows the SDK's ``DatabaseTaskStore`` writes (so the SDK lists and reads them): writes on one
+writer thread and connection (WAL, ``synchronous=NORMAL``), reads inline on a read-only one.
+:class:`WriteBehindTaskStore` keeps the SDK's rows and ``list`` but coalesces: ``save``
+replaces the task's pending snapshot (ten working states in 50 ms are written once), one
+flusher hands due snapshots to the writer, ``get`` answers from the pending snapshots, a
+bounded cache, then the table. When ``save`` returns:
 
 ====================================  ============================================
 save of                               durable when ``save`` returns?
@@ -34,20 +23,13 @@ any other (working) state             no: committed within ``coalesce_s``; a cra
                                       the restart sweep marks the task failed
 ====================================  ============================================
 
-"On disk" means committed in WAL mode with ``synchronous=NORMAL``: it survives the process
-being killed (SIGKILL included); only an OS crash or power loss can drop the last commits.
-This process must be the only writer of the file (the coordinator owns its data dir): the
-cache and the pending slots are trusted over it.
+"On disk" survives the process being killed (SIGKILL included), not an OS crash. This
+process must be the file's only writer: its cache and pending snapshots are trusted over it.
 
-**The task board** (:class:`TaskBoard`): a bounded, in-memory view of every caller's live
-and recently finished tasks for the dashboard (``GET /dashboard/events``, behind the same
-bearer auth as ``/capacity``), fed by the task store's ``on_saved``.
-
-Every row carries its owner (the authenticated caller, ``""`` when auth is off); every
-read is filtered by ``owner_of(context)``. Invariant kept by :func:`mark_interrupted`:
-after the coordinator starts (and again when it shuts down), no task is left in a
-non-terminal state without a running executor behind it; such tasks are marked failed
-with :data:`INTERRUPTED_REASON`, nothing is deleted.
+Every row carries its owner (the caller, ``""`` when auth is off); every read is filtered by
+``owner_of(context)``. Invariant kept by :func:`mark_interrupted`: after the coordinator
+starts (and again when it shuts down), no task is left non-terminal without a running
+executor; such tasks are marked failed with :data:`INTERRUPTED_REASON`, nothing is deleted.
 """
 
 from __future__ import annotations
@@ -85,7 +67,8 @@ if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
 
 __all__ = [
-    "INTERRUPTED_REASON", "SETTLED_STATES", "TERMINAL_STATES", "CachedPushConfigStore",
+    "INTERRUPTED_REASON", "SETTLED_STATES", "TERMINAL_NAMES", "TERMINAL_STATES",
+    "CachedPushConfigStore",
     "OwnerUser", "PushUrlValidator", "RowWrite", "StoredRow", "Stores", "TaskBoard",
     "TaskStoreWriteError", "TaskStores", "TaskTable", "WriteBehindTaskStore", "interrupted_status",
     "mark_interrupted", "open_stores", "owner_context", "owner_of",
@@ -164,12 +147,9 @@ class TaskTable:
             self._read_conn = None
 
     async def write(self, writes: Sequence[RowWrite]) -> None:
-        """Commit ``writes`` in order on the writer thread; raises what SQLite raised.
-
-        The rows are encoded on the writer thread too. A failure rolls back the
-        transaction it happened in; earlier transactions of the call stay committed
-        (rewriting them is harmless: every write is a whole row).
-        """
+        """Commit ``writes`` in order (encoded, too) on the writer thread; raises what SQLite
+        raised. A failure rolls back its transaction; earlier ones of the call stay
+        committed (rewriting them is harmless: every write is a whole row)."""
         if self._writer is None:
             raise RuntimeError("the task table is not open")
         await asyncio.get_running_loop().run_in_executor(self._writer, self._write, writes)
@@ -189,10 +169,8 @@ class TaskTable:
     # ------------------------------------------------------------------ writer thread
 
     def _open_writer(self) -> None:
-        conn = _connect(self.db_path)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        self._write_conn = conn
+        self._write_conn = _connect(self.db_path)
+        _tune_sqlite(self._write_conn, None)
 
     def _close_writer(self) -> None:
         if self._write_conn is not None:
@@ -223,6 +201,16 @@ def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
     conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
     return conn
+
+
+def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers (GetTask, ListTasks) proceed while the executor writes; NORMAL sync
+    # is durable across process crashes (only an OS crash can lose the last commits).
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+    cursor.close()
 
 
 def _to_row(data: bytes, owner: str) -> tuple[Any, ...]:
@@ -257,6 +245,8 @@ TERMINAL_STATES = frozenset({
     pb.TaskState.TASK_STATE_COMPLETED, pb.TaskState.TASK_STATE_CANCELED,
     pb.TaskState.TASK_STATE_FAILED, pb.TaskState.TASK_STATE_REJECTED,
 })
+#: The terminal states' names, as rows store them (the status's proto JSON).
+TERMINAL_NAMES = frozenset(pb.TaskState.Name(s) for s in TERMINAL_STATES)
 #: The states the client acts on (final, or waiting for it): their saves wait for the commit.
 SETTLED_STATES = TERMINAL_STATES | {
     pb.TaskState.TASK_STATE_INPUT_REQUIRED, pb.TaskState.TASK_STATE_AUTH_REQUIRED,
@@ -278,12 +268,8 @@ class _Snapshot:
 
 
 class WriteBehindTaskStore(DatabaseTaskStore):
-    """The SDK's SQLite task store with coalesced, batched writes (see module docstring).
-
-    ``engine`` and ``table`` must address the same SQLite file. ``initialize`` creates the
-    table (SDK schema) and opens ``table``; ``aclose`` commits everything pending and
-    closes it. ``flush`` waits until every save made before the call is committed.
-    """
+    """The SDK's SQLite task store with coalesced, batched writes (see module docstring);
+    ``engine`` and ``table`` must address the same SQLite file."""
 
     def __init__(
         self,
@@ -416,12 +402,9 @@ class WriteBehindTaskStore(DatabaseTaskStore):
             self._cache.popitem(last=False)
 
     def _schedule(self, task_id: str, snapshot: _Snapshot, *, is_urgent: bool) -> None:
-        """Make ``snapshot`` the task's pending write (replacing any older one).
-
-        An urgent snapshot is due now; any other keeps the due time of the pending
-        snapshot it replaces, so a task saved continuously is still written every
-        ``coalesce_s``, and a burst of other tasks' urgent saves does not drag it along.
-        """
+        """Make ``snapshot`` the task's pending write. An urgent one is due now; any other
+        keeps the due time of the one it replaces, so a task saved continuously is still
+        written every ``coalesce_s``, whatever other tasks' urgent saves do."""
         if self._is_closed or self._flusher is None:
             raise RuntimeError("the task store is not open")
         previous = self._pending.pop(task_id, None)
@@ -518,8 +501,7 @@ class WriteBehindTaskStore(DatabaseTaskStore):
 # -------------------- the task board ------------------------------------------
 
 _PREFIX = "TASK_STATE_"
-_BOARD_TERMINAL = frozenset(pb.TaskState.Name(s).removeprefix(_PREFIX).lower()
-                            for s in TERMINAL_STATES)
+_BOARD_TERMINAL = frozenset(name.removeprefix(_PREFIX).lower() for name in TERMINAL_NAMES)
 _QUEUED = frozenset({"submitted", "unspecified"})
 
 
@@ -544,7 +526,8 @@ class _Row:
 
 
 class TaskBoard:
-    """Live tasks (at most ``max_live``) and the last ``max_recent`` finished ones."""
+    """The dashboard's view (fed by a task store's ``on_saved``): live tasks (at most
+    ``max_live``) and the last ``max_recent`` finished ones."""
 
     def __init__(
         self,
@@ -606,9 +589,6 @@ class TaskBoard:
 
 INTERRUPTED_REASON = "interrupted by restart"
 
-# Rows store the status as proto JSON: the state's enum name.
-_TERMINAL_NAMES = frozenset(pb.TaskState.Name(s) for s in TERMINAL_STATES)
-
 
 class OwnerUser(User):
     """An authenticated A2A user standing for one owner scope (used by sweeps and tests)."""
@@ -637,15 +617,10 @@ def owner_context(owner: str) -> ServerCallContext:
 
 
 class CachedPushConfigStore(DatabasePushNotificationConfigStore):
-    """The SDK's SQLite push-config store with the dispatch lookup answered from memory.
-
-    The SDK looks up a task's push configs on every event (several per task); this process
-    is the only writer, so two in-memory facts stay exact: the ids of the tasks that have
-    (or had) a config row, loaded by ``initialize`` and grown by ``set_info`` — any other
-    task has none, without a query — and a cache of the configs of recent tasks,
-    invalidated by ``set_info``/``delete_info``. Memory: one id per task that ever set a
-    push config.
-    """
+    """The SDK's SQLite push-config store with the per-event dispatch lookup answered from
+    memory. This process is the only writer, so two facts stay exact: the ids of the tasks
+    that have (or had) a config row (loaded by ``initialize``, grown by ``set_info``; any
+    other task has none) and a cache of recent tasks' configs (invalidated on writes)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -703,13 +678,10 @@ _DISPATCH_CACHE_MAX = 4096
 
 class TaskStores(Protocol):
     """Where a coordinator keeps tasks, push configs and their owners: what the app needs.
-
-    ``initialize`` creates what is missing and connects (``ValueError`` naming the flag
-    when the store cannot be reached); ``request_handler`` is the SDK's handler over the
-    stores (``board``, the dashboard, sees every save); ``mark_interrupted`` is the
-    restart sweep (at start, and with ``is_shutdown`` at shutdown: see
-    :func:`mark_interrupted`); ``aclose`` commits what is pending and closes.
-    """
+    ``initialize`` creates what is missing and connects (``ValueError`` naming the flag if
+    it cannot); ``request_handler`` is the SDK's handler over the stores (``board`` sees
+    every save); ``mark_interrupted`` is the restart sweep (at start, and with
+    ``is_shutdown`` at shutdown); ``aclose`` commits what is pending and closes."""
 
     @property
     def push_configs(self) -> PushNotificationConfigStore: ...
@@ -745,8 +717,6 @@ class Stores:
         self, executor: AgentExecutor, card: pb.AgentCard, *, board: TaskBoard | None,
         push_sender: PushNotificationSender, push_url_validator: PushUrlValidator,
     ) -> DefaultRequestHandler:
-        """The SDK's handler over these stores (one process: no event stream); ``board``
-        (the dashboard) sees every save."""
         if board is not None:
             self.tasks.on_saved = board.observe
         return DefaultRequestHandler(
@@ -759,8 +729,7 @@ class Stores:
         )
 
     async def mark_interrupted(self, *, is_shutdown: bool = False) -> list[str]:
-        """:func:`mark_interrupted`: this process is the file's only writer, so at start
-        and at shutdown alike every non-terminal task has no executor behind it."""
+        # The file's only writer: at start and shutdown alike no executor runs behind a task.
         del is_shutdown
         return await mark_interrupted(self)
 
@@ -769,16 +738,6 @@ class Stores:
             await self.tasks.aclose()
         finally:
             await self.engine.dispose()
-
-
-def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
-    # WAL lets readers (GetTask, ListTasks) proceed while the executor writes; NORMAL sync
-    # is durable across process crashes (only an OS crash can lose the last commits).
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
 
 
 def open_stores(data_dir: str | Path, *, coalesce_s: float = 0.05) -> Stores:
@@ -824,7 +783,7 @@ async def mark_interrupted(stores: Stores, reason: str = INTERRUPTED_REASON) -> 
     marked: list[str] = []
     for task_id, owner, status in rows:
         state = status.get("state") if isinstance(status, dict) else None
-        if state in _TERMINAL_NAMES:
+        if state in TERMINAL_NAMES:
             continue
         context = owner_context(owner or "")
         task = await stores.tasks.get(task_id, context)

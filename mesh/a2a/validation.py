@@ -2,25 +2,14 @@
 (:class:`RequestGuard`); the order of checks and their answers are in docs/security.md
 ("At the door").
 
-Why: the SDK parses bodies with protobuf's lenient JSON parser (a string where an object
-belongs, ``role: true`` and ``parts: ["x"]`` are silently reinterpreted), answers 500 to a
-non-UTF-8 body on the HTTP+JSON routes and -32603 to JSON nested 10,000 deep, and enforces
-no body size. The guard turns every client mistake into a clear 4xx / JSON-RPC error and
-lets only well-formed requests through, untouched (the body is replayed as read).
-
-Read top to bottom: JSON field checks (each raises :class:`Invalid`, naming the field and
-the fix; fields are read by their JSON or proto name, as protobuf accepts both); the
-:class:`CheckedMessage` a checked send leaves on the ASGI scope (:func:`put_checked`), which
-:class:`CheckedContextBuilder` copies into the call context for the executor
-(:func:`checked_message`), so a message's subtask list, text and hops are parsed once, at
-the door; ASGI body plumbing; :class:`Shapes`, the A2A 1.0 params shapes (0.3 method names
-get a lighter check: the SDK's compatibility adapter serves them); the JSON-RPC checks
-(:func:`check_jsonrpc`, each refusal with its JSON-RPC code); the HTTP+JSON checks
-(:func:`check_rest`, each refusal an HTTP status; legacy ``/v1/`` routes get the body checks
-only); and the guard. A send whose places do not fit the gate's queue, or the caller's
-share of it, is 429 with ``Retry-After``. HTTP+JSON answers are labelled
-``application/json`` (A2A 1.0.0 section 11.1) unless the client named
-``application/a2a+json`` (:func:`relabel_a2a_json`).
+Why: the SDK parses bodies with protobuf's lenient JSON parser (``role: true`` and
+``parts: ["x"]`` are silently reinterpreted), answers 500 to a non-UTF-8 body on the HTTP+JSON
+routes and -32603 to JSON nested 10,000 deep, and enforces no body size. The guard turns every
+client mistake into a clear 4xx / JSON-RPC error and lets only well-formed requests through,
+untouched (the body is replayed as read). A checked send's :class:`CheckedMessage` (subtask
+list, text, hops: parsed once, at the door) rides on the ASGI scope to the executor
+(:class:`CheckedContextBuilder`, :func:`checked_message`); a send whose places do not fit the
+gate's queue, or the caller's share of it, is 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -46,12 +35,8 @@ from mesh.worker.simulated import check_scenario_bounds
 from mesh.worker.types import NO_HOPS, Hops
 
 __all__ = [
-    "A2A_JSON", "ACCEPTED_MEDIA_TYPES", "JSONRPC_METHODS", "JSON_TYPES", "SEND_METHODS",
-    "CheckedContextBuilder", "CheckedMessage", "Invalid", "RequestGuard", "RestInvalid",
-    "RpcRefused", "Shapes", "accepted_media", "boolean", "check_json_depth", "check_jsonrpc",
-    "check_rest", "checked_message", "field", "integer", "is_v0_3", "names_a2a_json", "obj",
-    "parse_json", "put_checked", "query_params", "read_body", "relabel_a2a_json", "replay_body",
-    "rest_error", "rpc_error", "send_json", "str_list", "string", "type_name",
+    "JSONRPC_METHODS", "CheckedContextBuilder", "CheckedMessage", "Invalid", "RequestGuard",
+    "Shapes", "check_jsonrpc", "check_rest", "checked_message", "rest_error", "send_json",
 ]
 
 
@@ -209,11 +194,6 @@ class CheckedMessage:
         return len(self.subtasks) if self.subtasks else 1
 
 
-def put_checked(scope: Scope, checked: CheckedMessage) -> None:
-    """Leave ``checked`` on the request's ``scope`` for :class:`CheckedContextBuilder`."""
-    scope[_KEY] = checked
-
-
 def checked_message(context: ServerCallContext | None) -> CheckedMessage | None:
     """What the guard checked of the message this call sends (None: it did not run)."""
     if context is None:
@@ -293,14 +273,9 @@ def names_a2a_json(headers: dict[str, str]) -> bool:
 
 def relabel_a2a_json(send: Send) -> Send:
     """``send`` with an ``application/a2a+json`` response Content-Type written as
-    ``application/json`` (the body is untouched: the same JSON either way).
-
-    Why: the SDK labels every HTTP+JSON answer ``application/a2a+json`` (what A2A 1.0.1
-    recommends, a SHOULD), while A2A 1.0.0 section 11.1 reads "Content-Type:
-    application/json for requests and responses". The guard uses this for clients that did
-    not name ``application/a2a+json`` (:func:`names_a2a_json`), so each client gets the
-    type it speaks; SSE streams (``text/event-stream``) and other types pass as they are.
-    """
+    ``application/json``, body untouched: the SDK labels HTTP+JSON answers the A2A 1.0.1 way,
+    A2A 1.0.0 section 11.1 says ``application/json``; clients that did not name
+    ``application/a2a+json`` get that. SSE streams and other types pass as they are."""
 
     async def relabelled(message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -317,7 +292,6 @@ def relabel_a2a_json(send: Send) -> Send:
 # -------------------- shapes --------------------------------------------------
 
 # 1.0 names -> params check; 0.3 names are accepted with a lighter check.
-SEND_METHODS = ("SendMessage", "SendStreamingMessage", "message/send", "message/stream")
 JSONRPC_METHODS: frozenset[str] = frozenset({
     "SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
     "SubscribeToTask", "CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig",
@@ -481,10 +455,8 @@ class Shapes:
             string(auth, "credentials", f"{at}.authentication")
 
     def list_tasks(self, params: dict[str, Any], at: str) -> None:
-        string(params, "contextId", at)
-        string(params, "pageToken", at)
-        string(params, "tenant", at)
-        string(params, "statusTimestampAfter", at)
+        for key in ("contextId", "pageToken", "tenant", "statusTimestampAfter"):
+            string(params, key, at)
         integer(params, "pageSize", at, 1, 100)
         integer(params, "historyLength", at, 0)
         boolean(params, "includeArtifacts", at)
@@ -583,19 +555,16 @@ class RpcRefused(Exception):
 
 
 def check_jsonrpc(body: bytes, *, version: str, content_type: str, shapes: Shapes,
-                  max_depth: int) -> tuple[str, Any, CheckedMessage | None]:
-    """The request's method, id and, for a send, the message as checked, once every
-    check passed; raises RpcRefused (carrying the request id as far as it was read)."""
+                  max_depth: int) -> tuple[Any, CheckedMessage | None]:
+    """The request's id and, for a send, the message as checked, once every check passed;
+    raises RpcRefused (carrying the request id as far as it was read)."""
     request_id: Any = None
     try:
         ctype = content_type.split(";")[0].strip().lower()
         if ctype and ctype not in JSON_TYPES:  # checked before the body is read as JSON
             raise Invalid("content_type", f"Content-Type must be application/json, got "
                           f"{ctype}; send the request with Content-Type: application/json")
-        try:
-            doc = parse_json(body, max_depth)
-        except Invalid as e:
-            raise Invalid("parse", str(e)) from None
+        doc = parse_json(body, max_depth)
         if isinstance(doc, list):
             raise Invalid("request", "batch requests are not supported; send one object")
         if not isinstance(doc, dict):
@@ -630,7 +599,7 @@ def check_jsonrpc(body: bytes, *, version: str, content_type: str, shapes: Shape
         checked = shapes.jsonrpc_params(method, params)
     except Invalid as e:
         raise RpcRefused(request_id, e.kind, str(e)) from None
-    return method, request_id, checked
+    return request_id, checked
 
 
 def is_v0_3(version: str) -> bool:
@@ -790,20 +759,18 @@ class RequestGuard:
             body = read
 
         try:
+            request_id, checked = None, None  # checked: what a send sends
             if surface == "jsonrpc":
-                rpc_method, request_id, checked = check_jsonrpc(
+                request_id, checked = check_jsonrpc(
                     body, version=headers.get("a2a-version", ""),
                     content_type=headers.get("content-type", ""), shapes=self.shapes,
                     max_depth=self.config.max_json_depth)
-                if rpc_method in SEND_METHODS and checked is not None:
-                    self._check_capacity(request_id, checked.places, scope)
-                    put_checked(scope, checked)
             elif rest_match is not None:
                 checked = check_rest(method, rest_match.group("rest"), headers, body, scope,
                                      self.shapes, self.config.max_json_depth)
-                if checked is not None:
-                    self._check_capacity(None, checked.places, scope)
-                    put_checked(scope, checked)
+            if checked is not None:
+                self._check_capacity(request_id, checked.places, scope)
+                scope[_KEY] = checked  # for CheckedContextBuilder
         except RpcRefused as e:
             await send_json(send, 200, e.payload)
             return
@@ -858,5 +825,3 @@ class _Busy(Exception):
         super().__init__(check.reason)
         self.check = check
         self.request_id = request_id
-
-# -------------------- the package ---------------------------------------------

@@ -14,7 +14,7 @@ from a2a.client import Client
 from a2a.server.cluster import TaskVersion
 from a2a.types import a2a_pb2 as pb
 
-from mesh.a2a.postgres import LOCK_SPACE, open_postgres_stores
+from mesh.a2a.postgres import LOCK_SPACE, PostgresStores
 from mesh.a2a.store import INTERRUPTED_REASON, owner_context
 from tests.support.coord_helpers import (
     Probe,
@@ -123,7 +123,7 @@ async def test_a_dead_coordinators_running_tasks_are_failed_by_the_survivor(
 ) -> None:
     # The coordinator that dies: its stores, a task it runs, then its session killed from
     # the database's side (as a SIGKILL or a cut connection ends it).
-    doomed = open_postgres_stores(pg_url)
+    doomed = PostgresStores(pg_url)
     await doomed.initialize()
     anyone = owner_context("")
     working = pb.Task(id="t-working", context_id="c",
