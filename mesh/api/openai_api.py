@@ -1,83 +1,39 @@
-"""The OpenAI-compatible API (``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``):
-models, cached conversations, turns on pool sessions, rendering, replies and the routes.
-Read top to bottom:
+"""The OpenAI-compatible API (``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+``/v1/prefix``): models, cached conversations, turns, rendering, replies and the routes.
+docs/openai-api.md says what a client sees (the drop-in rule, callers, the queue share,
+tools and their limits). Read top to bottom:
 
-**Models.** The model's name on the OpenAI API: its GGUF ``general.name`` and file name.
+**Models.** The model's name: its GGUF ``general.name``, read from the header's first keys
+only (the scan stops at the first array of strings, the vocabulary, or after
+:data:`_MAX_KEYS` keys).
 
-``general.name`` is read from the start of the GGUF header only: converters write the
-``general.*`` keys first, so the scan stops at the first array of strings (the vocabulary,
-262K entries for Gemma 3: reading it all took ~1 s) or after :data:`_MAX_KEYS` keys.
+**Conversations.** Idle conversations kept as live pooled sessions, each with the exact
+text it holds after the pool's prefix, scoped by caller (:attr:`Conversation.owner`). A
+request whose text after the prefix extends one of its caller's cached conversations
+continues that session, so only its new messages are prefilled. A conversation in a turn
+is out of the cache; idle ones are evicted least-recently-used when the pool needs room.
 
-**Conversations.** Idle conversations kept as live pooled sessions, found by the longest
-matching prefix.
+**Turns.** A new conversation is a new worker: :meth:`OpenAITurns.admit` waits for the
+gate's ticket (a :class:`~mesh.gate.queue.Hold`) in its caller's place in the queue while
+idle conversations give way; :meth:`OpenAITurns.start` attaches, appends and starts the
+generation; :meth:`OpenAITurns.end` caches the conversation if its text is exact (else
+detaches it) and releases the ticket. A continued conversation resumes a worker the gate
+already counts, so it is not admitted again. Refusals are :class:`Bad`.
 
-Each cached conversation is a session and the exact text it holds after the pool's prefix
-(every message appended so far and every token generated). A request whose rendered text
-after the prefix starts with a cached conversation's text continues that session, so only
-its new messages are prefilled. A conversation in a turn is taken out of the cache (a second
-request with the same history gets a new session); it goes back when the turn ends.
-Idle conversations are evicted least-recently-used when the pool needs the room.
+**Rendering.** The request's text after the pool's prefix (:class:`Prompter`), by one of
+two rules (:func:`is_strict`): *drop-in* (the default) serves any messages on top of the
+prefix, a client's own system text leading the first user message; *strict* (a model name
+ending in ``:strict``, or ``OpenAIAPI(strict_prefix=True)``) requires the prefix, else a
+400 ``prefix_mismatch`` naming the first differing token.
 
-The cache is scoped by caller (:attr:`Conversation.owner`, the authenticated caller's name,
-"" without auth): a request continues only its own caller's conversations, so what one
-caller can observe of another's (through ``cached_tokens`` or timing) is the shared prefix
-and nothing more.
+**Replies.** The completion body, the SSE chunks and usage (cached plus prefilled). With
+tools, the reply's text is parsed into ``tool_calls``; a streamed turn with tools sends
+its content and calls in one chunk at the end, once the whole reply is known.
 
-**Turns.** The OpenAI API's turns: from a matched (or new) conversation to a running generation,
-and back into the conversation cache.
-
-A new conversation is a new worker: :meth:`OpenAITurns.admit` waits for the gate's ticket
-(a :class:`~mesh.gate.queue.Hold`, the helper every caller of the gate uses) in its caller's
-place in the queue while idle conversations give way (least recently used first, one per
-``_EVICT_AFTER_S``; 429 past ``max_wait_s``), and :meth:`OpenAITurns.start` attaches a
-session (evicting idle ones while the pool is full), appends the new text and starts the
-generation. :meth:`OpenAITurns.end` stops an unfinished generation, caches the
-conversation if its text is exact (else detaches it) and releases the ticket. Refusals are
-:class:`Bad` (the API renders them as OpenAI errors).
-
-**Rendering.** A request's text after the pool's prefix: chat messages rendered in the model's chat
-format, or a raw prompt, on top of the pool's system text.
-
-Two rules, picked per request (:func:`is_strict`):
-
-* **drop-in** (the default): any OpenAI client's messages are served on top of the pool's
-  prefix. Messages that already start with the pool's system message (``GET /v1/prefix``'s
-  ``system``, exactly) render as they are; any other list is rendered after it, and a
-  client's own system message follows the pool's system text as the head of the next user
-  message: the pool's prefix ends where the first user message's content starts (inside
-  the user turn, in every chat format), so a system turn of its own cannot follow it, and
-  some templates (Gemma 3's) refuse a second system turn anyway. A raw ``/v1/completions``
-  prompt that does not start with the prefix is the text after it.
-* **strict**: the text must start with the pool's prefix, else a 400 ``prefix_mismatch``
-  naming the first differing token. Picked by a model name ending in ``:strict``
-  (``/v1/models`` lists one) or for every request by ``OpenAIAPI(strict_prefix=True)``.
-
-Rendering and tokenizing grow with the request: the API calls this module off the event
-loop.
-
-**Replies.** The OpenAI API's replies to a finished or streaming turn: the completion body, the SSE
-chunks, and usage (what was cached plus what the turn prefilled).
-
-With tools, the reply's text is parsed into ``tool_calls`` (:func:`~mesh.api.openai_tools.
-split_calls`); a streamed turn with tools sends its content and calls in one chunk at the
-end, since a call is known only once the whole reply is.
-
-**Routes.** ``POST /v1/chat/completions`` (messages rendered in the model's chat format),
-``POST /v1/completions`` (a raw prompt), ``GET /v1/prefix`` (the pool's system text and
-prefix, for clients that send it), ``GET /v1/models`` (the one model and its ``:strict``
-twin). docs/openai-api.md says what a client sees: the drop-in rule, callers, the queue
-share, tools and their limits.
-
-Parsing the body, checking and compiling ``tools``, rendering and tokenizing grow with the
-request, so they run in a worker thread (:meth:`OpenAIAPI._prepare_chat`); the event loop
-only reads the body and runs the turn. Every request is its caller's
-(:func:`~mesh.api.admit.caller_of`) and passes the gate's queue check for one of that
-caller's places, at the door and again once prepared. A request that continues a cached
-conversation resumes a worker the gate already counts (its session is in the pool's load,
-like a worker back from a tool call), so it is not admitted again; idle conversations are
-evicted least-recently-used whenever a new one waits or the pool has no slot or cells
-left, and any idle past ``idle_ttl_s`` is detached. Not supported: ``n > 1``,
-``logprobs``, non-text parts.
+**Routes.** Parsing, checking ``tools``, rendering and tokenizing grow with the request, so
+they run in a worker thread (:meth:`OpenAIAPI._prepare_chat`); every request passes the
+gate's queue check for one of its caller's places, at the door and again once prepared.
+Not supported: ``n > 1``, ``logprobs``, non-text parts.
 """
 
 from __future__ import annotations
@@ -121,7 +77,7 @@ from mesh.api.openai_tools import (
     tools_prompt,
     usage_json,
 )
-from mesh.api.sessions import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, EventStream, body_error
+from mesh.api.sessions import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, EventStream, body_error, stop_turn
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import (
     ContextOverflow,
@@ -415,20 +371,10 @@ class OpenAITurns:
     async def end(self, turn: ChatTurn) -> None:
         """Stop an unfinished generation; cache the conversation if its text is exact."""
         with anyio.CancelScope(shield=True):
-            gen = turn.generation
             try:
-                if gen.result is None:
-                    try:
-                        await gen.aclose()
-                    except EngineError:
-                        turn.failed = True
-                aclose = getattr(turn.iterator, "aclose", None)
-                if aclose is not None:
-                    try:
-                        await aclose()
-                    except EngineError:
-                        turn.failed = True
-                result = gen.result
+                if not await stop_turn(turn.generation, turn.iterator):
+                    turn.failed = True
+                result = turn.generation.result
                 # After a stop string the session holds tokens its text does not show.
                 if turn.failed or result is None or result.finish_reason == "stop":
                     await discard(turn.conv)
@@ -566,22 +512,30 @@ def usage(turn: ChatTurn, result: TurnResult) -> dict[str, Any]:
     return usage_json(prompt, result.num_generated, turn.cached_tokens)
 
 
+def _choice(reason: str | None, **part: Any) -> dict[str, Any]:
+    return {"index": 0, **part, "finish_reason": reason, "logprobs": None}
+
+
+def _calls(turn: ChatTurn, result: TurnResult) -> tuple[str | None, list[dict[str, Any]], str]:
+    """The reply's prose, its tool calls (none without tools) and its finish reason."""
+    reason = finish_reason(result.finish_reason)
+    if not turn.tools:
+        return result.text, [], reason
+    content, calls = split_calls(result.text, turn.tools, repeats=turn.repeat_calls)
+    return content, calls, "tool_calls" if calls else reason
+
+
 def reply_body(turn: ChatTurn, result: TurnResult, rid: str, chat: bool,
                model: str) -> dict[str, Any]:
     """The JSON body of a non-streamed completion (chat or text)."""
-    reason = finish_reason(result.finish_reason)
-    if chat:
-        message: dict[str, Any] = {"role": "assistant", "content": result.text}
-        if turn.tools:
-            content, calls = split_calls(result.text, turn.tools, repeats=turn.repeat_calls)
-            if calls:
-                message = {"role": "assistant", "content": content, "tool_calls": calls}
-                reason = "tool_calls"
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,
-                                  "message": message}
+    content, calls, reason = _calls(turn, result)
+    if not chat:
+        choice = _choice(reason, text=result.text)
+    elif calls:
+        choice = _choice(reason, message={"role": "assistant", "content": content,
+                                          "tool_calls": calls})
     else:
-        choice = {"index": 0, "finish_reason": reason, "logprobs": None,
-                  "text": result.text}
+        choice = _choice(reason, message={"role": "assistant", "content": result.text})
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
@@ -598,13 +552,13 @@ async def reply_stream(turn: ChatTurn, rid: str, chat: bool, with_usage: bool,
     head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created(), "model": model}
 
-    def choice(text: str | None, reason: str | None) -> dict[str, Any]:
+    def chunk(reason: str | None, **part: Any) -> str:
+        return chunk_line({**head, "choices": [_choice(reason, **part)]})
+
+    def text_chunk(text: str | None, reason: str | None) -> str:
         if not chat:
-            return {**head, "choices": [{"index": 0, "text": text or "",
-                                         "finish_reason": reason, "logprobs": None}]}
-        delta: dict[str, Any] = {} if text is None else {"content": text}
-        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": reason,
-                                     "logprobs": None}]}
+            return chunk(reason, text=text or "")
+        return chunk(reason, delta={} if text is None else {"content": text})
 
     if chat:
         yield chunk_line({**head, "choices": [{"index": 0, "finish_reason": None,
@@ -612,7 +566,7 @@ async def reply_stream(turn: ChatTurn, rid: str, chat: bool, with_usage: bool,
     try:
         async for piece in turn.iterator:
             if piece.text and not turn.tools:  # with tools: one piece at the end
-                yield chunk_line(choice(piece.text, None))
+                yield text_chunk(piece.text, None)
     except (EngineError, ValueError) as exc:  # ValueError: nothing new to read
         turn.failed = True
         code = error_code(exc) if isinstance(exc, EngineError) else "empty_input"
@@ -622,16 +576,13 @@ async def reply_stream(turn: ChatTurn, rid: str, chat: bool, with_usage: bool,
         return
     result = turn.generation.result
     if result is not None:
-        reason = finish_reason(result.finish_reason)
+        content, calls, reason = _calls(turn, result)
         if turn.tools:
-            content, calls = split_calls(result.text, turn.tools, repeats=turn.repeat_calls)
             delta: dict[str, Any] = {"content": content}
             if calls:
                 delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-                reason = "tool_calls"
-            yield chunk_line({**head, "choices": [{"index": 0, "delta": delta,
-                              "finish_reason": None, "logprobs": None}]})
-        yield chunk_line(choice(None, reason))
+            yield chunk(None, delta=delta)
+        yield text_chunk(None, reason)
         if with_usage:
             yield chunk_line({**head, "choices": [], "usage": usage(turn, result)})
     yield chunk_line("[DONE]")

@@ -1,18 +1,5 @@
-"""The session API: its wire shapes, its session entries, the API itself and the routes the
-app mounts. Read top to bottom:
-
-**Wire shapes.** The session API's wire format: request models, JSON errors, SSE framing.
-
-Request models forbid unknown fields and use strict types (``"5"`` is not a number). A body
-that is not JSON is a 400 ``bad_json``; one that is JSON but not a valid request is a 422
-``invalid_request``. Every error body is ``{"error": {"code": ..., "message": ...}}``.
-
-**Entries.** The session API's records and answers that need no handler state: one session's
-:class:`Entry` (its hold on the gate and the pool, its owner, its running turn), how a
-session is described, and which HTTP error an engine error is.
-
-**The session API.** The session API: pooled sessions for frameworks that drive their own agent
-loops.
+"""The session API: pooled sessions for frameworks that drive their own agent loops. Its
+wire shapes, its session entries, the API and the routes the app mounts.
 
     POST   /v1/sessions               attach (201; 429 + Retry-After when the gate refuses)
     GET    /v1/sessions               list the sessions made here
@@ -20,27 +7,24 @@ loops.
     POST   /v1/sessions/{id}/turns    append text and generate (JSON, or SSE with "stream")
     DELETE /v1/sessions/{id}          detach (204)
 
-Every session made here holds an admission ticket until it is deleted, fails, or sits
-idle (no request) longer than ``idle_s`` (``--session-idle-s``, default 300 s): then it is
-detached, its ticket released, and a later call on it answers 404 ``expired`` with the
-reason. Each authenticated caller holds at most ``max_per_caller`` sessions (429 past it),
-so abandoned sessions cannot starve A2A work; the cap is checked and taken in one step
-(a place is reserved before anything is awaited and given back if the attach fails), so
-concurrent creates cannot pass it together. With auth off every client is the one
-anonymous caller, which may use the whole pool. The pool's size here is what it can hold
-attached (:func:`attachable`): with parking on (``--max-attached``, default 4 ×
-``--max-sessions``) an idle session is parked off the cache, so the caps count those
-sessions, not the resident slots. Errors are JSON
-``{"error": {"code", "message"}}``, always 4xx for a client's mistake: empty input 400, a
-turn while one runs 409, a detached or failed session 404/410. A streamed turn whose
-client goes away is stopped with ``Generation.aclose()``; the tokens generated so far stay
-in the session. Nothing here touches the engine except through its
-:class:`~mesh.engine.interface.Session` protocol, so no request can stop the pool.
+Request models forbid unknown fields and use strict types (``"5"`` is not a number). Errors
+are JSON ``{"error": {"code", "message"}}``, 4xx for a client's mistake: a body that is not
+JSON 400 ``bad_json``, an invalid request 422, empty input 400, a turn while one runs 409,
+a detached or failed session 404/410.
+
+Every session made here holds an admission ticket until it is deleted, fails, or sits idle
+longer than ``idle_s`` (``--session-idle-s``): then it is detached, its ticket released,
+and a later call on it answers 404 ``expired`` with the reason. Each authenticated caller
+holds at most ``max_per_caller`` sessions (429 past it), the place taken before anything is
+awaited, so concurrent creates cannot pass the cap together; the anonymous caller (auth
+off) may use the whole pool, counted as :func:`attachable` (parked sessions included). A
+streamed turn whose client goes away is stopped; the tokens generated so far stay in the
+session. The engine is reached only through its :class:`~mesh.engine.interface.Session`
+protocol, so no request can stop the pool.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -75,8 +59,8 @@ from mesh.gate.queue import Admission, Hold
 __all__ = [
     "DEFAULT_IDLE_S", "DEFAULT_MAX_TOKENS", "MAX_STOP_LEN", "AttachRequest", "BadRequest", "Entry",
     "EventStream", "SessionAPI", "TurnRequest", "api_routes", "attachable", "body_error",
-    "describe", "engine_error", "error_response", "parse_body", "sse_event", "start_error",
-    "too_busy", "turn_json",
+    "describe", "error_response", "parse_body", "sse_event", "stop_turn", "too_busy",
+    "turn_json",
 ]
 
 
@@ -186,6 +170,25 @@ def sse_event(event: str, data: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+async def stop_turn(generation: Generation | None, iterator: AsyncIterator[Any] | None) -> bool:
+    """Stop an unfinished generation and close its iterator, shielded from cancellation;
+    False when either raised an engine error."""
+    ok = True
+    with anyio.CancelScope(shield=True):
+        if generation is not None and generation.result is None:
+            try:
+                await generation.aclose()
+            except EngineError:
+                ok = False
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except EngineError:
+                ok = False
+    return ok
+
+
 class EventStream(StreamingResponse):
     """An SSE response that always closes ``events`` and runs ``cleanup``, however it ends
     (even never iterated)."""
@@ -239,26 +242,12 @@ def describe(sid: str, entry: Entry, load: SessionLoad | None, now: float) -> di
     }
 
 
-def engine_error(exc: EngineError) -> Response:
-    """The answer to an engine error in a turn (the caller drops a failed session)."""
-    return error_response(*_status_code(exc), str(exc))
-
-
 def _status_code(exc: EngineError) -> tuple[int, str]:
     if isinstance(exc, ContextOverflow):
         return 422, "context_overflow"
     if isinstance(exc, SessionFailed):
         return 410, "session_failed"
     return 503, "engine_error"
-
-
-def start_error(exc: Exception) -> Response:
-    """The answer to a turn the engine refused to start, other than an engine error."""
-    if isinstance(exc, ValueError):
-        return error_response(400, "empty_input", f"{exc} (send non-empty \"text\")")
-    return error_response(
-        409, "session_busy", f"{exc}; the previous turn is still stopping, retry shortly"
-    )
 
 # -------------------- the session api -----------------------------------------
 
@@ -474,7 +463,7 @@ class SessionAPI:
                 entry.session.append(req.text)
             generation = entry.session.generate(params)
         except EngineError as exc:
-            return await self._engine_error(sid, exc)
+            return await self._turn_error(sid, exc)
         entry.generation = generation
         entry.iterator = generation.__aiter__()
         try:
@@ -485,7 +474,7 @@ class SessionAPI:
                 await start()
         except (EngineError, ValueError, RuntimeError) as exc:
             await self._end_turn(entry)
-            return await self._start_error(sid, exc)
+            return await self._turn_error(sid, exc)
         except BaseException:
             await self._end_turn(entry)
             raise
@@ -495,7 +484,7 @@ class SessionAPI:
             async for _ in entry.iterator:
                 pass
         except (EngineError, ValueError, RuntimeError) as exc:
-            return await self._start_error(sid, exc)
+            return await self._turn_error(sid, exc)
         finally:
             await self._end_turn(entry)
         result = generation.result
@@ -505,17 +494,17 @@ class SessionAPI:
 
     # ------------------------------------------------------------------ helpers
 
-    async def _start_error(self, sid: str, exc: Exception) -> Response:
-        """The answer to a turn the engine refused to start (or failed)."""
-        if isinstance(exc, EngineError):
-            return await self._engine_error(sid, exc)
-        return start_error(exc)
-
-    async def _engine_error(self, sid: str, exc: EngineError) -> Response:
-        """The answer to an engine error in a turn; a failed session is dropped."""
+    async def _turn_error(self, sid: str, exc: Exception) -> Response:
+        """The answer to a turn the engine refused or failed; a failed session is dropped."""
         if isinstance(exc, SessionFailed):
             await self._drop(sid)
-        return engine_error(exc)
+        if isinstance(exc, EngineError):
+            return error_response(*_status_code(exc), str(exc))
+        if isinstance(exc, ValueError):
+            return error_response(400, "empty_input", f"{exc} (send non-empty \"text\")")
+        return error_response(
+            409, "session_busy", f"{exc}; the previous turn is still stopping, retry shortly"
+        )
 
     async def _events(self, sid: str, entry: Entry) -> AsyncIterator[str]:
         assert entry.iterator is not None and entry.generation is not None
@@ -541,14 +530,7 @@ class SessionAPI:
         generation, iterator = entry.generation, entry.iterator
         entry.generation = entry.iterator = None
         entry.last_used = self._clock()
-        with anyio.CancelScope(shield=True):
-            if generation is not None and generation.result is None:
-                with contextlib.suppress(EngineError):
-                    await generation.aclose()
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(EngineError):
-                    await aclose()
+        await stop_turn(generation, iterator)
 
     async def _drop(self, sid: str) -> None:
         """Forget a session: stop its turn, detach it, release its ticket.
@@ -560,13 +542,10 @@ class SessionAPI:
         if entry is None:
             return
         self._give_back(entry.owner)
-        with anyio.CancelScope(shield=True):
-            try:
-                generation = entry.generation
-                if generation is not None and generation.result is None:
-                    with contextlib.suppress(EngineError):
-                        await generation.aclose()
-            finally:
+        try:
+            await stop_turn(entry.generation, None)
+        finally:
+            with anyio.CancelScope(shield=True):
                 await entry.hold.aclose()  # detach, then release the ticket
 
 
