@@ -1,18 +1,6 @@
-"""The agent worker: one streamed turn and a subtask's bookkeeping, then the multi-turn loop
-on one pool session. Read top to bottom:
-
-**One streamed turn.** One turn streamed from a pool session, and the bookkeeping of a subtask's
-turns.
-
-Shared by the workers (:mod:`mesh.worker.loop`, :mod:`mesh.worker.simulated`) and the
-agent's planning and synthesis turns: :func:`stream_turn` generates one turn and emits
-its pieces (stopping the generation on any early exit; a worker's turn that the decode gate
-holds also says its place in line), :func:`release` detaches a
-session even under cancellation, :func:`closed_text` is a turn's text as the session's
-context holds it, :class:`Tally` counts a subtask's turns into its
-:class:`~mesh.worker.types.WorkerResult`.
-
-**The loop.** The agent worker: one subtask as a multi-turn loop on one pool session.
+"""The agent worker: one streamed turn (shared with the scenario worker and the agent's
+planning and synthesis turns), a subtask's bookkeeping, then the multi-turn loop on one
+pool session.
 
 Turn loop (formats come from the template):
 
@@ -23,37 +11,26 @@ Turn loop (formats come from the template):
    false``), streaming every piece as a ``TEXT`` event;
 3. parse the turn: a finished turn (``stop``/``eos``) with an answer (inside the answer tags,
    or with no tool call at all) ends the subtask, and the answer is the turn's text as a
-   whole (what came before the answer tag included, the tags removed); each tool call is
-   run, its (token-capped)
-   output rendered with the template's ``tool_result`` file and sent as the next user
-   message; unreadable calls are answered with errors. A turn cut by ``length`` is never an
-   answer (the model is told it was cut); ``context_full`` ends the subtask as such;
+   whole (the tags removed); each tool call is run, its (token-capped) output rendered with
+   the template's ``tool_result`` file and sent as the next user message; unreadable calls
+   are answered with errors. A turn cut by ``length`` is never an answer (the model is told
+   it was cut); ``context_full`` ends the subtask as such;
 4. repeat until an answer, ``max_turns`` (the last turn's calls are not run: nobody would
    read their results) or ``max_total_tokens``; a session that outgrows its context budget
    ends with ``max_tokens`` too.
 
-An answer is never a fragment. When the answer (or the text a subtask ended with at
-``max_turns``/``max_tokens``) is not whole (:func:`mesh.worker.text.fragment`: markup, part of
-a tool call, cut mid-sentence) or names a file the project does not have
+An answer is never a fragment. When the final text is not whole
+(:func:`mesh.worker.text.fragment`) or names a file the project does not have
 (:func:`mesh.worker.evidence.unknown_files`), one more turn is asked for under the sentence
-grammar (:func:`mesh.worker.grammar.sentence_grammar`: one complete sentence; naming one of
-the project's files when the answer meant to name one or the outline matched the request);
-if that is not whole either, the answer says so
-instead of passing the fragment on (``data["fragment"]`` keeps it).
-Every answer names its evidence in ``data["evidence"]`` (:mod:`mesh.worker.evidence`):
-the project files it names, then the lines the worker's tools showed.
-
-What the user reads (:mod:`mesh.worker.text`): prose is sampled with repetition control
-(DRY, never on a call's syntax), a turn that repeats a phrase is stopped at the repeat
-(finish ``loop``, a finished turn), and the final answer loses turn tags and any sentence of
-the template's own instructions.
+grammar (:func:`mesh.worker.grammar.sentence_grammar`); if that is not whole either, the
+answer says so (``data["fragment"]`` keeps the fragment). Every answer names its evidence
+in ``data["evidence"]`` (:mod:`mesh.worker.evidence`).
 
 With ``first_call`` the first turn's grammar offers only tool calls (small models
 otherwise answer from the prompt without looking). Under the grammar the last turn offers
-no tools (only the answer), and so does the turn
-after a call that repeats an earlier one word for word: that call is not run again (its
-result is already in the context) and the model is told to answer. Small models otherwise
-loop on one call until ``max_turns``.
+only the answer, and so does the turn after a call that repeats an earlier one word for
+word: that call is not run again and the model is told to answer (small models otherwise
+loop on one call until ``max_turns``).
 
 The session is detached in every case, shielded from cancellation. Engine failures become
 :class:`WorkerFailed` naming the subtask and turn; tool refusals (:class:`ToolError`) are
@@ -132,10 +109,9 @@ def place_text(place: int) -> str:
 
 async def _say_places(place: Callable[[], int | None], emit: Emit, turn: int,
                       stop: asyncio.Event) -> None:
-    """Until ``stop``: each time ``place()`` (the turn's place in the decode gate's line,
-    None while it runs) changes to a place, a status event naming it — not more often than
-    every :data:`PLACE_EVERY_S`, the latest place then. A failing read or write ends the
-    watch, never the turn."""
+    """Until ``stop``: a status event each time ``place()`` (None while the turn runs)
+    changes to a place, at most every :data:`PLACE_EVERY_S`. A failing read or write ends
+    the watch, never the turn."""
     said: int | None = None
     said_at = -PLACE_EVERY_S
     try:
@@ -169,12 +145,10 @@ async def stream_turn(
     (:class:`~mesh.worker.text.LoopGuard`) is stopped there: its result is the text before
     the repeat, with finish reason ``loop`` (a finished turn).
 
-    With ``place`` (a worker's turns: ``functools.partial(engine.turn_place, session.id)``)
-    a turn the decode gate holds says its place in line while it waits, as a status event
-    ("waiting for a decode turn (#3 in line)", ``data["turn_place"]``) when the place
-    changed, at most about once a second; a turn let in at once says nothing, and a
-    running turn nothing more (a paused one waits again, and says so). Its events and the
-    turn's own go out one at a time.
+    With ``place`` (a worker's turns: ``partial(engine.turn_place, session.id)``) a turn
+    the decode gate holds says its place in line while it waits (:func:`place_text`,
+    ``data["turn_place"]``), when it changed, at most about once a second; its events and
+    the turn's own go out one at a time.
     """
     generation = session.generate(params)
     pieces = generation.__aiter__()
@@ -232,11 +206,8 @@ async def release(session: Session) -> None:
 
 
 def closed_text(result: EngineTurn, stops: tuple[str, ...]) -> str:
-    """The turn's text with its matched stop string, as the session's context holds it.
-
-    The engine names the stop and leaves all of it out of ``text``; an engine that reports
-    no name may have left the stop's first pieces in: those are completed instead.
-    """
+    """The turn's text with its matched stop string, as the session's context holds it
+    (an engine that names no stop may have left its first pieces in: completed here)."""
     if result.stop is not None:
         return result.text + result.stop
     if result.finish_reason == "stop":
@@ -245,7 +216,6 @@ def closed_text(result: EngineTurn, stops: tuple[str, ...]) -> str:
                 if result.text.endswith(stop[:k]):
                     return result.text[: len(result.text) - k] + stop
     return result.text
-
 
 
 @dataclass
@@ -264,20 +234,11 @@ class Tally:
 
     def result(self, answer: str, finish: str, **extra: Any) -> WorkerResult:
         return WorkerResult(
-            answer=answer,
-            num_turns=self.turns,
-            num_generated=self.generated,
-            num_tool_calls=self.tool_calls,
-            finish_reason=finish,
-            data={
-                "session_id": self.session_id,
-                "parse_errors": self.parse_errors,
-                "repeated_calls": self.repeated_calls,
-                "compactions": self.compactions,
-                "turn_finishes": list(self.finishes),
-                **extra,
-            },
-        )
+            answer=answer, num_turns=self.turns, num_generated=self.generated,
+            num_tool_calls=self.tool_calls, finish_reason=finish,
+            data={"session_id": self.session_id, "parse_errors": self.parse_errors,
+                  "repeated_calls": self.repeated_calls, "compactions": self.compactions,
+                  "turn_finishes": list(self.finishes), **extra})
 
 # -------------------- the loop ------------------------------------------------
 
@@ -307,12 +268,9 @@ class WorkerLimits:
     @classmethod
     def from_template(cls, template: Template) -> WorkerLimits:
         m = template.manifest
-        return cls(
-            max_turns=m.turns.max_turns,
-            max_tokens_per_turn=m.turns.max_tokens_per_turn,
-            max_total_tokens=m.turns.max_total_tokens,
-            max_tool_output_tokens=m.tools.max_output_tokens,
-        )
+        return cls(max_turns=m.turns.max_turns, max_tokens_per_turn=m.turns.max_tokens_per_turn,
+                   max_total_tokens=m.turns.max_total_tokens,
+                   max_tool_output_tokens=m.tools.max_output_tokens)
 
     def validate(self) -> None:
         for name in ("max_turns", "max_tokens_per_turn", "max_total_tokens"):
@@ -425,14 +383,11 @@ class AgentWorker:
                     return await done(reply, "max_tokens")
                 results: list[str] = []
                 if cut:
-                    results.append(
-                        self._template.tool_result(
-                            call="(turn cut)", is_error=True, turn=turn,
-                            output=f"your turn was cut after {result.num_generated} tokens "
-                            f"({result.finish_reason}); write one short tool call or the "
-                            f"answer between {syntax.answer_open} and {syntax.answer_close}",
-                        )
-                    )
+                    results.append(self._template.tool_result(
+                        call="(turn cut)", is_error=True, turn=turn,
+                        output=f"your turn was cut after {result.num_generated} tokens "
+                        f"({result.finish_reason}); write one short tool call or the "
+                        f"answer between {syntax.answer_open} and {syntax.answer_close}"))
                 for call in parsed.calls if not cut else ():
                     key = call.display()
                     if key in seen:
@@ -451,18 +406,12 @@ class AgentWorker:
                     state.tool_calls += 1
                     if not is_error:
                         shown.extend(evidence_of(call.name, output))
-                    results.append(
-                        self._template.tool_result(
-                            call=call.display(), output=output, is_error=is_error, turn=turn
-                        )
-                    )
+                    results.append(self._template.tool_result(
+                        call=key, output=output, is_error=is_error, turn=turn))
                 for error in parsed.errors if not cut else ():
                     await emit(WorkerEvent(EventKind.TOOL_RESULT, error, turn, {"error": True}))
-                    results.append(
-                        self._template.tool_result(
-                            call="(unreadable call)", output=error, is_error=True, turn=turn
-                        )
-                    )
+                    results.append(self._template.tool_result(
+                        call="(unreadable call)", output=error, is_error=True, turn=turn))
                 user = "\n\n".join(r.strip("\n") for r in results)
                 tail = chat.reply_tail(messages, user)
                 if self._near_budget(session, tail):
@@ -482,10 +431,8 @@ class AgentWorker:
                             f"summary", turn, {"compaction": state.compactions}))
                         continue
                 session.append(tail)
-                messages += [
-                    {"role": "assistant", "content": reply},
-                    {"role": "user", "content": user},
-                ]
+                messages += [{"role": "assistant", "content": reply},
+                             {"role": "user", "content": user}]
         except ContextOverflow as exc:
             if state.generated == 0:
                 # Nothing was produced: the input itself does not fit the session.
@@ -512,9 +459,8 @@ class AgentWorker:
     def _summary(self, subtask: Subtask, seen: Mapping[str, int], shown: list[Evidence],
                  latest: str) -> str:
         """The turns so far as one message: the task, the calls made, the evidence found
-        (the files and lines the tools showed, not their text), the latest tool results
-        whole, and the open question. Built, not generated: a small model's summary loses
-        exactly what matters, and this one is exact."""
+        (not its text), the latest tool results whole, and the open question. Built, not
+        generated: a small model's summary loses exactly what matters."""
         syntax = self._template.manifest.tool_calls
         calls = ", ".join(f"{key} (turn {turn})" for key, turn in seen.items()) or "none"
         found = "; ".join(dict.fromkeys(e.label() for e in shown)) or "nothing yet"
@@ -596,11 +542,9 @@ class AgentWorker:
         return await self._whole(state, result.text, finish, shown, repaired=why, **extra)
 
     async def _evidence(self, answer: str, shown: list[Evidence]) -> list[dict[str, object]]:
-        """The evidence ``answer`` names (:func:`mesh.worker.evidence.cited`). A project
-        file it names that no tool showed is cited with the lines its outline entry gives
-        for what the answer speaks of (source ``outline``: what the model saw); a file
-        the outline does not hold is read through the worker's own ``read_file`` for them
-        (:func:`~mesh.worker.evidence.defined_lines`)."""
+        """The evidence ``answer`` names (:func:`mesh.worker.evidence.cited`); a named
+        file no tool showed gets the lines its outline entry gives (source ``outline``),
+        else the lines the worker's own ``read_file`` shows of what the answer speaks of."""
         files = self._paths.files if self._paths is not None else ()
         outline = {entry.path: entry for entry in self._template.outline}
         out: list[dict[str, object]] = []
