@@ -1,15 +1,10 @@
 """What a worker's turn may say and how it is read back: parsing a turn into tool calls and
-an answer, then the GBNF grammars it is sampled under. Read top to bottom:
+an answer, then the GBNF grammars it is sampled under.
 
-**Reading a turn.** Parsing a generated turn into tool calls and a final answer, in a template's
-syntax.
-
-Models, small ones most of all, write garbage: unterminated tags, invalid JSON, calls with
-positional arguments, nested junk. :func:`parse_turn` never raises; what it cannot read
-becomes an entry of :attr:`ParsedTurn.errors`, which the worker reports back to the model
-as a tool error so it can try again.
-
-Syntaxes (see :class:`~mesh.template.loader.ToolCallSyntax`):
+**Reading a turn.** Models, small ones most of all, write garbage: unterminated tags,
+invalid JSON, positional arguments, nested junk. :func:`parse_turn` never raises; what it
+cannot read becomes an entry of :attr:`ParsedTurn.errors`, which the worker reports back
+to the model as a tool error. Syntaxes (:class:`~mesh.template.loader.ToolCallSyntax`):
 
 * ``json``: ``<open>{"name": "grep", "arguments": {"text": "x"}}<close>``;
 * ``call``: ``<open>grep(text="x")<close>``: keyword arguments with literal values only,
@@ -18,37 +13,29 @@ Syntaxes (see :class:`~mesh.template.loader.ToolCallSyntax`):
 A call whose close tag is missing at the very end of the text is accepted (generation may
 have stopped on the close tag without emitting it).
 
-**Grammars.** GBNF grammars for worker turns: free text, then one well-formed tool call or an
-answer.
-
-:func:`turn_grammar` builds, for a template's call syntax and its enabled tools, a grammar
-(llama.cpp's GBNF, root rule ``root``) whose sentences are exactly
+**Grammars.** :func:`turn_grammar` builds, for a template's call syntax and its enabled
+tools, a grammar (root rule ``root``) whose sentences are exactly
 
 * ``FREE OPEN CALL CLOSE``: reasoning, then one call of an enabled tool, with only that
   tool's argument keys, each at most once (in any order), each value a literal of the
   key's type (string, integer or boolean); or
 * ``FREE ANSWER_OPEN TEXT ANSWER_CLOSE``: reasoning, then the final answer; or
-* ``TEXT``: a plain reply, the model's own way to answer in its chat format (the turn
-  ends at its end-of-turn token); the worker reads it as the answer.
+* ``TEXT``: a plain reply (the turn ends at the model's end-of-turn token), read as the
+  answer.
 
-Nothing else can be sampled, so every turn :func:`~mesh.worker.grammar.parse_turn` reads
-has no errors. All characters are printable ASCII (plus newlines in free text and answers),
-and free text and answers contain no ``<``: a tag can only be a real tag. Given the
-project's :class:`ProjectPaths`, free text and answers write a ``/`` only inside one of the
-project's paths: a small model cannot name a file the project does not have
-("src/main.py"); it can only pick among the real ones (``mesh/engine/pool.py``).
-
-Lengths are capped so that a whole sentence fits ``max_tokens``: with ASCII only, each
-token the grammar admits carries at least one character, so a sentence of at most
-``max_tokens`` characters cannot be cut by ``length`` half-way through a call.
+So every turn :func:`parse_turn` reads has no errors. All characters are printable ASCII
+(plus newlines in free text and answers), and free text and answers contain no ``<``: a
+tag can only be a real tag. Given the project's :class:`ProjectPaths`, prose writes a
+``/`` only inside one of the project's paths, so a small model cannot name a file the
+project does not have. Lengths are capped so that a whole sentence fits ``max_tokens``
+(each token the grammar admits carries at least one character).
 
 Argument keys and types (:data:`TOOL_ARGS`) mirror what :mod:`mesh.worker.tools` accepts:
-numbers within the tools' own ranges (``start`` >= 1, ``lines`` 1-999, ``depth`` 1-6,
-``max_matches`` 1-99) and, given the project's :class:`ProjectPaths`, a ``path`` that names
-one of them (a file for ``read_file``, a folder for ``list_files``, either for ``grep``),
-so a small model cannot ask for a file that is not there. Paths are written as a tree of
-rules (one a folder), so a grammar over thousands of paths stays small for llama.cpp's
-sampler. A tool this module does not know gets no arguments in the grammar.
+numbers within the tools' own ranges and, given :class:`ProjectPaths`, a ``path`` that
+names one of them (a file for ``read_file``, a folder for ``list_files``, either for
+``grep``). Paths are written as a tree of rules (one a folder), so a grammar over
+thousands of paths stays small for llama.cpp's sampler. A tool this module does not know
+gets no arguments in the grammar.
 
 :func:`sentence_grammar` is the grammar of a repair turn: the answer as one complete
 sentence (see :mod:`mesh.worker.loop`).
@@ -310,6 +297,10 @@ def _turn_grammar(
     for name in names:
         args = tuple((key, _kind(k, paths)) for key, k in TOOL_ARGS.get(name, ()))
         rules.update(_tool_rules(name, args, style))
+    return _text(rules)
+
+
+def _text(rules: Mapping[str, str]) -> str:
     return "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n"
 
 
@@ -340,8 +331,7 @@ def _prose(char: str, least: int, most: int, prose: tuple[str, ...],
     (``path-prose``, set apart by :data:`_BEFORE`/:data:`_AFTER`; first, when
     ``path_first``; always, with ``need_path``) when the length bound has room for one:
     a path's characters count, so the bound holds exactly."""
-    longest = max((len(p) for p in prose), default=0)
-    side = (most - longest - 2) // 2
+    side = (most - _longest(prose) - 2) // 2
     if not prose or side < _MIN_SEGMENT:
         return f"{char}{{{least},{most}}}"
     tail = f"({_AFTER[kind]} {char}{{0,{side}}})?"
@@ -413,12 +403,12 @@ def sentence_grammar(syntax: ToolCallSyntax, max_tokens: int,
         "sentence": f"[A-Z0-9] ({body}) [.!?]",
     }
     if prose:  # or the path first: "courier/parcels.py defines it."
-        side = most - max(len(p) for p in prose) - 1
+        side = most - _longest(prose) - 1
         if side >= _SENTENCE_MIN:
             rules["sentence"] += (f" | path-prose {_AFTER['sentence']} "
                                   f"{char}{{{_SENTENCE_MIN},{side}}} [.!?]")
         rules.update(_path_rules("path-prose", prose))
-    return "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n"
+    return _text(rules)
 
 
 def _kind(kind: ArgType, paths: ProjectPaths | None) -> ArgType:
