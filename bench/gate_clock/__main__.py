@@ -18,6 +18,7 @@ Every run is on the real engine (SmolLM2 unless ``--model``); run it alone on th
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import subprocess
@@ -69,12 +70,41 @@ def _phase_windows(run: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def _package_tokens(folder: Path, report: str) -> list[int]:
+    """Tokens generated per delivered package, from one policy's report (``.json`` as
+    written, or ``.json.gz`` as committed)."""
+    path = folder / report
+    gz = path.with_name(path.name + ".gz")
+    if path.exists():
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    elif gz.exists():
+        doc = json.loads(gzip.decompress(gz.read_bytes()))
+    else:
+        return []
+    return [t["num_generated"] for t in doc.get("tasks", []) if t.get("state") == "completed"]
+
+
+def order_bound(tokens: Sequence[int], rate: float) -> float | None:
+    """The earliest p50 delivery any order of these packages reaches at ``rate`` aggregate
+    tokens/s, all submitted at once: the i-th delivery comes no sooner than the i smallest
+    packages' tokens over the rate (shortest first is the best order)."""
+    if not tokens or rate <= 0:
+        return None
+    done, cum = [], 0
+    for n in sorted(tokens):
+        cum += n
+        done.append(cum / rate)
+    return statistics.median(done)
+
+
 def read(folder: Path) -> dict[str, dict[str, Any]]:
     """Per policy label: the run's summary figures, its ratios to legacy in the same run,
-    and its windows under the floor per neighbour phase."""
+    its windows under the floor per neighbour phase, and the order bound: the p50 delivery
+    no order reaches at the best aggregate rate of any policy in this run."""
     doc = json.loads((folder / "compare.json").read_text(encoding="utf-8"))
     runs = {r["label"].split("=", 1)[1]: r for r in doc["runs"]}
     legacy = runs.get("legacy", {}).get("summary", {})
+    best_rate = max((r["summary"].get("agg_tps") or 0.0) for r in runs.values())
     out: dict[str, dict[str, Any]] = {}
     for policy, r in runs.items():
         s = r["summary"]
@@ -84,6 +114,10 @@ def read(folder: Path) -> dict[str, dict[str, Any]]:
             base = legacy.get(m)
             row[f"{m}_vs_legacy"] = (s[m] / base) if base and s.get(m) is not None else None
         row["windows_by_phase"] = _phase_windows(r)
+        bound = order_bound(_package_tokens(folder, r.get("report", "")), best_rate)
+        row["p50_bound_s"] = bound
+        row["p50_bound_vs_legacy"] = (bound / legacy["p50_delivery_s"]
+                                      if bound and legacy.get("p50_delivery_s") else None)
         out[policy] = row
     return out
 
@@ -108,7 +142,7 @@ def summarize(root: Path) -> dict[str, Any]:
             runs = cell["runs"]
             for key in ("wall_s", "p50_delivery_s", "wall_s_vs_legacy",
                         "p50_delivery_s_vs_legacy", "windows_under_floor", "agg_tps",
-                        "mean_running"):
+                        "mean_running", "p50_bound_vs_legacy"):
                 cell[key] = _spread([r[key] for r in runs if r.get(key) is not None])
             for state in ("off", "on"):
                 cell[f"windows_{state}"] = _spread(
@@ -130,12 +164,16 @@ def _fmt(cell: dict[str, float] | None, pct: bool = False, digits: int = 2) -> s
 
 def markdown(table: dict[str, Any]) -> str:
     lines = ["# The floor gate on the user's clock", "",
-             "Median over seeds (min–max); ratios are to `legacy` in the same run.", ""]
+             "Median over seeds (min–max); ratios are to `legacy` in the same run. "
+             "Order bound: the p50 delivery no order of the run's packages reaches at the "
+             "best aggregate tokens/s of any policy in that run (shortest first), over "
+             "legacy's p50.", ""]
     for name, policies in table.items():
         lines += [f"## {name}", "",
                   "| policy | seeds | wall / legacy | p50 delivery / legacy | wall s | "
-                  "p50 s | windows < floor | off / on phase | running turns | agg tok/s |",
-                  "|---|---:|---|---|---|---|---|---|---|---|"]
+                  "p50 s | windows < floor | off / on phase | running turns | agg tok/s | "
+                  "order bound / legacy |",
+                  "|---|---:|---|---|---|---|---|---|---|---|---|"]
         for policy, c in policies.items():
             phase = (f"{_fmt(c['windows_off'], True)} / {_fmt(c['windows_on'], True)}"
                      if c["windows_on"] else "–")
@@ -144,7 +182,8 @@ def markdown(table: dict[str, Any]) -> str:
                 f"{_fmt(c['p50_delivery_s_vs_legacy'])} | {_fmt(c['wall_s'], digits=1)} | "
                 f"{_fmt(c['p50_delivery_s'], digits=1)} | "
                 f"{_fmt(c['windows_under_floor'], True)} | {phase} | "
-                f"{_fmt(c['mean_running'])} | {_fmt(c['agg_tps'], digits=1)} |")
+                f"{_fmt(c['mean_running'])} | {_fmt(c['agg_tps'], digits=1)} | "
+                f"{_fmt(c['p50_bound_vs_legacy'])} |")
         lines.append("")
     return "\n".join(lines)
 
