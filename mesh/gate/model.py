@@ -22,7 +22,7 @@ that cost to ``f`` (what is left per row is the rows × prefix FLOPs), and the f
 from live steps: nothing here assumes which. ``f`` starts at zero and its ridge is firm, so
 it moves only on steps whose cells vary apart from their rows, and a pool that runs at one
 number of cells leaves it near zero instead of splitting the intercept into it
-(``bench/prefix_attention_bench.py`` measures the per-step and per-row slopes).
+(``bench/prefix_attention`` measures the per-step and per-row slopes).
 
 A decoding session emits one token per step, so its tokens/s is ``1 / step_s``.
 
@@ -49,7 +49,7 @@ second on the default model on a quiet 2-core machine), and the model learns
 the rest online from the pool's own steps, whose live samples soon outweigh the seed; the
 model's prior fills in what the probe cannot tell apart. :func:`micro_benchmark` with its
 defaults (1 to 16 sessions, 512 private tokens each: a minute or more on a CPU) is the full
-measurement ``bench/gate_bench.py`` uses and ``seed_model(..., full=True)`` asks for.
+measurement ``bench/gate`` uses and ``seed_model(..., full=True)`` asks for.
 """
 
 from __future__ import annotations
