@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import struct
 import time
 import uuid
@@ -65,17 +66,11 @@ from mesh.api.openai_tools import (
     ToolsError,
     ToolSpec,
     cached_grammar,
-    chunk_line,
-    created,
-    finish_reason,
-    oa_error,
     parse_tool_choice,
     parse_tools,
     render_calls,
     split_calls,
-    too_busy,
     tools_prompt,
-    usage_json,
 )
 from mesh.api.sessions import DEFAULT_MAX_TOKENS, MAX_STOP_LEN, EventStream, body_error, stop_turn
 from mesh.engine.config import SamplingParams
@@ -95,8 +90,9 @@ from mesh.template.chat import ChatFormat, ChatFormatError
 
 __all__ = [
     "STRICT_SUFFIX", "Bad", "ChatTurn", "Conversation", "ConversationCache", "OpenAIAPI",
-    "OpenAITurns", "Prompter", "engine_error", "error_code", "gguf_name", "is_strict",
-    "model_names", "reply_body", "reply_stream", "template_messages", "usage",
+    "OpenAITurns", "Prompter", "chunk_line", "engine_error", "error_code", "gguf_name",
+    "is_strict", "model_names", "oa_error", "reply_body", "reply_stream", "template_messages",
+    "usage",
 ]
 
 
@@ -208,10 +204,7 @@ class ConversationCache:
         """Detach the least recently used idle conversation; False when none is idle."""
         if not self._idle:
             return False
-        sid = min(self._idle, key=lambda k: self._idle[k].last_used)
-        conv = self._idle.pop(sid)
-        self.evictions += 1
-        await discard(conv)
+        await self._evict(min(self._idle, key=lambda k: self._idle[k].last_used))
         return True
 
     async def evict_idle(self, older_than_s: float) -> int:
@@ -219,10 +212,12 @@ class ConversationCache:
         cutoff = time.monotonic() - older_than_s
         old = [sid for sid, c in self._idle.items() if c.last_used < cutoff]
         for sid in old:
-            conv = self._idle.pop(sid)
-            self.evictions += 1
-            await discard(conv)
+            await self._evict(sid)
         return len(old)
+
+    async def _evict(self, sid: str) -> None:
+        self.evictions += 1
+        await discard(self._idle.pop(sid))
 
     async def aclose(self) -> None:
         while await self.evict_lru():
@@ -256,9 +251,20 @@ class Bad(Exception):
         return cls(429, refusal.message, refusal.code, retry_after_s=refusal.retry_after_s)
 
     def response(self) -> JSONResponse:
+        headers = None
         if self.retry_after_s is not None:
-            return too_busy(self.message, self.code, self.retry_after_s)
-        return oa_error(self.status, self.message, self.code, param=self.param)
+            headers = {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+        return oa_error(self.status, self.message, self.code, param=self.param, headers=headers)
+
+
+def oa_error(
+    status: int, message: str, code: str, *, param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    kind = {400: "invalid_request_error", 404: "not_found_error", 422: "invalid_request_error",
+            429: "rate_limit_exceeded", 503: "server_error"}.get(status, "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status, headers)
 
 
 class ChatTurn:
@@ -283,15 +289,11 @@ class OpenAITurns:
         self.max_wait_s = max_wait_s
 
     async def admit(self, caller: str = "") -> Hold:
-        """A hold on the gate for a new conversation (one of ``caller``'s queue places);
-        :meth:`end` releases it. Its session is attached by :meth:`start`, not by the hold:
-        a conversation's session outlives the turn's ticket (cached idle between turns).
-
-        Idle conversations count as workers (their sessions are in the pool), so while this
-        one waits they give way, least recently used first, one per ``_EVICT_AFTER_S``
-        (at once while the pool refuses an attach). The wait keeps its place in the queue
-        all along: a conversation cached after it queued (another request's, just
-        finished) cannot hold it back, and it never rejoins the queue at the back. 429
+        """A hold on the gate for a new conversation (one of ``caller``'s queue places),
+        released by :meth:`end`; its session is attached by :meth:`start` (a conversation's
+        session outlives the turn's ticket). Idle conversations are workers too: while this
+        one waits, keeping its place in the queue, they give way, least recently used
+        first, one per ``_EVICT_AFTER_S`` (at once while the pool refuses an attach). 429
         past ``max_wait_s``, or at once when the queue (or ``caller``'s share) is full."""
         while not self.engine.check_attach().ok and await self.cache.evict_lru():
             pass
@@ -509,7 +511,17 @@ def _fold_system(messages: list[Msg]) -> list[Msg]:
 def usage(turn: ChatTurn, result: TurnResult) -> dict[str, Any]:
     """Usage: the prompt is what was cached plus what this turn prefilled."""
     prompt = turn.cached_tokens + result.num_prompt_tokens
-    return usage_json(prompt, result.num_generated, turn.cached_tokens)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": result.num_generated,
+        "total_tokens": prompt + result.num_generated,
+        "prompt_tokens_details": {"cached_tokens": turn.cached_tokens},
+    }
+
+
+def chunk_line(body: dict[str, Any] | str) -> str:
+    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
+    return f"data: {data}\n\n"
 
 
 def _choice(reason: str | None, **part: Any) -> dict[str, Any]:
@@ -518,7 +530,7 @@ def _choice(reason: str | None, **part: Any) -> dict[str, Any]:
 
 def _calls(turn: ChatTurn, result: TurnResult) -> tuple[str | None, list[dict[str, Any]], str]:
     """The reply's prose, its tool calls (none without tools) and its finish reason."""
-    reason = finish_reason(result.finish_reason)
+    reason = "length" if result.finish_reason in ("length", "context_full") else "stop"
     if not turn.tools:
         return result.text, [], reason
     content, calls = split_calls(result.text, turn.tools, repeats=turn.repeat_calls)
@@ -539,7 +551,7 @@ def reply_body(turn: ChatTurn, result: TurnResult, rid: str, chat: bool,
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
-        "created": created(),
+        "created": int(time.time()),
         "model": model,
         "choices": [choice],
         "usage": usage(turn, result),
@@ -550,7 +562,7 @@ async def reply_stream(turn: ChatTurn, rid: str, chat: bool, with_usage: bool,
                        model: str) -> AsyncIterator[str]:
     """The SSE lines of a streamed completion, ``[DONE]`` last (an error ends it early)."""
     head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created(), "model": model}
+            "created": int(time.time()), "model": model}
 
     def chunk(reason: str | None, **part: Any) -> str:
         return chunk_line({**head, "choices": [_choice(reason, **part)]})

@@ -1,51 +1,34 @@
 """The OpenAI-compatible API's request shapes and tools: the limits on ``tools``, the
-request models and response bodies, the tools' prompt and reply parsing, and the grammar a
-tool call is sampled under. Read top to bottom:
+request models, the tools' prompt and reply parsing, and the grammar a
+tool call is sampled under (docs/openai-api.md has the limits' table and the bounds).
+Read top to bottom:
 
-**Limits.** A tool's JSON schema becomes a grammar and a prompt, both growing with the
-schema's shape (a ``type`` list is one alternative per entry, an object one rule per
-optional property). :func:`check_tools_shape` walks the raw ``tools`` once, bounded by
+**Limits.** :func:`check_tools_shape` walks the raw ``tools`` once, bounded by
 :data:`MAX_SCHEMA_NODES` whatever the body holds, before anything else reads them, and
-refuses a schema past any limit with a :class:`ToolsError` naming the limit and where it
-was crossed (the API answers 400 ``invalid_tools``). Within them the grammar is linear in
-the schema and a few tens of milliseconds at most to build; llama.cpp's grammar parser
-accepts it (it refuses a repeated group of over 2,000 elements, hence the bound on property
-names). The limits admit every BFCL tool list with a wide margin (docs/openai-api.md).
+refuses a schema past any limit with a :class:`ToolsError` naming the limit and where
+(400 ``invalid_tools``). Within them the grammar is linear in the schema and llama.cpp's
+parser accepts it (it refuses a repeated group of over 2,000 elements).
 
-**Schema.** Models ignore fields mesh does not use (clients send many: ``user``,
-``logit_bias``, ``frequency_penalty``...) and reject the ones whose meaning mesh cannot
-honour (``n > 1``, ``logprobs``). Errors follow OpenAI's shape: ``{"error": {"message",
-"type", "code"}}``.
+**Schema.** Models ignore fields mesh does not use and reject the ones it cannot honour
+(``n > 1``, ``logprobs``). Errors follow OpenAI's shape.
 
-**Tools.** The tools are described in text put before the first user message's content
-(never in the system part: the prefix is immutable and shared); the turn is sampled under
-the grammar below; the reply is parsed back into OpenAI ``tool_calls`` with
-``finish_reason: "tool_calls"``, a call repeated word for word kept once unless the request
-asks for repeats (a small model under ``parallel_tool_calls`` tends to write the one right
-call twice). An assistant message with ``tool_calls`` in a later request is rendered with
-the same markup, so the conversation reads to the model as it wrote it.
+**Tools.** The tools are described before the first user message's content (the prefix
+is immutable and shared); the reply is parsed back into ``tool_calls`` (a call repeated
+word for word kept once unless the request asks for repeats), and an assistant message's
+``tool_calls`` are rendered back in the same markup.
 
-**Grammar.** The GBNF grammar (llama.cpp's grammar sampler) admits only well-formed calls of
-the listed tools, each ``<tool_call>{"name":"NAME","arguments":{...}}</tool_call>`` with
-the arguments typed by the tool's JSON schema, or, with ``tool_choice`` ``auto``, plain
-prose that does not start with ``<``. Strings and arrays are bounded by the request's
-``max_tokens`` (:class:`Bounds`), so a call closes before the reply runs out of tokens
-even on a noisy model: a string holds at most ``max_tokens`` characters (a token is one
-character at least) and an array at most ``max_tokens // 2`` items. Past
-:data:`STRING_BOUNDED_MAX` characters or :data:`ARRAY_BOUNDED_MAX` items the repetition is
-left open (``*``): llama.cpp expands ``x{0,n}`` into ``n`` rules, and ``max_tokens`` ends
-the reply anyway. Each schema node is compiled once (rules are memoized by their path
-name); the API calls :func:`cached_grammar` off the event loop, and equal requests (same
-tools, choice and bounds) share one build.
+**Grammar.** GBNF admitting only well-formed calls of the listed tools, arguments typed by
+their schema, or with ``tool_choice`` ``auto`` plain prose not starting with ``<``.
+Strings and arrays are bounded by ``max_tokens`` (:class:`Bounds`) so a call closes before
+the reply runs out of tokens. Each schema node is compiled once (memoized by path name),
+and equal requests share one build (:func:`cached_grammar`, called off the event loop).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -53,15 +36,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.responses import JSONResponse
 
 __all__ = [
     "ARRAY_BOUNDED_MAX", "CALL_CLOSE", "CALL_OPEN", "MAX_ENUM", "MAX_KEY_CHARS", "MAX_PARALLEL",
     "MAX_PROPERTIES", "MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "MAX_TOOLS", "MAX_TYPE_LIST",
     "STRING_BOUNDED_MAX", "Bounds", "ChatRequest", "CompletionRequest", "SamplingFields",
-    "ToolChoice", "ToolSpec", "ToolsError", "cached_grammar", "check_tools_shape", "chunk_line",
-    "finish_reason", "oa_error", "parse_tool_choice", "parse_tools", "render_calls", "split_calls",
-    "tools_grammar", "tools_prompt", "usage_json",
+    "ToolChoice", "ToolSpec", "ToolsError", "cached_grammar", "check_tools_shape",
+    "parse_tool_choice", "parse_tools", "render_calls", "split_calls", "tools_grammar",
+    "tools_prompt",
 ]
 
 
@@ -204,43 +186,6 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
 
-
-def oa_error(
-    status: int, message: str, code: str, *, param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 422: "invalid_request_error",
-            429: "rate_limit_exceeded", 503: "server_error"}.get(status, "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status, headers)
-
-
-def too_busy(message: str, code: str, retry_after_s: float) -> JSONResponse:
-    retry = str(max(1, math.ceil(retry_after_s)))
-    return oa_error(429, message, code, headers={"Retry-After": retry})
-
-
-def finish_reason(engine_reason: str) -> str:
-    """The engine's finish reason in OpenAI's words."""
-    return {"length": "length", "context_full": "length"}.get(engine_reason, "stop")
-
-
-def usage_json(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def chunk_line(body: dict[str, Any] | str) -> str:
-    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
-    return f"data: {data}\n\n"
-
-
-def created() -> int:
-    return int(time.time())
 
 # -------------------- tools ---------------------------------------------------
 
