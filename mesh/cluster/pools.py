@@ -2,40 +2,30 @@
 the routing rule, addresses, what happens when a pool dies, and why Ray Core rather than
 Ray Serve). The pure routing rule, connecting to a cluster, then the engine over the actors.
 
-**Routing** (:func:`route`, pure: tested with tables of :class:`PoolView`, one per pool
-actor, from its latest report), first rule first: a pool whose actor died is never chosen
-again; only a pool whose prefix hash equals the session's may take it; its last report said
-``check_attach`` is ok and it has attach room left after the sessions this coordinator
-holds on it and is attaching there; pools whose decode gate holds no turn waiting (room at
-the floor) come first; then the fewest running turns, the most attach room, the most free
-cells, and the name. A session stays on its pool: routing runs once, at attach (and again
-only if the pool dies).
+**Routing** (:func:`route`, pure), first rule first: a pool whose actor died is never
+chosen again; only a pool whose prefix hash equals the session's may take it; its last
+report said ``check_attach`` is ok and it has attach room left after the sessions this
+coordinator holds and is attaching there; pools whose decode gate holds no turn waiting
+(room at the floor) come first; then the fewest running turns, the most attach room, the
+most free cells, and the name. A session stays on its pool: routing runs once, at attach
+(and again only if the pool dies).
 
 **Connecting** (:func:`connect`): ``auto`` joins the cluster this machine runs, else starts
-a local one (this process its head, stopped with mesh); ``HOST:PORT`` (or
-``ray://HOST:PORT``) joins that one, after a TCP probe, so a wrong address fails at start
-in one line naming ``--ray`` instead of Ray retrying for minutes.
+a local one (this process its head); ``HOST:PORT`` (or ``ray://HOST:PORT``) joins that one,
+after a TCP probe, so a wrong address fails at start in one line naming ``--ray``.
 
 **The engine** (:class:`RayPools`): an :class:`~mesh.engine.interface.Engine` over N
-:class:`~mesh.cluster.pool_actor.PoolActor` actors, so the gate, the worker and the A2A
-layers run on it as on a local pool. Beyond the interface's contract:
+:class:`~mesh.cluster.pool_actor.PoolActor` actors. Beyond the interface's contract:
 
-* ``start()`` places ``num_pools`` actors (``ValueError`` naming ``--ray-gpus`` /
-  ``--ray-pools`` when the cluster cannot hold them) and builds every pool; it returns
-  their :class:`~mesh.engine.interface.PoolInfo` summed under ``engine="ray:N"``.
-* ``attach()`` routes by :func:`route` and tries the next pool when one refuses.
 * ``load()`` and ``check_attach()`` read the pools' latest reports (each actor is asked
   every ``poll_s``, and sends one with every turn's end), never Ray inline; every step a
   pool measured reaches ``load().recent_steps`` once.
-* The gate's budgets are shipped to every pool as one pair
-  (:meth:`PoolActor.set_budgets`): each pool's engine thread asks its own copy per step.
-* A pool actor that dies is marked dead and never routed to again. Each of its sessions
-  moves at its next use (or at once if a turn is streaming): it attaches to another pool,
-  recomputes its context from the text it holds (the prefix is the new pool's own), and
-  the turn goes on for the tokens it has left. While the live pools are full it waits for
-  room (up to :data:`MOVE_WAIT_S`); where no pool can take it, the turn raises
-  :class:`~mesh.engine.interface.SessionFailed` naming the dead pool and why. Held-back
-  text (a possible stop string's start) dies with its pool.
+* The gate's budgets are shipped to every pool as one pair (:meth:`PoolActor.set_budgets`).
+* A pool actor that dies is never routed to again. Each of its sessions moves at its next
+  use (or at once if a turn is streaming): it attaches to another pool, recomputes its
+  context from the text it holds, and the turn goes on for the tokens it has left (see
+  :meth:`RayPools.move`). Held-back text (a possible stop string's start) dies with its
+  pool.
 * A session whose handle is dropped without ``detach`` is detached on its pool by the
   next poll (the pool's own reaper cannot see a coordinator's handles).
 """
@@ -350,7 +340,9 @@ class RayPools:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, progress: Callable[[int, int], None] | None = None) -> PoolInfo:
-        """Place the pool actors and build every pool (see the module docstring)."""
+        """Place ``num_pools`` actors (``ValueError`` naming ``--ray-gpus`` /
+        ``--ray-pools`` when the cluster cannot hold them) and build every pool; their
+        :class:`~mesh.engine.interface.PoolInfo` summed under ``engine="ray:N"``."""
         self._check_resources()
         cls = ray.remote(PoolActor)
         for i in range(self.num_pools):
@@ -478,9 +470,8 @@ class RayPools:
 
     def _detach_dropped(self) -> None:
         for sid in [s for s in self._where if s not in self._handles]:
-            h, rid = self._where.pop(sid)
-            self._ids.pop((h.name, rid), None)
-            h.num_sessions -= 1
+            h, rid = self._where[sid]
+            self._unplace(sid)
             if h.is_alive:
                 logger.warning("session %s was dropped without a detach; detaching it on %s",
                                sid, h.name)
@@ -695,9 +686,12 @@ class RaySession:
     def context_len(self) -> int:
         return self.pools.info.prefix_tokens + self.num_tokens + self.num_pending
 
-    def append(self, text: str) -> None:
+    def check_attached(self) -> None:
         if self.is_detached:
             raise SessionFailed(f"session {self.id} is detached")
+
+    def append(self, text: str) -> None:
+        self.check_attached()
         n = self.pools.count_tokens(text)
         budget = self.pools.info.session_budget
         if self.num_tokens + self.num_pending + n > budget:
@@ -713,8 +707,7 @@ class RaySession:
     async def compact(self, text: str) -> bool:
         """The history after the prefix becomes ``text`` on its pool (queued text stays
         queued, after it); on a dead pool, in the history the move recomputes."""
-        if self.is_detached:
-            raise SessionFailed(f"session {self.id} is detached")
+        self.check_attached()
         if self.in_turn:
             return False
         n = self.pools.count_tokens(text)
@@ -761,8 +754,7 @@ class RayGeneration:
 
     async def _run(self) -> AsyncIterator[Piece]:
         s = self._session
-        if s.is_detached:
-            raise SessionFailed(f"session {s.id} is detached")
+        s.check_attached()
         started = time.monotonic()
         s.in_turn = True
         try:  # aclosing: a consumer that leaves closes the turn at once (it stops the pool's)
