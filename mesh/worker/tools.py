@@ -95,13 +95,8 @@ def _cap(text: str, limit: int) -> str:
 class ProjectTools:
     """``list_files``, ``read_file`` and ``grep`` over one project root (see module doc)."""
 
-    def __init__(
-        self,
-        root: Path | str,
-        *,
-        max_output_chars: int = 16_000,
-        max_file_bytes: int = 1_048_576,
-    ) -> None:
+    def __init__(self, root: Path | str, *, max_output_chars: int = 16_000,
+                 max_file_bytes: int = 1_048_576) -> None:
         self.root = Path(root).resolve(strict=True)
         if not self.root.is_dir():
             raise NotADirectoryError(f"project root {self.root} is not a directory")
@@ -144,8 +139,7 @@ class ProjectTools:
         return not any(p.startswith(".") for p in real.relative_to(self.root).parts)
 
     def _rel(self, real: Path) -> str:
-        rel = real.relative_to(self.root).as_posix()
-        return rel if rel != "." else "."
+        return real.relative_to(self.root).as_posix()
 
     def _walk(self, top: Path, max_depth: int) -> list[tuple[Path, bool]]:
         """Entries under ``top`` (sorted, depth-limited), symlinked dirs not entered."""
@@ -153,9 +147,8 @@ class ProjectTools:
         base_depth = len(top.parts)
         for here, dirnames, filenames in os.walk(top, followlinks=False):
             depth = len(Path(here).parts) - base_depth
-            keep = sorted(
-                d for d in dirnames if not d.startswith(".") and d not in DEFAULT_EXCLUDED_DIRS
-            )
+            keep = sorted(d for d in dirnames
+                          if not d.startswith(".") and d not in DEFAULT_EXCLUDED_DIRS)
             dirnames[:] = [d for d in keep if not os.path.islink(os.path.join(here, d))]
             if depth + 1 >= max_depth:
                 dirnames[:] = []
@@ -176,9 +169,8 @@ class ProjectTools:
             raise ToolError(f"{args.get('path')!r} is not a folder")
         lines: list[str] = []
         for entry, is_dir in self._walk(top, depth):
-            rel = entry.relative_to(self.root).as_posix()
             suffix = "@" if entry.is_symlink() else "/" if is_dir else ""
-            lines.append(rel + suffix)
+            lines.append(self._rel(entry) + suffix)
         return _cap("\n".join(lines) or "(empty folder)", self.max_output_chars)
 
     @_tool
@@ -229,7 +221,7 @@ class ProjectTools:
             for no, line in enumerate(text.splitlines(), 1):
                 if wanted in (line.lower() if ignore_case else line):
                     shown = line if len(line) <= 300 else line[:300] + "..."
-                    matches.append(f"{path.relative_to(self.root).as_posix()}:{no}: {shown}")
+                    matches.append(f"{self._rel(path)}:{no}: {shown}")
                     if len(matches) >= max_matches:
                         break
             if len(matches) >= max_matches:
@@ -281,11 +273,7 @@ class ProjectTools:
 
             return call
 
-        return {
-            "list_files": wrap(self.list_files),
-            "read_file": wrap(self.read_file),
-            "grep": wrap(self.grep),
-        }
+        return {name: wrap(getattr(self, name)) for name in ("list_files", "read_file", "grep")}
 
 
 class DelegateTool:
