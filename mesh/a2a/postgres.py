@@ -453,12 +453,12 @@ class PostgresStores:
         # SQLAlchemy's own URL parsing would hand such options to asyncpg as keywords.
         self.engine = create_async_engine("postgresql+asyncpg://", async_creator=connect,
                                           pool_size=10, max_overflow=10, pool_recycle=1800)
-        self.membership = Membership(url, on_event=self._heard_event,
+        self.events = NotifiedEventStream(self.engine, poll_s=poll_s)
+        self.membership = Membership(url, on_event=self.events.wake,
                                      on_cancel=self._heard_cancel)
         self.tasks = _ClaimingStore(self.engine, self.membership)
         self.push_configs = DatabasePushNotificationConfigStore(
             self.engine, create_table=False, owner_resolver=owner_of)
-        self.events = NotifiedEventStream(self.engine, poll_s=poll_s)
         self._handler: ClusterRequestHandler | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -483,8 +483,6 @@ class PostgresStores:
                     await conn.execute(text(
                         f"CREATE TRIGGER {_TRIGGER} AFTER INSERT ON task_events "
                         "FOR EACH ROW EXECUTE FUNCTION mesh_notify_task_event()"))
-        except (OSError, TimeoutError) as exc:
-            raise _unreachable(self.url, exc) from None
         except Exception as exc:
             if _is_connect_error(exc):
                 raise _unreachable(self.url, exc) from None
@@ -647,9 +645,6 @@ class PostgresStores:
             self._sweeper = None
 
     # ------------------------------------------------------------------ notifications
-
-    def _heard_event(self, task_id: str) -> None:
-        self.events.wake(task_id)
 
     def _heard_cancel(self, task_id: str) -> None:
         if self._handler is None:

@@ -48,10 +48,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.models import TaskModel
 from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes.common import StarletteUser
 from a2a.server.tasks import (
     DatabasePushNotificationConfigStore,
     DatabaseTaskStore,
@@ -62,6 +62,7 @@ from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from starlette.authentication import SimpleUser
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INTERRUPTED_REASON", "SETTLED_STATES", "TERMINAL_NAMES", "TERMINAL_STATES",
     "CachedPushConfigStore",
-    "OwnerUser", "PushUrlValidator", "RowWrite", "StoredRow", "Stores", "TaskBoard",
+    "PushUrlValidator", "RowWrite", "Stores", "TaskBoard",
     "TaskStoreWriteError", "TaskStores", "TaskTable", "WriteBehindTaskStore", "interrupted_status",
     "mark_interrupted", "open_stores", "owner_context", "owner_of",
 ]
@@ -94,20 +95,6 @@ class RowWrite(NamedTuple):
     task_id: str
     owner: str
     data: bytes | None
-
-
-class StoredRow(NamedTuple):
-    """A row as the SDK's ``TaskModel`` holds it (JSON columns decoded)."""
-
-    id: str
-    context_id: str
-    kind: str
-    owner: str | None
-    status: Any
-    artifacts: Any
-    history: Any
-    protocol_version: str | None
-    task_metadata: Any
 
 
 class TaskTable:
@@ -154,17 +141,20 @@ class TaskTable:
             raise RuntimeError("the task table is not open")
         await asyncio.get_running_loop().run_in_executor(self._writer, self._write, writes)
 
-    def read(self, task_id: str) -> StoredRow | None:
-        """The committed row of ``task_id`` (any owner), or ``None``."""
+    def read(self, task_id: str) -> dict[str, Any] | None:
+        """The committed row of ``task_id`` (any owner) as the SDK's ``TaskModel`` keywords
+        (JSON columns decoded), or ``None``."""
         if self._read_conn is None:
             raise RuntimeError("the task table is not open")
         row = self._read_conn.execute(self._select, (task_id,)).fetchone()
         if row is None:
             return None
-        task_id, context_id, kind, owner, _, status, artifacts, history, version, meta = row
-        return StoredRow(task_id, context_id, kind, owner, _json_or_none(status),
-                         _json_or_none(artifacts), _json_or_none(history), version,
-                         _json_or_none(meta))
+        fields = dict(zip(_COLUMN_NAMES, row, strict=True))
+        del fields["last_updated"]
+        for key in ("status", "artifacts", "history"):
+            fields[key] = _json_or_none(fields[key])
+        fields["task_metadata"] = _json_or_none(fields.pop("metadata"))
+        return fields
 
     # ------------------------------------------------------------------ writer thread
 
@@ -429,10 +419,10 @@ class WriteBehindTaskStore(DatabaseTaskStore):
     def _read(self, task_id: str) -> _Snapshot | None:
         """The committed state of a task not in memory (decoded by the SDK); cached."""
         row = self._table.read(task_id)
-        if row is None or row.owner is None:  # a NULL owner matches no caller (as in the SDK)
+        if row is None or row["owner"] is None:  # a NULL owner matches no caller (as the SDK)
             return None
-        task = self._from_orm(self.task_model(**row._asdict()))
-        snapshot = _Snapshot(row.owner, task.SerializeToString(), is_stored=True)
+        task = self._from_orm(self.task_model(**row))
+        snapshot = _Snapshot(row["owner"], task.SerializeToString(), is_stored=True)
         self._remember(task_id, snapshot)
         return snapshot
 
@@ -590,21 +580,6 @@ class TaskBoard:
 INTERRUPTED_REASON = "interrupted by restart"
 
 
-class OwnerUser(User):
-    """An authenticated A2A user standing for one owner scope (used by sweeps and tests)."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def is_authenticated(self) -> bool:
-        return True
-
-    @property
-    def user_name(self) -> str:
-        return self._name
-
-
 def owner_of(context: ServerCallContext) -> str:
     """The owner scope of a call: the caller's name when authenticated, else ``""``."""
     user = context.user
@@ -613,7 +588,7 @@ def owner_of(context: ServerCallContext) -> str:
 
 def owner_context(owner: str) -> ServerCallContext:
     """A call context that reads and writes ``owner``'s tasks."""
-    return ServerCallContext(user=OwnerUser(owner))
+    return ServerCallContext(user=StarletteUser(SimpleUser(owner)))
 
 
 class CachedPushConfigStore(DatabasePushNotificationConfigStore):

@@ -758,8 +758,9 @@ class RequestGuard:
                 return
             body = read
 
+        request_id: Any = None
+        checked: CheckedMessage | None = None  # what a send sends
         try:
-            request_id, checked = None, None  # checked: what a send sends
             if surface == "jsonrpc":
                 request_id, checked = check_jsonrpc(
                     body, version=headers.get("a2a-version", ""),
@@ -768,33 +769,26 @@ class RequestGuard:
             elif rest_match is not None:
                 checked = check_rest(method, rest_match.group("rest"), headers, body, scope,
                                      self.shapes, self.config.max_json_depth)
-            if checked is not None:
-                self._check_capacity(request_id, checked.places, scope)
-                scope[_KEY] = checked  # for CheckedContextBuilder
         except RpcRefused as e:
             await send_json(send, 200, e.payload)
             return
         except RestInvalid as e:
             await send_json(send, e.status, rest_error(e.status, e.grpc_status, str(e)))
             return
-        except _Busy as e:
-            await self._busy(send, surface, e.check, e.request_id)
-            return
+        if checked is not None:
+            if self.check_queue is not None:
+                caller = str(getattr(scope.get("user"), "username", "") or "")
+                check = self.check_queue(places=checked.places, caller=caller)
+                if not check.ok:
+                    await self._busy(send, surface, check, request_id)
+                    return
+            scope[_KEY] = checked  # for CheckedContextBuilder
 
         if surface == "rest" and not names_a2a_json(headers):
             send = relabel_a2a_json(send)  # A2A 1.0.0 section 11.1: application/json
         await self.app(scope, replay_body(body, receive) if has_body else receive, send)
 
     # ---- capacity / size answers
-
-    def _check_capacity(self, request_id: Any, places: int, scope: Scope) -> None:
-        if self.check_queue is None:
-            return
-        user = scope.get("user")
-        caller = str(getattr(user, "username", "") or "")
-        check = self.check_queue(places=places, caller=caller)
-        if not check.ok:
-            raise _Busy(check, request_id)
 
     async def _busy(self, send: Send, surface: str, check: QueueCheck, request_id: Any) -> None:
         retry = max(1, math.ceil(check.retry_after_s))
@@ -817,11 +811,3 @@ class RequestGuard:
                    else rest_error(413, "INVALID_ARGUMENT", text))
         await send_json(send, 413, payload, [(b"connection", b"close")])
 
-
-class _Busy(Exception):
-    """The gate's queue is full: answered 429 on the request's surface."""
-
-    def __init__(self, check: QueueCheck, request_id: Any) -> None:
-        super().__init__(check.reason)
-        self.check = check
-        self.request_id = request_id
