@@ -26,7 +26,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -37,16 +37,8 @@ from mesh.template.loader import Distribution, FixedDist, LogNormalDist, Templat
 from mesh.worker.loop import WorkerFailed, release, stream_turn
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
 
-__all__ = [
-    "SCENARIO_BOUNDS",
-    "ScenarioParams",
-    "ScenarioWorker",
-    "StepPlan",
-    "check_scenario_bounds",
-    "plan_schedule",
-    "sample",
-    "simulated_output",
-]
+__all__ = ["SCENARIO_BOUNDS", "ScenarioParams", "ScenarioWorker", "StepPlan",
+           "check_scenario_bounds", "plan_schedule", "sample", "simulated_output"]
 
 # Vocabulary of simulated tool output (a string split once; ruff would explode a literal).
 _VOCABULARY = """
@@ -55,15 +47,11 @@ deliver check config error result value index cache queue worker session token p
 batch step limit budget retry timeout status report update path
 """
 _WORDS = tuple(_VOCABULARY.split())
+M = TypeVar("M", bound=BaseModel)
 
 #: The most a scenario subtask may ask for (the built-in templates use a fraction of it).
-SCENARIO_BOUNDS: Mapping[str, float] = {
-    "steps": 64,
-    "tokens_per_step": 2048,
-    "tools": 16,
-    "tool_latency_s": 60.0,
-    "tool_output_tokens": 4096,
-}
+SCENARIO_BOUNDS: Mapping[str, float] = {"steps": 64, "tokens_per_step": 2048, "tools": 16,
+                                        "tool_latency_s": 60.0, "tool_output_tokens": 4096}
 
 
 def _dist_max(dist: Distribution) -> float:
@@ -78,25 +66,20 @@ def _check_bounds(knobs: Mapping[str, Any]) -> None:
     for key in ("steps", "tokens_per_step"):
         value = knobs.get(key)
         if isinstance(value, int | float) and value > SCENARIO_BOUNDS[key]:
-            raise ValueError(
-                f"scenario params: {key} is {value}; the bound is {SCENARIO_BOUNDS[key]:g}"
-            )
+            raise ValueError(f"scenario params: {key} is {value}; "
+                             f"the bound is {SCENARIO_BOUNDS[key]:g}")
     tools = knobs.get("tools")
     if isinstance(tools, list | tuple) and len(tools) > SCENARIO_BOUNDS["tools"]:
-        raise ValueError(
-            f"scenario params: tools lists {len(tools)} names; the bound is "
-            f"{SCENARIO_BOUNDS['tools']:g}"
-        )
+        raise ValueError(f"scenario params: tools lists {len(tools)} names; the bound is "
+                         f"{SCENARIO_BOUNDS['tools']:g}")
     for key in ("tool_latency_s", "tool_output_tokens"):
         dist = knobs.get(key)
         if isinstance(dist, FixedDist | UniformDist | LogNormalDist):
             top = _dist_max(dist)
             if top > SCENARIO_BOUNDS[key]:
                 field = "value" if isinstance(dist, FixedDist) else "max"
-                raise ValueError(
-                    f"scenario params: {key}.{field} is {top:g}; the bound is "
-                    f"{SCENARIO_BOUNDS[key]:g} (lower it)"
-                )
+                raise ValueError(f"scenario params: {key}.{field} is {top:g}; the bound is "
+                                 f"{SCENARIO_BOUNDS[key]:g} (lower it)")
 
 
 class ScenarioParams(BaseModel):
@@ -120,27 +103,25 @@ class ScenarioParams(BaseModel):
     def from_subtask(cls, params: Mapping[str, Any], template: Template) -> ScenarioParams:
         defaults = template.manifest.scenario.model_dump()
         defaults.pop("packages")
-        try:
-            return cls.model_validate({**defaults, **params})
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            if not loc:  # a model-level check: its message names the knob already
-                raise ValueError(str(first["ctx"]["error"])) from exc
-            raise ValueError(f"scenario params: {loc}: {first['msg']}") from exc
+        return _validated(cls, {**defaults, **params})
+
+
+def _validated(model: type[M], value: Mapping[str, Any]) -> M:
+    """``model`` of ``value``; ValueError naming the first bad knob."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        if not loc:  # a model-level check: its message names the knob already
+            raise ValueError(str(first["ctx"]["error"])) from exc
+        raise ValueError(f"scenario params: {loc}: {first['msg']}") from exc
 
 
 def check_scenario_bounds(params: Mapping[str, Any]) -> None:
     """The door check of a subtask's scenario params (no template needed): raise
     ``ValueError`` naming the knob and its bound when one is malformed or over the bound."""
-    try:
-        knobs = _Overrides.model_validate(dict(params))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        if not loc:
-            raise ValueError(str(first["ctx"]["error"])) from exc
-        raise ValueError(f"scenario params: {loc}: {first['msg']}") from exc
+    knobs = _validated(_Overrides, dict(params))
     _check_bounds({k: v for k, v in dict(knobs).items() if v is not None})
 
 
@@ -188,11 +169,8 @@ def plan_schedule(params: ScenarioParams) -> tuple[StepPlan, ...]:
         arguments = {"path": target} if tool != "grep" else {"text": rng.choice(_WORDS)}
         latency = round(sample(params.tool_latency_s, rng), 4)
         size = max(1, round(sample(params.tool_output_tokens, rng)))
-        steps.append(
-            StepPlan(
-                i + 1, params.tokens_per_step, tool, arguments, latency, size, rng.getrandbits(32)
-            )
-        )
+        steps.append(StepPlan(i + 1, params.tokens_per_step, tool, arguments, latency, size,
+                              rng.getrandbits(32)))
     return tuple(steps)
 
 
@@ -222,13 +200,8 @@ class ScenarioWorker:
     ``sleep`` is how a latency is waited (``anyio.sleep``; tests pass a recorder).
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        template: Template,
-        *,
-        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
-    ) -> None:
+    def __init__(self, engine: Engine, template: Template, *,
+                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
         self._engine = engine
         self._template = template
         self._sleep = sleep
@@ -251,47 +224,27 @@ class ScenarioWorker:
             for step in schedule:
                 await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {step.index}", step.index))
                 sampling = SamplingParams(
-                    max_tokens=step.tokens,
-                    temperature=self._template.manifest.turns.temperature,
-                    seed=params.seed + step.index,
-                    stop_at_eos=False,
-                    priority=subtask.priority,
-                )
+                    max_tokens=step.tokens, temperature=self._template.manifest.turns.temperature,
+                    seed=params.seed + step.index, stop_at_eos=False, priority=subtask.priority)
                 result = await stream_turn(session, sampling, emit, step.index,
                                            place=partial(self._engine.turn_place, session.id))
                 generated += result.num_generated
                 last = result.text
                 call = syntax.format(step.tool, dict(step.arguments))
                 shown = f"{step.tool}({', '.join(f'{k}={v!r}' for k, v in step.arguments.items())})"
-                await emit(
-                    WorkerEvent(
-                        EventKind.TOOL_CALL,
-                        shown,
-                        step.index,
-                        {"latency_s": step.latency_s, "simulated": True,
-                         "wait_s": round(result.wait_s, 4)},
-                    )
-                )
+                await emit(WorkerEvent(EventKind.TOOL_CALL, shown, step.index,
+                                       {"latency_s": step.latency_s, "simulated": True,
+                                        "wait_s": round(result.wait_s, 4)}))
                 session.append(call)
                 await self._sleep(step.latency_s)
                 # Off the event loop: building (and tokenizing) thousands of tokens of
                 # output would stall every other request served by this loop.
                 output = await anyio.to_thread.run_sync(
-                    simulated_output, step, self._engine.count_tokens
-                )
-                await emit(
-                    WorkerEvent(
-                        EventKind.TOOL_RESULT,
-                        output,
-                        step.index,
-                        {"output_tokens": step.output_tokens},
-                    )
-                )
-                session.append(
-                    self._template.tool_result(
-                        call=shown, output=output, is_error=False, turn=step.index
-                    )
-                )
+                    simulated_output, step, self._engine.count_tokens)
+                await emit(WorkerEvent(EventKind.TOOL_RESULT, output, step.index,
+                                       {"output_tokens": step.output_tokens}))
+                session.append(self._template.tool_result(
+                    call=shown, output=output, is_error=False, turn=step.index))
                 done += 1
         except ContextOverflow as exc:
             finish = "max_tokens"
@@ -300,11 +253,5 @@ class ScenarioWorker:
             raise WorkerFailed(f"subtask {subtask.id} failed on step {done + 1}: {exc}") from exc
         finally:
             await release(session)
-        return WorkerResult(
-            answer=last.strip(),
-            num_turns=done,
-            num_generated=generated,
-            num_tool_calls=done,
-            finish_reason=finish,
-            data=data,
-        )
+        return WorkerResult(answer=last.strip(), num_turns=done, num_generated=generated,
+                            num_tool_calls=done, finish_reason=finish, data=data)
