@@ -1,35 +1,27 @@
-"""How a pool is configured, and what llama.cpp requires of that configuration: the
-flags' objects, the rules llama.cpp imposes on them, and the KV tier that memory allows.
-Pure Python, no ``llama_cpp`` import: testable alone. Read top to bottom:
+"""How a pool is configured and what llama.cpp requires of that configuration. Pure
+Python, no ``llama_cpp`` import: testable alone. Read top to bottom:
 
-**What llama.cpp requires.** What llama.cpp requires, as plain Python (no ``llama_cpp`` import:
-testable alone).
-
-* :data:`KV_GGML_TYPE`: ggml.h's ``enum ggml_type`` ids of the KV cache types mesh offers;
-* :func:`kv_shape_from_meta`: a model's KV shape from its GGUF metadata keys;
-* :func:`batch_problem`: the batch shapes ``llama_decode`` would abort the whole process on
-  (the adapter, :class:`mesh.engine.llama.LlamaContext`, raises ValueError instead);
-* :func:`resolve_flash_attn` and :func:`resolve_prefix_attention`: what ``--flash-attn`` and
-  ``--prefix-attention`` resolve to (the measured FA table: :data:`FA_ON_VS_OFF`).
+**What llama.cpp requires.** :data:`KV_GGML_TYPE` (ggml's type ids of the KV cache types
+mesh offers), :func:`kv_shape_from_meta` (a model's KV shape from its GGUF metadata),
+:func:`batch_problem` (the batch shapes ``llama_decode`` would abort the process on; the
+adapter, :class:`mesh.engine.llama.LlamaContext`, raises ValueError instead), and what
+``--flash-attn`` and ``--prefix-attention`` resolve to (:func:`resolve_flash_attn`,
+:func:`resolve_prefix_attention`; the measured FA table: :data:`FA_ON_VS_OFF`).
 
 **The configuration.** How a pool is built (:class:`EngineConfig`) and how one turn samples
 (:class:`SamplingParams`). Validation does no I/O and names the flag that fixes it.
 
-**The KV tier.** The KV tier: given the memory the KV cache may take, pick its element type and
-the number
-of session slots that fit. Pure arithmetic (no llama.cpp), tested on its own.
-
-A KV cell costs, per layer, K and V elements of the cache's type: f16 2 bytes, q8_0 34 bytes
-per 32 elements, q4_0 18 per 32 (ggml's block sizes). With ``swa_full`` every layer keeps
-full-size caches, so ``layers * (k + v) * bytes`` is the cost of one cell. The pool needs
-``prefix + sessions * session_budget`` cells; a naive server (every session with its own
-copy of the prefix) needs ``sessions * (prefix + session_budget)``.
+**The KV tier.** Given the memory the KV cache may take, its element type and the number of
+session slots that fit. A KV cell costs, per layer, K and V elements of the cache's type:
+f16 2 bytes, q8_0 34 bytes per 32 elements, q4_0 18 per 32 (ggml's block sizes). With
+``swa_full`` every layer keeps full-size caches, so ``layers * (k + v) * bytes`` is the cost
+of one cell. The pool needs ``prefix + sessions * session_budget`` cells; a naive server
+(every session with its own copy of the prefix) needs ``sessions * (prefix + session_budget)``.
 
 Rule: the highest-precision type (f16, then q8_0, then q4_0) at which ``want_sessions``
 sessions fit; its slots are all that fit, up to ``cap``. If even q4_0 does not hold
 ``want_sessions``, q4_0 with as many as fit; if not one session fits, ValueError.
 """
-
 from __future__ import annotations
 
 import math
@@ -273,49 +265,50 @@ class EngineConfig:
     def validate(self) -> None:
         if not self.model_path:
             raise ValueError("model_path is empty; pass --model PATH or set MESH_MODEL")
-        if self.max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        _check(self, (
+            ("max_sessions", self.max_sessions >= 1, ">= 1"),
+            ("park_memory", self.park_memory >= 0, ">= 0 bytes"),
+            ("park_idle_s", self.park_idle_s is None or self.park_idle_s >= 0, ">= 0 seconds"),
+            ("session_budget", self.session_budget >= 16, ">= 16 tokens"),
+            ("n_ctx", self.n_ctx is None or self.n_ctx >= 64, ">= 64 cells"),
+            ("n_threads", self.n_threads is None or self.n_threads >= 1, ">= 1"),
+        ))
         if self.max_attached is not None and self.max_attached < self.max_sessions:
             raise ValueError(f"max_attached ({self.max_attached}) must be >= max_sessions "
                              f"({self.max_sessions}); pass --max-attached N or leave it unset")
-        if self.park_memory < 0:
-            raise ValueError(f"park_memory must be >= 0 bytes, got {self.park_memory}")
-        if self.park_idle_s is not None and self.park_idle_s < 0:
-            raise ValueError(f"park_idle_s must be >= 0 seconds, got {self.park_idle_s}")
-        if self.session_budget < 16:
-            raise ValueError(f"session_budget must be >= 16 tokens, got {self.session_budget}")
         if self.kv_cells is not None and self.kv_cells < self.session_budget:
             raise ValueError(f"kv_cells ({self.kv_cells}) must hold at least one session's "
                              f"budget ({self.session_budget}); raise --kv-cells or lower "
                              "--session-budget")
-        if self.n_ctx is not None and self.n_ctx < 64:
-            raise ValueError(f"n_ctx must be >= 64 cells, got {self.n_ctx}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise ValueError(f"n_threads must be >= 1, got {self.n_threads}")
         if self.n_batch < self.max_sessions + 1:
             raise ValueError(
                 f"n_batch ({self.n_batch}) must exceed max_sessions ({self.max_sessions}) "
                 "so every decoding session fits in one step"
             )
-        if not 1 <= self.prefill_chunk <= self.n_batch:
-            raise ValueError(f"prefill_chunk must be in 1..n_batch, got {self.prefill_chunk}")
-        if self.weights not in ("auto", "as-is", "q8_0", "q4_0"):
-            raise ValueError(f"weights must be auto, as-is, q8_0 or q4_0, got {self.weights!r}")
-        if self.flash_attn not in FLASH_ATTN:
-            raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, "
-                             f"got {self.flash_attn!r}")
-        if self.prefix_attention not in PREFIX_ATTENTION:
-            raise ValueError(f"prefix_attention must be one of {', '.join(PREFIX_ATTENTION)}, "
-                             f"got {self.prefix_attention!r}")
+        _check(self, (
+            ("prefill_chunk", 1 <= self.prefill_chunk <= self.n_batch, "in 1..n_batch"),
+            ("weights", self.weights in ("auto", "as-is", "q8_0", "q4_0"),
+             "auto, as-is, q8_0 or q4_0"),
+            ("flash_attn", self.flash_attn in FLASH_ATTN, f"one of {', '.join(FLASH_ATTN)}"),
+            ("prefix_attention", self.prefix_attention in PREFIX_ATTENTION,
+             f"one of {', '.join(PREFIX_ATTENTION)}"),
+        ))
         if self.prefix_attention == "shared" and self.flash_attn == "off":
             raise ValueError(FLASH_ATTN_CONFLICT)
-        if self.kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, "
-                             f"got {self.kv_type!r}")
+        _check(self, (("kv_type", self.kv_type in KV_TYPES, f"one of {', '.join(KV_TYPES)}"),))
         if self.kv_type != "f16" and self.flash_attn == "off":
             raise ValueError(f"a {self.kv_type} KV cache needs flash attention "
                              "(llama.cpp quantizes V only with it); use --flash-attn auto|on "
                              "or --kv-type f16")
+
+
+def _check(obj: object, rules: tuple[tuple[str, bool, str], ...]) -> None:
+    """Raise ValueError ``<field> must be <rule>, got <value>`` for the first rule broken."""
+    for name, ok, rule in rules:
+        if not ok:
+            value = getattr(obj, name)
+            got = repr(value) if isinstance(value, str) else value
+            raise ValueError(f"{name} must be {rule}, got {got}")
 
 
 @dataclass(frozen=True)
@@ -367,40 +360,28 @@ class SamplingParams:
         return on and (self.grammar is None or self.prose_first or bool(self.prose_open))
 
     def validate(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         if self.grammar is not None and not self.grammar.strip():
             raise ValueError("grammar is empty; pass None for unconstrained sampling")
-        if not 1.0 <= self.repeat_penalty <= 2.0:
-            raise ValueError(f"repeat_penalty must be in [1, 2] (1: off), "
-                             f"got {self.repeat_penalty}")
-        if not 1 <= self.repeat_last_n <= 4096:
-            raise ValueError(f"repeat_last_n must be in 1..4096, got {self.repeat_last_n}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}")
-        if not 0.0 <= self.dry_multiplier <= 5.0:
-            raise ValueError(f"dry_multiplier must be in [0, 5] (0: off), "
-                             f"got {self.dry_multiplier}")
-        if not 1.0 < self.dry_base <= 4.0:
-            raise ValueError(f"dry_base must be in (1, 4], got {self.dry_base}")
-        if not 1 <= self.dry_last_n <= 8192:
-            raise ValueError(f"dry_last_n must be in 1..8192, got {self.dry_last_n}")
-        if self.dry_allowed_length < 1:
-            raise ValueError(f"dry_allowed_length must be >= 1, got {self.dry_allowed_length}")
-        if len(self.prose_close) > 1:
-            raise ValueError(f"prose_close must be one character or empty, "
-                             f"got {self.prose_close!r}")
         if any(not o for o in self.prose_open):
             raise ValueError("prose_open strings must be non-empty")
+        _check(self, (
+            ("max_tokens", self.max_tokens >= 1, ">= 1"),
+            ("temperature", self.temperature >= 0, ">= 0"),
+            ("top_k", self.top_k >= 0, ">= 0"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("repeat_penalty", 1.0 <= self.repeat_penalty <= 2.0, "in [1, 2] (1: off)"),
+            ("repeat_last_n", 1 <= self.repeat_last_n <= 4096, "in 1..4096"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2] (0: off)"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0,
+             "in [-2, 2] (0: off)"),
+            ("dry_multiplier", 0.0 <= self.dry_multiplier <= 5.0, "in [0, 5] (0: off)"),
+            ("dry_base", 1.0 < self.dry_base <= 4.0, "in (1, 4]"),
+            ("dry_last_n", 1 <= self.dry_last_n <= 8192, "in 1..8192"),
+            ("dry_allowed_length", self.dry_allowed_length >= 1, ">= 1"),
+            ("prose_close", len(self.prose_close) <= 1, "one character or empty"),
+        ))
 
 # -------------------- the kv tier ---------------------------------------------
 

