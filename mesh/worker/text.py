@@ -11,9 +11,8 @@ and linear in the text's length:
   :data:`LOOP_WORDS` words comes a :data:`LOOP_TIMES`-th time (:func:`cut_loop` on a
   whole text; :func:`has_loop` is the bench's measure of the same);
 * :func:`echoed` finds the sentences (of at least :data:`ECHO_WORDS` words) of an
-  instruction text that an answer reproduces;
-  (:func:`without_echo` drops them; :func:`template_texts` are a template's instruction
-  texts, the worker's own request left out);
+  instruction text (:func:`template_texts`: a template's own) that an answer reproduces;
+  :func:`without_echo` drops them;
 * :func:`strip_markup` removes tool-call and answer tags;
 * :func:`fragment` says why a text is not a whole answer (markup, part of a tool call,
   brackets left open, cut mid-sentence), '' when it is one.
@@ -29,24 +28,9 @@ from dataclasses import replace
 from mesh.engine.config import SamplingParams
 from mesh.template.loader import Template
 
-__all__ = [
-    "ECHO_WORDS",
-    "LOOP_TIMES",
-    "LOOP_WORDS",
-    "PROSE",
-    "LoopGuard",
-    "clean",
-    "cut_loop",
-    "echoed",
-    "fragment",
-    "has_loop",
-    "instruction_sentences",
-    "prose_params",
-    "strip_markup",
-    "template_sentences",
-    "template_texts",
-    "without_echo",
-]
+__all__ = ["ECHO_WORDS", "LOOP_TIMES", "LOOP_WORDS", "PROSE", "LoopGuard", "clean", "cut_loop",
+           "echoed", "fragment", "has_loop", "instruction_sentences", "prose_params",
+           "strip_markup", "template_sentences", "template_texts", "without_echo"]
 
 LOOP_WORDS = 8  # a loop is the same phrase of this many words ...
 LOOP_TIMES = 3  # ... this many times
@@ -130,20 +114,22 @@ class LoopGuard:
         return self.cut
 
 
+def _loop_at(text: str, words: int, times: int) -> int | None:
+    guard = LoopGuard(words, times)
+    guard.feed(text)
+    return guard.finish()
+
+
 def cut_loop(text: str, words: int = LOOP_WORDS, times: int = LOOP_TIMES) -> str:
     """``text`` up to the second copy of its first phrase of ``words`` words to come
     ``times`` times (trailing blanks removed); ``text`` itself when there is none."""
-    guard = LoopGuard(words, times)
-    guard.feed(text)
-    at = guard.finish()
+    at = _loop_at(text, words, times)
     return text if at is None else text[:at].rstrip()
 
 
 def has_loop(text: str, words: int = LOOP_WORDS, times: int = LOOP_TIMES) -> bool:
     """Whether some phrase of ``words`` words comes ``times`` times in ``text``."""
-    guard = LoopGuard(words, times)
-    guard.feed(text)
-    return guard.finish() is not None
+    return _loop_at(text, words, times) is not None
 
 
 def _norm(text: str) -> str:
