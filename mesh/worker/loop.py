@@ -351,19 +351,11 @@ class AgentWorker:
                 state.turns = turn
                 budget = min(lim.max_tokens_per_turn, lim.max_total_tokens - state.generated)
                 await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {turn}", turn))
-                # Repetition control on the prose (reasoning, then the answer after its
-                # open tag), never on a call's syntax; a loop ends the turn.
-                params = prose_params(SamplingParams(
-                    max_tokens=budget,
-                    priority=subtask.priority,
-                    temperature=self._template.manifest.turns.temperature,
-                    stop=(syntax.close, syntax.answer_close),
-                    grammar=self._grammar(budget, answer_only=answer_now
-                                          or turn == lim.max_turns,
-                                          call_only=self._first_call and turn == 1),
-                ), opens=(syntax.answer_open,), close="<", first=True)
-                result = await stream_turn(session, params, emit, turn, loop_stop=True,
-                                           place=partial(self._engine.turn_place, session.id))
+                params = self._params(
+                    budget, subtask.priority, (syntax.close, syntax.answer_close),
+                    self._grammar(budget, answer_only=answer_now or turn == lim.max_turns,
+                                  call_only=self._first_call and turn == 1), first=True)
+                result = await self._stream(session, params, emit, turn)
                 state.generated += result.num_generated
                 state.last_text = result.text
                 state.finishes.append(result.finish_reason)
@@ -449,6 +441,21 @@ class AgentWorker:
             raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
         return await done(state.last_text, "max_turns")
 
+    def _params(self, budget: int, priority: float | None, stop: tuple[str, ...],
+                grammar: str | None, *, first: bool = False) -> SamplingParams:
+        """A worker turn's sampling: repetition control on the prose (reasoning, then the
+        answer after its open tag), never on a call's syntax."""
+        return prose_params(SamplingParams(
+            max_tokens=budget, priority=priority, stop=stop, grammar=grammar,
+            temperature=self._template.manifest.turns.temperature,
+        ), opens=(self._template.manifest.tool_calls.answer_open,), close="<", first=first)
+
+    async def _stream(self, session: Session, params: SamplingParams, emit: Emit,
+                      turn: int) -> EngineTurn:
+        """One worker turn: a loop ends it, a wait in the decode gate's line is said."""
+        return await stream_turn(session, params, emit, turn, loop_stop=True,
+                                 place=partial(self._engine.turn_place, session.id))
+
     def _near_budget(self, session: Session, tail: str) -> bool:
         """Whether appending ``tail`` and one more turn would take the session's suffix past
         :data:`COMPACT_AT` of its budget."""
@@ -518,21 +525,16 @@ class AgentWorker:
                                "for one complete sentence", state.turns, {"fragment": why}))
         ask = _REPAIR.format(why=why, answer=repr(answer[:200]), open=syntax.answer_open,
                              close=syntax.answer_close)
-        params = prose_params(SamplingParams(
-            max_tokens=REPAIR_TOKENS, priority=priority,
-            temperature=self._template.manifest.turns.temperature,
-            stop=(syntax.answer_close,),
-            grammar=sentence_grammar(syntax, REPAIR_TOKENS, self._paths,
-                                     name_path=name_path),
-        ), opens=(syntax.answer_open,), close="<")
+        params = self._params(REPAIR_TOKENS, priority, (syntax.answer_close,),
+                              sentence_grammar(syntax, REPAIR_TOKENS, self._paths,
+                                               name_path=name_path))
         try:
             session.append(self._chat.reply_tail(messages, ask))
             messages += [{"role": "assistant", "content": text},
                          {"role": "user", "content": ask}]
             state.turns += 1
             await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {state.turns}", state.turns))
-            result = await stream_turn(session, params, emit, state.turns, loop_stop=True,
-                                       place=partial(self._engine.turn_place, session.id))
+            result = await self._stream(session, params, emit, state.turns)
         except (ContextOverflow, EngineError, WorkerFailed):
             return await self._whole(state, text, finish, shown, **extra)  # no room to repair
         state.generated += result.num_generated
