@@ -1,19 +1,14 @@
-"""A pool's native state at start: the prefix snapshot cache, then the build itself. Read
-top to bottom:
-
-**Warm start.** Warm start: the prefix sequence saved to disk and restored instead of re-prefilled.
-
-A snapshot is keyed by everything that changes the bytes in the KV cells: the model
-file's hash, the prefix token hash, and the context parameters that shape the cache
-(cells, sequences, SWA mode, unified). A snapshot that does not load, or whose tokens
-differ from the prefix, is deleted and rebuilt: it can only ever cost a prefill. That is
-said once, as a warning on this module's logger (``mesh serve`` prints it as one line), so
-an operator whose warm start silently became a cold one knows why.
-
-**The build.** Building a pool's native state: the model, the context, the prefix (decoded once or
+"""A pool's native state at start: the model, the context, the prefix (decoded once or
 restored from the warm-start cache), and a vocabulary-only tokenizer.
-"""
 
+**Warm start.** The prefix sequence saved to disk and restored instead of re-prefilled. A
+snapshot is keyed by everything that changes the bytes in the KV cells: the model file's
+hash, the prefix token hash, and the context parameters that shape the cache (cells,
+sequences, SWA mode, unified). A snapshot that does not load, or whose tokens differ from
+the prefix, is deleted and rebuilt: it can only ever cost a prefill. That is said once, as a
+warning on this module's logger (``mesh serve`` prints it as one line), so an operator
+whose warm start silently became a cold one knows why.
+"""
 from __future__ import annotations
 
 import contextlib

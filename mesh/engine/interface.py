@@ -1,19 +1,10 @@
-"""What the engine offers the layers above it: its errors, the records it hands back, and
-the seams (protocols) every engine implements, the local pool, the OpenAI backend and the
-fake alike. Nothing here touches llama.cpp, so the gate, the worker and the HTTP layers
-import these names without loading a model. Read top to bottom:
+"""What the engine offers the layers above it: its errors (all :class:`EngineError`), the
+records it hands back (a turn's pieces and result, an attach answer, the pool's facts, the
+load snapshot the gate and ``/capacity`` read), and the seams every engine implements, the
+local pool, the OpenAI backend and the fake alike. Nothing here touches llama.cpp, so the
+gate, the worker and the HTTP layers import these names without loading a model.
 
-**Errors.** The errors the engine raises on purpose (all :class:`EngineError`).
-
-**Records.** What the engine hands back: a turn's pieces and result, an attach answer, the pool's
-facts, and the load snapshot (sessions, step samples) the gate and ``/capacity`` read.
-Pure data.
-
-**The seams.** The engine's seams, as protocols: :class:`Engine` and :class:`Session` (what the
-worker and the HTTP layers call), :class:`Generation` (a turn's stream), and the two
-budgets the gate hands the pool (:class:`PrefillBudget`, :class:`TurnAdmission`).
-
-The seam itself is two protocols, :class:`Engine` and :class:`Session`:
+The seam is two protocols, :class:`Engine` and :class:`Session`:
 
 * ``Engine.check_attach()`` answers whether a session can be attached *now* without
   mutating anything; ``Engine.attach()`` commits (check, then commit).
@@ -25,13 +16,12 @@ The seam itself is two protocols, :class:`Engine` and :class:`Session`:
 * ``Session.detach()`` frees the session's private KV cells; the shared prefix stays.
   Detaching twice is a no-op. A session whose decode failed is detached by the engine and
   its generation raises :class:`SessionFailed`.
-* ``Engine.set_prefill_budget`` / ``Engine.set_turn_admission`` take the gate's two budgets.
-  Every engine takes both: the local pool asks them on its engine thread each step; an
-  engine that runs turns on the event loop (a remote backend, the fake) holds its turns in
-  a :class:`TurnLine`, and a backend that schedules its own prefill says so and ignores
-  the prefill budget.
+* ``Engine.set_prefill_budget`` / ``Engine.set_turn_admission`` take the gate's two budgets
+  (:class:`PrefillBudget`, :class:`TurnAdmission`). The local pool asks them on its engine
+  thread each step; an engine that runs turns on the event loop (a remote backend, the
+  fake) holds its turns in a :class:`TurnLine`, and a backend that schedules its own
+  prefill ignores the prefill budget.
 """
-
 from __future__ import annotations
 
 import asyncio

@@ -1,30 +1,25 @@
-"""The llama.cpp adapter, the one module that imports ``llama_cpp``: small owners of
-llama.cpp's native handles. Each class owns one handle and frees it in ``close()``
-(idempotent). Nothing here is thread-safe: the pool calls every method that touches the
-context from its engine thread; :class:`LlamaModel`'s tokenizer methods only read the
-vocabulary and may be called from any thread. Importing it loads the bindings, no model.
-Read top to bottom:
+"""The llama.cpp adapter, the one module that imports ``llama_cpp`` (the rest of the
+package reaches the bindings through :data:`ll` here): small owners of llama.cpp's native
+handles, each freed in ``close()`` (idempotent). Nothing here is thread-safe: the pool calls
+every method that touches the context from its engine thread; :class:`LlamaModel`'s
+tokenizer methods only read the vocabulary and may be called from any thread. Importing it
+loads the bindings, no model. Read top to bottom:
 
-**The bindings.** llama.cpp's process-wide state: the bindings, one-time backend start, its log, the
-build's facts (GPU offload, version). This is the one module that imports ``llama_cpp``;
-the rest of the package reaches it through :data:`ll` here, nothing outside may.
+**The bindings.** Process-wide state: one-time backend start, the log, the build's facts
+(GPU offload, version).
 
-**The model.** A loaded GGUF model and its vocabulary (tokenizer reads are safe from any thread).
+**The model.** A loaded GGUF model and its vocabulary.
 
-**The batch and the context.** A reusable ``llama_batch`` and the context that decodes it: one
-unified KV cache shared
-by every sequence, its per-sequence edits (copy, remove, positions) and the state reads and
-writes parking and the warm-start cache use.
+**The batch and the context.** A reusable ``llama_batch`` and the context that decodes it:
+one unified KV cache shared by every sequence, its per-sequence edits (copy, remove,
+positions) and the state reads and writes parking and the warm-start cache use. llama.cpp
+aborts the whole process on some invalid batches (more output rows than
+``n_outputs_max``, a sequence id out of range); :meth:`LlamaContext.decode` checks those
+itself and raises :class:`ValueError` instead.
 
-llama.cpp aborts the whole process on some invalid batches (more output rows than
-``n_outputs_max``, a sequence id out of range). :meth:`LlamaContext.decode` checks those
-preconditions itself and raises :class:`ValueError` instead of handing such a batch over.
-
-**The shared-prefix attention patch.** Whether the loaded llama.cpp has mesh's shared-prefix
-attention patch, and its switch.
-
-The patch (native/patches/, applied by scripts/install.sh) makes ggml-cpu's flash-attention
-kernel attend decode rows over their shared prefix together. Its contract:
+**The shared-prefix attention patch.** The patch (native/patches/, applied by
+scripts/install.sh) makes ggml-cpu's flash-attention kernel attend decode rows over their
+shared prefix together. Its contract:
 
 * the patched libggml-cpu exports ``int ggml_cpu_shared_prefix_attn_version(void)`` (1);
 * ``GGML_CPU_SHARED_PREFIX_ATTN=0`` in the environment disables the path; the kernel reads
@@ -35,19 +30,17 @@ kernel attend decode rows over their shared prefix together. Its contract:
 * it runs only with flash attention on.
 
 The lookup asks the libraries the process already loaded: ``libllama`` (from the wheel, or
-from ``LLAMA_CPP_LIB_PATH`` where llama-cpp-python was pointed at a patched build) and the
-libggml-cpu beside it. An unpatched wheel simply lacks the symbol.
+from ``LLAMA_CPP_LIB_PATH``) and the libggml-cpu beside it. An unpatched wheel lacks the
+symbol.
 
-**The cell census.** llama.cpp's own count of occupied KV cells, read from the serialized cache.
-
-There is no public "cells used" call. The serialized state of sequence -1 lists every
-occupied cell: ``n_stream`` (u32), ``cell_count`` (u32), then per cell ``pos`` (i32),
+**The cell census.** llama.cpp's own count of occupied KV cells, read from the serialized
+cache (there is no public "cells used" call). The serialized state of sequence -1 lists
+every occupied cell: ``n_stream`` (u32), ``cell_count`` (u32), then per cell ``pos`` (i32),
 ``n_seq_id`` (u32) and that many ``seq_id`` (i32); with an iSWA cache the base cache comes
 first. llama-cpp-python 0.3.36 writes 8 more bytes in front, so the header offset is found
 by checking that every record parses: a format change yields None, never a wrong number.
 Used to cross-check the pool's own accounting in tests and benchmarks.
 """
-
 from __future__ import annotations
 
 import ctypes

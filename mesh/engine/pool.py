@@ -4,25 +4,12 @@ Sequence 0 holds the prefix. ``attach`` copies it to a free sequence id with
 ``llama_memory_seq_cp``, which with a unified KV cache only adds the new id to the prefix
 cells' metadata: every session reads the same prefix cells and owns only its suffix.
 
-The engine reads in three places:
-
-* the **scheduler** (:mod:`mesh.engine.scheduler`) owns the sessions (through the
-  :class:`~mesh.engine.registry.SessionRegistry`: attach, park, resume, release), the
-  :class:`~mesh.engine.session.CellLedger` (cell promises, free sequence ids), the turns and
-  their outbox, and the load snapshots; it plans each step with the pure
-  :mod:`mesh.engine.scheduler`;
-* the **runner** (:mod:`mesh.engine.step`) writes the plan into the batch, runs one
-  ``llama_decode`` and samples every session that asked for logits right away (the next
-  decode overwrites them), its text going through its turn output
-  (:mod:`mesh.engine.session`: stop strings);
-* the **pool**: this facade, whose commands run on the engine thread
-  (:mod:`mesh.engine.thread`: the thread, its command queue and the
-  :mod:`~mesh.engine.thread` that hands each step's items to the consumers' loops).
-
-Start-up wires the scheduler and the runner (:mod:`mesh.engine.thread`, whose
-:meth:`~mesh.engine.thread.Parts.step` is one step: schedule → decode → sample → record).
+This facade's commands run on the engine thread (:mod:`mesh.engine.thread`), whose
+:meth:`~mesh.engine.thread.Parts.step` is one step: the **scheduler**
+(:mod:`mesh.engine.scheduler`: sessions, cell ledger, turns, load snapshots) plans it, the
+**runner** (:mod:`mesh.engine.step`) fills the batch, runs one ``llama_decode`` and samples
+every session that asked for logits before the next decode overwrites them.
 """
-
 from __future__ import annotations
 
 import asyncio

@@ -1,18 +1,15 @@
 """How a turn draws its tokens: the sampler seam and its pure parts, then llama.cpp's
-sampler chains over the adapter. Read top to bottom:
+sampler chains over the adapter.
 
-**The seam.** The sampler seam and the parts of sampling that need no llama.cpp.
-
-:class:`TokenSampler` is what a turn samples with; :class:`GreedySampler` is argmax over the
-logits row (numpy only). The grammar-checked redraw of :class:`mesh.engine.sampling.Sampler`
-follows :func:`redraw`'s policy here: first among the :data:`REDRAW_TOP` best logits, the
-whole vocabulary only if none of those is allowed; the adapter supplies the draw itself
+**The seam.** :class:`TokenSampler` is what a turn samples with; :class:`GreedySampler` is
+argmax over the logits row (numpy only). The grammar-checked redraw of :class:`Sampler`
+follows :func:`redraw`'s policy: first among the :data:`REDRAW_TOP` best logits, the whole
+vocabulary only if none of those is allowed; the adapter supplies the draw itself
 (llama.cpp's grammar and chain over a :func:`token_data` array).
 
-**The chains.** llama.cpp's sampler chains for one turn: the draw, the grammar checked after it, and
-repetition control over the turn's prose tokens (see :class:`Sampler`).
+**The chains.** llama.cpp's sampler chains for one turn: the draw, the grammar checked after
+it, and repetition control over the turn's prose tokens (see :class:`Sampler`).
 """
-
 from __future__ import annotations
 
 import ctypes

@@ -2,13 +2,8 @@
 it becomes, step timing and the published load snapshot, and the scheduler that owns the
 sessions, ledger, turns and snapshots. Read top to bottom:
 
-**The planner.** The step planner: which sessions decode and which queued text is prefilled in
-one step.
-
-Pure: it reads plain numbers and returns a plan, so it is tested without llama.cpp. The
-pool's engine thread builds the batch from the plan, decodes, samples and publishes.
-
-Rules:
+**The planner.** Which sessions decode and which queued text is prefilled in one step.
+Pure: it reads plain numbers and returns a plan, so it is tested without llama.cpp. Rules:
 
 * a turn runs once the decode gate has let it in: turns that wait are let in in
   completion order (lowest ``priority`` first — the agent's task start time, so turns of
@@ -30,35 +25,24 @@ Rules:
 * the chunk that empties a session's queue asks for logits (its first sample), if an output
   row is left; otherwise its last token waits for the next step.
 
-**Batching.** From sessions to a plan, and from a plan to a ``llama_batch`` (engine thread only).
+**Batching.** From sessions to a plan, and from a plan to a ``llama_batch`` (engine thread).
 
-**Step statistics.** Step timing and the pool's load snapshot (pure bookkeeping; no llama.cpp).
+**Step statistics and snapshots.** Step timing and the pool's published load snapshot. Every
+command that changes the pool publishes; a step publishes when a turn started or ended
+(``Turns.changes`` moved) or when the last snapshot is older than
+:data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last published :class:`Capture`,
+so ``load()`` never waits on the engine thread.
 
-**Snapshots.** The pool's published load snapshot: when the engine thread rebuilds it, and reads
-of it.
-
-Every command that changes the pool publishes; a step publishes when a turn started or
-ended (``Turns.changes`` moved) or when the last snapshot is older than
-:data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last published
-:class:`~mesh.engine.scheduler.Capture`, so ``load()`` never waits on the engine thread.
-
-**The scheduler.** The scheduler: the one owner of a pool's sessions, cell ledger, turns and
-snapshots.
-
-It answers the engine thread's two questions, *what runs next* and *what changed*:
+**The scheduler.** The one owner of a pool's sessions, cell ledger, turns and snapshots.
 :meth:`Scheduler.schedule` ends cancelled turns, resumes parked sessions whose turn was
-asked for and plans the step (:mod:`mesh.engine.scheduler` over the pure
-:mod:`mesh.engine.scheduler`); after the runner decoded and sampled,
-:meth:`Scheduler.stepped` (or :meth:`Scheduler.decode_failed`) republishes the load
-snapshot when it is due. The pool's commands (attach, open a turn, park, release) go
-through it too, each publishing a fresh snapshot.
-
-Who owns what: the :class:`~mesh.engine.registry.SessionRegistry` holds the sessions dict
-(the runner reads it through a read-only view), :class:`~mesh.engine.turns.Turns` holds
-the outbox (the engine thread takes its items with :meth:`Scheduler.take_items`), the
-ledger holds the cell promises. Engine thread only, except :meth:`check_attach`.
+asked for and plans the step; after the runner decoded and sampled,
+:meth:`Scheduler.stepped` (or :meth:`Scheduler.decode_failed`) republishes the snapshot when
+it is due. The pool's commands (attach, open a turn, park, release) go through it too, each
+publishing. The :class:`~mesh.engine.registry.SessionRegistry` holds the sessions dict (the
+runner reads a read-only view), :class:`~mesh.engine.turns.Turns` the outbox
+(:meth:`Scheduler.take_items`), the ledger the cell promises. Engine thread only, except
+:meth:`check_attach`.
 """
-
 from __future__ import annotations
 
 import asyncio

@@ -1,42 +1,28 @@
 """The pool's engine thread and what it runs: its command queue, the poster that hands
-each step's items to the consumers' loops, the engine-thread parts of a started pool, and
-the thread itself. Read top to bottom:
+each step's items to the consumers' loops, and the engine-thread parts of a started pool.
 
-**Commands.** The engine thread's command queue: callers hand it functions, the thread runs them.
+**Commands.** Callers hand the thread functions (:meth:`EngineThread.call`); between
+commands it runs engine steps while there is work. Cancellation contract: a caller
+cancelled while its command waits in the queue takes the command with it (it never runs);
+a caller cancelled while its command runs cannot stop it, so a command that creates
+something (a session) names its ``undo``, which the engine thread runs on the result nobody
+will receive. Without that, an attach that lands just after its task was cancelled would
+hold a session (cells, a sequence id) for ever.
 
-Cancellation contract: a caller cancelled while its command waits in the queue takes the
-command with it (it never runs); a caller cancelled while its command runs cannot stop
-it, so a command that creates something (a session) names its ``undo``, which the engine
-thread runs on the result nobody will receive. Without that, an attach that lands just
-after its task was cancelled would hold a session (cells, a sequence id) for ever.
+**The poster.** ``loop.call_soon_threadsafe`` writes to the loop's wake-up socket, and that
+write lets the woken loop take the GIL while the engine thread waits to get it back, so
+delivery in the engine thread serialised the consumers' work with the engine's. The engine
+thread queues one mapping per step instead (no system call); the poster thread posts it,
+one ``call_soon_threadsafe`` per loop per step, once the engine thread lets go of the GIL
+in ``llama_decode`` (after the snapshot the consumers should see is published): the
+consumers run while the next step decodes.
 
-**The poster.** The poster thread: hands each step's items to the consumers' asyncio loops.
-
-``loop.call_soon_threadsafe`` writes to the loop's wake-up socket, and that write lets the
-woken loop take the GIL while the engine thread waits to get it back, so delivery in the
-engine thread serialised the consumers' work with the engine's. The engine thread queues
-one mapping per step instead (no system call); this thread posts it, one
-``call_soon_threadsafe`` per loop per step, once the engine thread lets go of the GIL in
-``llama_decode``: the consumers run while the next step decodes.
-
-**The parts.** Start-up wiring and the engine step: the engine-thread parts of a started pool.
-
-:func:`assemble` makes the :class:`~mesh.engine.scheduler.Scheduler` (sessions, ledger,
-turns, snapshots) and the :class:`~mesh.engine.step.StepRunner` (with the native step when
-its library is loaded) over one :class:`~mesh.engine.build.Built`. :meth:`Parts.step` is
-one engine step, schedule → decode → sample → record; the pool's engine thread
-(:mod:`mesh.engine.thread`) calls it and posts the step's items after.
+**The parts.** :func:`assemble` makes the :class:`~mesh.engine.scheduler.Scheduler`
+(sessions, ledger, turns, snapshots) and the :class:`~mesh.engine.step.StepRunner` (with the
+native step when its library is loaded) over one :class:`~mesh.engine.build.Built`.
+:meth:`Parts.step` is one engine step, schedule → decode → sample → record.
 :meth:`Parts.close` frees the native handles, runner first, context before model.
-
-**The thread.** The pool's engine thread, its command queue and its poster.
-
-One thread owns the llama.cpp context. Callers hand it functions through
-:class:`~mesh.engine.thread.Commands` (:meth:`EngineThread.call`); between commands it
-runs engine steps (:meth:`mesh.engine.thread.Parts.step`) while there is work, and after
-each it hands the step's items to the :class:`~mesh.engine.thread.Poster`, which delivers
-them to the consumers' loops once the snapshot they should see is published.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -230,10 +216,9 @@ def assemble(built: Built, config: EngineConfig, lib: ctypes.CDLL | None,
 
 # -------------------- the thread ----------------------------------------------
 
-
-
 class EngineThread:
-    """Runs one pool's commands and steps on a thread of its own."""
+    """Runs one pool's commands and steps on a thread of its own, the one thread that owns
+    the llama.cpp context."""
 
     def __init__(self) -> None:
         self._commands = Commands()
