@@ -1,34 +1,23 @@
 """The model's own chat format: its GGUF ``tokenizer.chat_template``, rendered as
-``transformers``' ``apply_chat_template`` renders it.
+``transformers``' ``apply_chat_template`` renders it (:class:`ChatFormat`; a model without
+a template gets :meth:`ChatFormat.plain`).
 
-API (stable; other layers build on it):
+A session's text is split in two: :meth:`~ChatFormat.prefix_text` (the rendered system
+part up to where the first user message's content starts, shared by every session; in
+Gemma 3's format the user header belongs to it too) and :meth:`~ChatFormat.continuation`
+(the rest); :meth:`~ChatFormat.check` verifies the token-prefix rule that makes the split
+safe.
 
-* :meth:`ChatFormat.from_gguf` reads the template (and the BOS/EOS token texts) from a GGUF
-  file's metadata; a model without a template gets :meth:`ChatFormat.plain`.
-* ``render(messages, *, add_generation_prompt=True) -> str``: the whole conversation, each
-  message a ``{"role": "system"|"user"|"assistant", "content": str}`` mapping.
-* ``prefix_text(system) -> str``: the immutable prefix every session shares: the rendered
-  system part, up to where the first user message's content starts (in Gemma 3's format the
-  system text lives inside the first user turn, so the user header belongs to it too).
-* ``continuation(system, messages, *, add_generation_prompt=True) -> str``: the text that
-  follows the prefix for a session whose messages (system excluded) are ``messages``.
-* ``reply_tail(messages, user) -> str``: what to append after the model's reply to
-  ``messages`` (already in the session's context as generated tokens): the reply's closing
-  markup, ``user`` as the next user message and the generation prompt.
-* ``check(tokenize) -> str | None``: the token-prefix rule (see :meth:`ChatFormat.check`).
+Rendering is sandboxed (:class:`~jinja2.sandbox.ImmutableSandboxedEnvironment`: a chat
+template is data from a downloaded file) and sees the names ``apply_chat_template`` gives:
+``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``tools`` (None),
+``raise_exception``, plus ``tojson`` and ``strftime_now``.
 
-Rendering is sandboxed (:class:`~jinja2.sandbox.ImmutableSandboxedEnvironment`): a chat
-template is data from a downloaded file. The names a template sees are those
-``apply_chat_template`` gives: ``messages``, ``add_generation_prompt``, ``bos_token``,
-``eos_token``, ``tools`` (None) and ``raise_exception``; ``tojson`` and ``strftime_now`` too.
-
-The plain fallback (:data:`PLAIN_TEMPLATE`, named ``plain``) serves base models such as
-Gemma 3 270M, whose GGUF has no template: the system text, a blank line, then each message
-as ``### User`` / ``### Assistant`` and a newline, its content and a blank line; the
-generation prompt is ``### Assistant`` and a newline.
-
-The engine tokenizes the prefix with the model's BOS (when the model adds one), so a
-template's leading ``bos_token`` is dropped from :meth:`prefix_text`.
+The plain fallback (:data:`PLAIN_TEMPLATE`) serves base models such as Gemma 3 270M: the
+system text and a blank line, then each message as ``### User`` / ``### Assistant``, a
+newline, its content and a blank line; the generation prompt is ``### Assistant\n``.
+The engine tokenizes the prefix with the model's BOS (when it adds one), so a template's
+leading ``bos_token`` is dropped from :meth:`~ChatFormat.prefix_text`.
 """
 
 from __future__ import annotations
@@ -82,23 +71,16 @@ def _raise(message: str) -> None:
     raise ChatFormatError(message)
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
 class ChatFormat:
     """One chat template, ready to render. Immutable after construction."""
 
     def __init__(self, template: str, *, name: str, bos_token: str = "", eos_token: str = "",
                  add_bos: bool = False) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = _tojson
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(
+            value, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = _strftime_now
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             self._template = env.from_string(template)
         except jinja2.TemplateSyntaxError as exc:

@@ -1,32 +1,24 @@
 """A template: its manifest (``template.toml``), Jinja rendering, the outline of project
 files it puts in the prefix, and finding and loading a template folder.
 
-**The manifest** declares, each in one table (templates/README.md lists the keys): how the
-immutable project prefix is composed (``[prefix]``, ordered ``sections``), the tool-call
-syntax and turn format of a worker (``[tool_calls]``, ``[turns]``), its tools and the agent
-card's skills (``[tools]``, ``[[skills]]``) and the simulated scenario's defaults
-(``[scenario]``). Every model forbids unknown keys, so a typo is an error naming the field,
-never a silently ignored setting.
+**The manifest** (templates/README.md lists the keys): the prefix's ordered ``sections``,
+a worker's tool-call syntax and turns, its tools, the agent card's skills and the simulated
+scenario's defaults. Every model forbids unknown keys: a typo is an error naming the field.
 
-**Rendering** is sandboxed (:class:`~jinja2.sandbox.SandboxedEnvironment`, a loader that
-reads only inside the template folder: template files are data a user may have edited or
-downloaded) and strict: a name the file uses but the context lacks is a
+**Rendering** is sandboxed (template files are data a user may have edited or downloaded;
+the loader reads only inside the folder) and strict: a name the context lacks is a
 :class:`TemplateError` naming the file.
 
-**The outline** is pure (so the prefix stays deterministic): :func:`outline` is one file's
-outline for a ``files`` section in ``outline`` mode (Python signatures and first docstring
-lines, Markdown headings, TOML tables, else the first lines); :func:`file_entry` is its line
-in the project outline (path, size, summary, top-level names with line numbers);
-:func:`reference_counts` says how often the project names each file (the order in which
-files earn room); :func:`matching` ranks outline entries by the words of a request (a
-worker's first message repeats the best lines).
+**The outline** is pure, so the prefix stays deterministic: :func:`outline` (a ``files``
+section in ``outline`` mode), :func:`file_entry` (a file's line in the project outline),
+:func:`reference_counts` (how often the project names each file) and :func:`matching`
+(outline entries ranked by the words of a request).
 
-**Loading**: ``load_template("light")`` and ``load_template("heavy")`` load the shipped
-folders in ``mesh/template/builtin/``; any other argument is a path to a user's folder
-(copy a shipped one with :func:`export_template`). Everything that can be checked without
-a project is checked at load: the TOML parses, the manifest validates, every file it names
-exists inside the folder and parses as Jinja, and every file renders with a sample context
-(so an unknown name is an error now, not in the middle of a task).
+**Loading**: ``load_template("light")`` / ``("heavy")`` load the shipped folders in
+``mesh/template/builtin/``; anything else is a path to a user's folder (see
+:func:`export_template`). All that can be checked without a project is checked at load:
+TOML, manifest, every named file inside the folder, Jinja syntax, and a render of every file
+with a sample context.
 """
 
 from __future__ import annotations
@@ -311,8 +303,7 @@ class Renderer:
 
     def render(self, file: str, context: Mapping[str, Any]) -> str:
         with self._errors(file, None, context):
-            text = self._env.get_template(file).render(dict(context))
-        return text
+            return self._env.get_template(file).render(dict(context))
 
     @contextlib.contextmanager
     def _errors(self, file: str, field: str | None,
@@ -349,16 +340,16 @@ def _first_line(node: ast.AST) -> str:
     return ""
 
 
-def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
-    returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
-    return f"{prefix} {node.name}({ast.unparse(node.args)}){returns}"
+def _parse(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 def _python(text: str) -> str:
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = _parse(text)
+    if tree is None:
         return _head(text, note="(not parseable as Python; first lines)")
     lines: list[str] = []
     if doc := _first_line(tree):
@@ -370,20 +361,18 @@ def _python(text: str) -> str:
 
 def _node(node: ast.stmt, indent: str) -> list[str]:
     out: list[str] = []
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         out.extend(f"{indent}@{ast.unparse(d)}" for d in node.decorator_list)
-        out.append(f"{indent}{_signature(node)}")
+        if isinstance(node, ast.ClassDef):
+            bases = ", ".join(ast.unparse(b) for b in [*node.bases, *node.keywords])
+            out.append(f"{indent}class {node.name}" + (f"({bases}):" if bases else ":"))
+        else:
+            prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+            returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+            out.append(f"{indent}{prefix} {node.name}({ast.unparse(node.args)}){returns}")
         if doc := _first_line(node):
             out.append(f'{indent}    """{doc}"""')
-    elif isinstance(node, ast.ClassDef):
-        out.extend(f"{indent}@{ast.unparse(d)}" for d in node.decorator_list)
-        bases = ", ".join(ast.unparse(b) for b in [*node.bases, *node.keywords])
-        out.append(
-            f"{indent}class {node.name}({bases}):" if bases else f"{indent}class {node.name}:"
-        )
-        if doc := _first_line(node):
-            out.append(f'{indent}    """{doc}"""')
-        for child in node.body:
+        for child in node.body if isinstance(node, ast.ClassDef) else ():
             if isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name):
                 out.append(f"{indent}    {child.target.id}: {ast.unparse(child.annotation)}")
             else:
@@ -394,16 +383,6 @@ def _node(node: ast.stmt, indent: str) -> list[str]:
             if isinstance(target, ast.Name) and target.id.isupper():
                 out.append(f"{target.id} = ...")
     return out
-
-
-def _markdown(text: str) -> str:
-    heads = [line for line in text.splitlines() if line.startswith("#")]
-    return "\n".join(heads) if heads else _head(text)
-
-
-def _toml(text: str) -> str:
-    tables = [line for line in text.splitlines() if line.lstrip().startswith("[")]
-    return "\n".join(tables) if tables else _head(text)
 
 
 def _head(text: str, note: str = "") -> str:
@@ -418,11 +397,12 @@ def outline(rel: str, text: str) -> str:
     """The outline of the file at root-relative path ``rel`` whose content is ``text``."""
     if rel.endswith((".py", ".pyi")):
         return _python(text)
-    if rel.endswith((".md", ".rst")):
-        return _markdown(text)
-    if rel.endswith(".toml"):
-        return _toml(text)
-    return _head(text)
+    kept: list[str] = []
+    if rel.endswith((".md", ".rst")):  # the headings
+        kept = [line for line in text.splitlines() if line.startswith("#")]
+    elif rel.endswith(".toml"):  # the tables
+        kept = [line for line in text.splitlines() if line.lstrip().startswith("[")]
+    return "\n".join(kept) if kept else _head(text)
 
 
 # --------------------------------------------------------------------------- the project outline
@@ -513,9 +493,8 @@ def _literal(node: ast.expr | None) -> str:
 
 
 def _python_definitions(text: str) -> tuple[str, tuple[Definition, ...]] | None:
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = _parse(text)
+    if tree is None:
         return None
     defs: list[Definition] = []
     for node in tree.body:
@@ -547,12 +526,6 @@ def _markdown_definitions(text: str) -> tuple[str, tuple[Definition, ...]]:
     return "", tuple(defs)
 
 
-def _toml_definitions(text: str) -> tuple[Definition, ...]:
-    return tuple(Definition("table", line.strip(), no)
-                 for no, line in enumerate(text.splitlines(), 1)
-                 if line.startswith("[") and line.rstrip().endswith("]"))
-
-
 def file_entry(rel: str, text: str | None, num_bytes: int) -> FileEntry:
     """The outline entry of the file at ``rel`` (``text`` None: not readable as text)."""
     if text is None:
@@ -565,7 +538,10 @@ def file_entry(rel: str, text: str | None, num_bytes: int) -> FileEntry:
     elif rel.endswith((".md", ".rst")):
         return FileEntry(rel, num_bytes, num_lines, *_markdown_definitions(text))
     elif rel.endswith(".toml"):
-        return FileEntry(rel, num_bytes, num_lines, "", _toml_definitions(text))
+        tables = tuple(Definition("table", line.strip(), no)
+                       for no, line in enumerate(text.splitlines(), 1)
+                       if line.startswith("[") and line.rstrip().endswith("]"))
+        return FileEntry(rel, num_bytes, num_lines, "", tables)
     return FileEntry(rel, num_bytes, num_lines)
 
 
@@ -635,16 +611,13 @@ def _split(name: str) -> list[str]:
 
 def matching(request: str, entries: Sequence[FileEntry], limit: int = 3,
              least: float = 2.0) -> list[FileEntry]:
-    """The ``limit`` outline entries that best match ``request``, best first, each with
-    only the names that share a word with it (all of them when none does); none unless
-    the best scores ``least``, and none under half the best; when the best defines a name
-    the request holds, only entries that define one too (the file that defines the shared
-    KV pool, not its test that mentions it). A word of the request counts
-    once where the entry's path, summary or names hold it (``Parcel`` holds "parcel"),
-    twice more where it is a name the entry defines; a run of two or three words counts
-    again where the entry writes them as one (the summary "The shared KV pool", the class
-    ``SharedKVPool``: "shared KV pool"), and more in a name it defines. Plurals match
-    their singular. Pure; linear in the outline's size."""
+    """The ``limit`` outline entries that best match ``request``, best first, each keeping
+    only the names that share a word with it (all when none does). None unless the best
+    scores ``least``, none under half the best; when the best defines a name the request
+    holds, only entries that define one too (the pool's file, not its test). A request word
+    counts once where the entry's path, summary or names hold it, twice more in a defined
+    name; a run of two or three words counts again where the entry writes them as one
+    (``SharedKVPool``: "shared KV pool"), more in a defined name. Plurals match singulars."""
     words = [w.lower() for w in _WORDS.findall(request)]
     keys = [w for w in words if w not in _COMMON and len(w) > 1]
     if not keys:
@@ -712,17 +685,15 @@ class Template:
     def context(self, **extra: Any) -> dict[str, Any]:
         """The names every template file may use, plus ``extra``."""
         syntax = self.manifest.tool_calls
-        enabled = list(self.manifest.tools.enabled)
-        ctx: dict[str, Any] = {
+        return {
             "template": self.name,
             "description": self.manifest.description,
-            "tools": enabled,
+            "tools": list(self.manifest.tools.enabled),
             "syntax": syntax.model_dump(),
             "example_call": syntax.format("read_file", {"path": "README.md"}),
             "answer_example": f"{syntax.answer_open}The answer.{syntax.answer_close}",
+            **extra,
         }
-        ctx.update(extra)
-        return ctx
 
     def render(self, file: str, **extra: Any) -> str:
         return self.renderer.render(file, self.context(**extra))

@@ -1,34 +1,28 @@
 """The immutable project prefix, built once from a template and a confined view of the
 project directory.
 
-**The project scan** is deterministic (sorted, no timestamps, paths relative to the root in
-POSIX form) and never leaves the root: directories are not followed through symlinks, a
-symlink whose target lies outside the root is an error naming it, and hidden entries
-(``.git``, ``.env``, ``.venv``...) and build/cache folders are left out unless the template
-asks for hidden ones. Glob patterns are anchored at the root: ``*`` and ``?`` stay inside
-one path component, ``**/`` matches any number of directories (``**/*.py`` is every Python
-file, ``*.md`` only the top-level ones).
+**The project scan** is deterministic (sorted, no timestamps, root-relative POSIX paths) and
+never leaves the root: symlinked directories are listed, not followed; a symlink pointing
+outside the root is an error naming it; hidden entries (``.git``, ``.env``...) and
+build/cache folders are left out unless the template asks for hidden ones. Glob patterns are
+anchored at the root: ``*`` and ``?`` stay inside one path component, ``**/`` matches any
+number of directories (``**/*.py`` is every Python file, ``*.md`` only the top-level ones).
 
 **The prefix** follows the template's ``prefix.sections`` in order, within a token budget
-(``prefix.target_tokens`` or the ``target_tokens`` argument, the one knob that scales a
-prefix from a CPU demo to a 128K-token GPU run):
+(``prefix.target_tokens`` or the ``target_tokens`` argument):
 
-* ``text``: a template file rendered with Jinja (always included in full);
-* ``tree``: the project's file tree, capped at ``max_entries`` lines and the section's share;
-* ``outline``: one line for every project file (path, size, summary, top-level names with
-  line numbers); over the section's share, the folders the project names least are folded
-  into a line each (:attr:`Prefix.outlined` and :attr:`Prefix.folded` say which);
-* ``files``: matching project files in full or outlined, each capped at
-  ``max_tokens_per_file``; files are taken in pattern order, then path order (or, with
-  ``order = "referenced"``, the files other files name most first), and each file
-  appears once. A file that does not fit is cut to what is left (if at least
-  ``_MIN_PIECE_TOKENS``) or skipped; binary and too-large files are skipped. Every
-  skip is listed with its reason in :attr:`Prefix.skipped`.
+* ``text``: a template file rendered with Jinja (always in full);
+* ``tree``: the file tree, capped at ``max_entries`` lines and the section's share;
+* ``outline``: one line per project file; over the section's share, the folders the project
+  names least are folded into a line each (:attr:`Prefix.outlined`, :attr:`Prefix.folded`);
+* ``files``: matching files in full or outlined, each capped at ``max_tokens_per_file``, in
+  pattern then path order (or, with ``order = "referenced"``, the most named first), each
+  once. A file that does not fit is cut to what is left (if at least ``_MIN_PIECE_TOKENS``)
+  or skipped; binary and too-large files are skipped; :attr:`Prefix.skipped` lists why.
 
-With ``prefix.fill`` on, a prefix still under its target gets a labelled appendix of project
-text (files repeated in path order) up to the target, so prefix size is a controlled knob of
-an experiment even on a small project. The build is deterministic: same template, same
-project bytes, same counter → same text. It reads nothing outside the project directory.
+With ``prefix.fill`` on, a prefix under its target gets a labelled appendix of project text
+(files repeated in path order) up to the target. Same template, same project bytes, same
+counter: same text.
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from mesh.template.loader import (
@@ -240,22 +234,18 @@ class _Builder:
         self.deferred: list[SkippedFile] = []  # over a section's share; reason = section title
         self.outlined: list[FileEntry] = []
         self.folded: list[str] = []
-        self._texts: dict[str, str | None] | None = None
-        self._refs: dict[str, int] | None = None
 
+    @cached_property
     def texts(self) -> dict[str, str | None]:
         """Every scanned file's text (None: binary or too large), read once."""
-        if self._texts is None:
-            self._texts = {rel: read_text(self.scan.root, rel, self.max_bytes)[0]
-                           for rel in self.scan.files}
-        return self._texts
+        return {rel: read_text(self.scan.root, rel, self.max_bytes)[0]
+                for rel in self.scan.files}
 
+    @cached_property
     def refs(self) -> dict[str, int]:
         """How many other files name each file (:func:`reference_counts`), once."""
-        if self._refs is None:
-            self._refs = reference_counts(
-                {rel: text for rel, text in self.texts().items() if text is not None})
-        return self._refs
+        return reference_counts({rel: text for rel, text in self.texts.items()
+                                 if text is not None})
 
     @property
     def remaining(self) -> int:
@@ -293,8 +283,7 @@ class _Builder:
     def outline(self, section: OutlineSection) -> None:
         rels = [rel for rel in self.scan.files
                 if not any(glob_match(x, rel) for x in section.exclude)]
-        texts = self.texts()
-        entries = {rel: file_entry(rel, texts[rel], (self.scan.root / rel).stat().st_size)
+        entries = {rel: file_entry(rel, self.texts[rel], (self.scan.root / rel).stat().st_size)
                    for rel in rels}
         header = (f"## {section.title}\n\nEvery file: path (size): what it is | its top-level "
                   "names with line numbers (L12 = line 12).")
@@ -303,7 +292,7 @@ class _Builder:
         # then the room left buys detail, the most referenced files first.
         lines = {rel: e.line(0, summary=False) for rel, e in entries.items()}
         cost = {rel: self.count(line) + 1 for rel, line in lines.items()}
-        refs = self.refs()
+        refs = self.refs
         folded = _fold(rels, cost, refs, budget, self.count)
         shown = [rel for rel in rels if not any(rel.startswith(d + "/") for d in folded)]
         room = budget - sum(cost[r] for r in shown) - sum(
@@ -400,17 +389,12 @@ class _Builder:
                                                         for x in section.exclude):
                     out.append(rel)
         if section.order == "referenced":
-            refs = self.refs()
-            out.sort(key=lambda rel: (-refs.get(rel, 0), rel))
+            out.sort(key=lambda rel: (-self.refs.get(rel, 0), rel))
         return out
 
     def fill(self) -> int:
         """Append labelled project text until the target; returns the tokens added."""
-        sources: list[tuple[str, str]] = []
-        for rel in self.scan.files:
-            text, _ = read_text(self.scan.root, rel, self.max_bytes)
-            if text and text.strip():
-                sources.append((rel, text))
+        sources = [(rel, text) for rel, text in self.texts.items() if text and text.strip()]
         if not sources:
             sources = [("(template text)", "\n\n".join(self.parts) or self.template.name)]
         added = 0
@@ -481,20 +465,11 @@ def build_prefix(template: Template, project_dir: Path | str, count_tokens: Coun
     target = spec.target_tokens if target_tokens is None else target_tokens
     if target < 64:
         raise ValueError(f"target_tokens must be >= 64, got {target}")
-    root = Path(project_dir).expanduser()
-    if not root.is_dir():
-        raise TemplateError(root, None, "project directory not found")
-    scan = scan_project(root.resolve(), tuple(spec.exclude), spec.include_hidden)
-    builder = _Builder(template, scan, count_tokens, target)
+    root = Path(project_dir).expanduser().resolve()
+    builder = _Builder(template, scan_project(root, tuple(spec.exclude), spec.include_hidden),
+                       count_tokens, target)
     for section in spec.sections:
-        if isinstance(section, TextSection):
-            builder.text(section)
-        elif isinstance(section, TreeSection):
-            builder.tree(section)
-        elif isinstance(section, OutlineSection):
-            builder.outline(section)
-        else:
-            builder.files(section)
+        getattr(builder, section.kind)(section)  # text, tree, outline or files
     builder.second_chance([s for s in spec.sections if isinstance(s, FilesSection)])
     num_fill = builder.fill() if spec.fill else 0
     text = "\n\n".join(builder.parts) + "\n"
