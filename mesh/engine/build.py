@@ -9,6 +9,7 @@ the prefix, is deleted and rebuilt: it can only ever cost a prefill. That is sai
 warning on this module's logger (``mesh serve`` prints it as one line), so an operator
 whose warm start silently became a cold one knows why.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -22,6 +22,7 @@ Rule: the highest-precision type (f16, then q8_0, then q4_0) at which ``want_ses
 sessions fit; its slots are all that fit, up to ``cap``. If even q4_0 does not hold
 ``want_sessions``, q4_0 with as many as fit; if not one session fits, ValueError.
 """
+
 from __future__ import annotations
 
 import math

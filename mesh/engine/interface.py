@@ -22,6 +22,7 @@ The seam is two protocols, :class:`Engine` and :class:`Session`:
   fake) holds its turns in a :class:`TurnLine`, and a backend that schedules its own
   prefill ignores the prefill budget.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -41,6 +41,7 @@ first. llama-cpp-python 0.3.36 writes 8 more bytes in front, so the header offse
 by checking that every record parses: a format change yields None, never a wrong number.
 Used to cross-check the pool's own accounting in tests and benchmarks.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -383,13 +384,7 @@ class LlamaContext:
 
     def state_head(self, seq: int, max_bytes: int) -> bytes:
         """The first ``max_bytes`` of the serialized cache of ``seq`` (-1: every cell)."""
-        size = int(ll.llama_state_seq_get_size(self.handle, seq))
-        if size <= 0:
-            return b""
-        buf = (ctypes.c_uint8 * size)()
-        if int(ll.llama_state_seq_get_data(self.handle, buf, size, seq)) <= 0:
-            return b""
-        return ctypes.string_at(buf, min(size, max_bytes))
+        return self.seq_get_data(seq)[:max_bytes]
 
     def seq_get_data(self, seq: int) -> bytes:
         """The serialized cells of ``seq`` (every cell it holds, shared ones included: drop

@@ -31,6 +31,7 @@ mtime mean unchanged content).
 fast CPU kernel in llama.cpp (SmolLM2's Q4_1) is converted once to one that has (Q8_0),
 cached by the source's hash; ``as-is`` loads the file unchanged.
 """
+
 from __future__ import annotations
 
 import difflib

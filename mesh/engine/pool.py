@@ -10,6 +10,7 @@ This facade's commands run on the engine thread (:mod:`mesh.engine.thread`), who
 **runner** (:mod:`mesh.engine.step`) fills the batch, runs one ``llama_decode`` and samples
 every session that asked for logits before the next decode overwrites them.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -10,6 +10,7 @@ vocabulary only if none of those is allowed; the adapter supplies the draw itsel
 **The chains.** llama.cpp's sampler chains for one turn: the draw, the grammar checked after
 it, and repetition control over the turn's prose tokens (see :class:`Sampler`).
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -43,13 +43,15 @@ runner reads a read-only view), :class:`~mesh.engine.turns.Turns` the outbox
 (:meth:`Scheduler.take_items`), the ledger the cell promises. Engine thread only, except
 :meth:`check_attach`.
 """
+
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -68,7 +70,7 @@ from mesh.engine.session import CellLedger, SeqState, Turn, duty_cycle
 from mesh.engine.turns import Outbox, Turns
 
 __all__ = [
-    "SNAPSHOT_INTERVAL_S", "BatchWriter", "Candidate", "Capture", "Chunk", "Parking", "Scheduler",
+    "SNAPSHOT_INTERVAL_S", "BatchWriter", "Candidate", "Capture", "Chunk", "Scheduler",
     "Snapshots", "StepBudget", "StepLimits", "StepPlan", "StepStats", "admit_turns", "candidates",
     "fill_batch", "order", "plan_sessions", "plan_step", "step_budget"
 ]
@@ -294,24 +296,6 @@ def fill_batch(plan: StepPlan, sessions: Mapping[int, SeqState], ledger: CellLed
 _RATE_WINDOW_S = 5.0
 
 
-class Parking(NamedTuple):
-    """The parking side of a snapshot (see the PoolLoad fields of the same names)."""
-
-    max_attached: int = 0
-    parked_tokens: int = 0
-    parks: int = 0
-    resumes: int = 0
-    resume_tokens: int = 0
-    parked_bytes: int = 0
-    swaps: int = 0
-    park_memory: int = 0
-    compactions: int = 0
-    compacted_cells: int = 0
-
-
-NO_PARKING = Parking()
-
-
 class StepStats:
     """What the engine thread measured: step times (EWMA and recent samples), decode rate."""
 
@@ -340,13 +324,11 @@ class StepStats:
         span = (now - self._rate_window[0][0]) if len(self._rate_window) > 1 else 0.0
         return sum(n for _, n in self._rate_window) / span if span > 0 else 0.0
 
-    def snapshot(self, states: Iterable[SeqState], *, prefix_cells: int, prefix_len: int,
-                 n_ctx: int, free_seq_ids: int, max_sessions: int,
-                 session_budget: int, sessions_attached: int = 0,
-                 sessions_reaped: int = 0, parking: Parking = NO_PARKING,
-                 cell_bytes: float = 0.0) -> Capture:
+    def snapshot(self, states: Iterable[SeqState], *, prefix_len: int,
+                 **facts: Any) -> Capture:
         """Capture the pool between steps (engine thread): plain tuples, cheap; the
-        :class:`PoolLoad` is built from them when someone reads it."""
+        :class:`PoolLoad` is built from them when someone reads it. ``facts``: the
+        :class:`PoolLoad` fields the pool knows (cells, sequence ids, totals, parking)."""
         now = time.monotonic()
         states = tuple(states)
         # Each held turn's place in the line: completion order, as the planner lets them in.
@@ -356,40 +338,32 @@ class StepStats:
         rows = tuple((st.id, st.state, st.private, st.pos, st.step_ewma_s, st.created,
                       st.busy_s, st._busy_since, st.num_generated, st.parked,
                       st.context_len, place.get(st.seq)) for st in states)
-        return Capture(now, rows, self.step_ms, self.agg_tps(now), tuple(self.recent),
-                       prefix_cells, prefix_len, n_ctx, free_seq_ids, max_sessions,
-                       session_budget,
-                       (sessions_attached, self.prefill_tokens, sessions_reaped), parking,
-                       cell_bytes, places={st.id: i + 1 for i, st in enumerate(held)})
+        facts.update(taken_at=now, step_ms=self.step_ms, agg_tps=self.agg_tps(now),
+                     recent_steps=tuple(self.recent), prefill_tokens=self.prefill_tokens)
+        return Capture(functools.partial(_build, rows, prefix_len, facts),
+                       places={st.id: i + 1 for i, st in enumerate(held)})
 
 
 class Capture:
     """The pool's state at one moment; :meth:`load` builds (once) the :class:`PoolLoad`."""
 
-    def __init__(self, now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
-                 agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int,
-                 prefix_len: int, n_ctx: int, free_seq_ids: int, max_sessions: int,
-                 session_budget: int, totals: tuple[int, int, int] = (0, 0, 0),
-                 parking: Parking = NO_PARKING, cell_bytes: float = 0.0,
-                 places: dict[str, int] | None = None) -> None:
-        self._args = (now, rows, step_ms, agg_tps, recent, prefix_cells, prefix_len, n_ctx,
-                      free_seq_ids, max_sessions, session_budget, totals, parking, cell_bytes)
+    def __init__(self, build: Callable[[], PoolLoad], places: dict[str, int]) -> None:
+        self._build = build
         self._load: PoolLoad | None = None
         # Each held turn's place by session id (never changed once captured): what
         # turn_place reads without building the snapshot.
-        self.places: dict[str, int] = places or {}
+        self.places = places
 
     def load(self) -> PoolLoad:
         """The snapshot (any thread; built on first use, then shared)."""
         if self._load is None:
-            self._load = _build(*self._args)
+            self._load = self._build()
         return self._load
 
 
-def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
-           agg_tps: float, recent: tuple[StepSample, ...], prefix_cells: int, prefix_len: int,
-           n_ctx: int, free_seq_ids: int, max_sessions: int, session_budget: int,
-           totals: tuple[int, int, int], parking: Parking, cell_bytes: float) -> PoolLoad:
+def _build(rows: tuple[tuple[Any, ...], ...], prefix_len: int,
+           facts: dict[str, Any]) -> PoolLoad:
+    now = facts["taken_at"]
     sessions = tuple(
         SessionLoad(id=sid, state=state, private_cells=private,
                     context_len=ctx_len if parked else pos,
@@ -401,19 +375,12 @@ def _build(now: float, rows: tuple[tuple[Any, ...], ...], step_ms: float | None,
              ctx_len, turn_place) in rows
     )
     private_sum = sum(s.private_cells for s in sessions)
+    prefix_cells = facts["prefix_cells"]
     return PoolLoad(
-        taken_at=now, sessions=sessions, step_ms=step_ms, agg_tps=agg_tps,
-        cells_used=prefix_cells + private_sum, cells_total=n_ctx, prefix_cells=prefix_cells,
+        sessions=sessions, cells_used=prefix_cells + private_sum,
         naive_cells=(private_sum + prefix_len * len(sessions) if prefix_cells
                      else private_sum),
-        free_seq_ids=free_seq_ids, max_sessions=max_sessions,
-        session_budget=session_budget, recent_steps=recent,
-        sessions_attached=totals[0], prefill_tokens=totals[1], sessions_reaped=totals[2],
-        max_attached=parking.max_attached, parked_tokens=parking.parked_tokens,
-        parks=parking.parks, resumes=parking.resumes, resume_tokens=parking.resume_tokens,
-        parked_bytes=parking.parked_bytes, swaps=parking.swaps,
-        park_memory=parking.park_memory, compactions=parking.compactions,
-        compacted_cells=parking.compacted_cells, cell_bytes=cell_bytes,
+        **facts,
     )
 
 # -------------------- snapshots -----------------------------------------------
@@ -440,16 +407,16 @@ class Snapshots:
         if changes is not None:
             self._changes = changes
         self._capture = self._stats.snapshot(
-            registry.all_states(), prefix_cells=built.shared_cells,
-            prefix_len=len(built.prefix), n_ctx=built.info.n_ctx,
+            registry.all_states(), prefix_len=len(built.prefix),
+            prefix_cells=built.shared_cells, cells_total=built.info.n_ctx,
             free_seq_ids=ledger.free_seq_ids, max_sessions=config.max_sessions,
             session_budget=config.session_budget, sessions_attached=registry.attached,
-            sessions_reaped=registry.reaped,
-            parking=Parking(ledger.max_attached, registry.parked_tokens(), registry.parks,
-                            registry.resumes, registry.resume_tokens,
-                            registry.parked_bytes, registry.swaps, config.park_memory,
-                            registry.compactions, registry.compacted_cells),
-            cell_bytes=built.info.cell_bytes)
+            sessions_reaped=registry.reaped, max_attached=ledger.max_attached,
+            parked_tokens=registry.parked_tokens(), parks=registry.parks,
+            resumes=registry.resumes, resume_tokens=registry.resume_tokens,
+            parked_bytes=registry.parked_bytes, swaps=registry.swaps,
+            park_memory=config.park_memory, compactions=registry.compactions,
+            compacted_cells=registry.compacted_cells, cell_bytes=built.info.cell_bytes)
 
     def due(self, changes: int, now: float) -> bool:
         """Whether a step that ends at ``now`` publishes (see the module docstring)."""

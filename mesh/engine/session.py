@@ -30,6 +30,7 @@ its sequence id back (its queued text stays promised), :meth:`CellLedger.unpark`
 id and promises the cells its saved suffix re-prefills. Attached sessions (resident or
 parked) are bounded by ``max_attached``.
 """
+
 from __future__ import annotations
 
 import asyncio

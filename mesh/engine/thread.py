@@ -23,6 +23,7 @@ native step when its library is loaded) over one :class:`~mesh.engine.build.Buil
 :meth:`Parts.step` is one engine step, schedule → decode → sample → record.
 :meth:`Parts.close` frees the native handles, runner first, context before model.
 """
+
 from __future__ import annotations
 
 import asyncio
