@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -244,11 +245,9 @@ async def run_subtask(events: TaskEvents, admission: Admission, workers: WorkerF
         return result
 
 
-RunOne = Callable[[Subtask], Awaitable[WorkerResult]]
-
-
 async def fan_out(subtasks: Sequence[Subtask],
-                  run_one: RunOne) -> list[WorkerResult | SubtaskFailed]:
+                  run_one: Callable[[Subtask], Awaitable[WorkerResult]],
+                  ) -> list[WorkerResult | SubtaskFailed]:
     """Every subtask's result, or how its worker failed, in order (see the module doc)."""
 
     async def one(s: Subtask) -> WorkerResult | SubtaskFailed:
@@ -326,23 +325,18 @@ class Agent:
                       sink: TextSink) -> TurnResult:
         """Write ``prompt`` into the fresh ``session`` and generate one turn; an engine
         failure is :class:`EngineError`. The caller detaches the session."""
+        async def emit(event: WorkerEvent) -> None:
+            if event.kind is EventKind.TEXT:
+                await sink.add(event.text)
+
         try:
             session.append(self.render(prompt))
             # free text (the synthesis) stops at a loop; a plan's JSON is never cut
-            result = await stream_turn(session, params, _sink_emit(sink), 1,
-                                       loop_stop=params.grammar is None)
+            result = await stream_turn(session, params, emit, 1, loop_stop=params.grammar is None)
             await sink.flush(last=True)
             return result
         except WorkerFailed as e:
             raise EngineError(str(e)) from e
-
-
-def _sink_emit(sink: TextSink) -> Callable[[WorkerEvent], Awaitable[None]]:
-    async def emit(event: WorkerEvent) -> None:
-        if event.kind is EventKind.TEXT:
-            await sink.add(event.text)
-
-    return emit
 
 
 @dataclass
@@ -465,12 +459,8 @@ class AgentTask:
         subtasks = self._worker_subtasks(plan, history)
         if plan.source != "explicit":  # the door counted the planning turn's place only
             await self._wait_for_room(len(subtasks))
-
-        async def run_one(subtask: Subtask) -> WorkerResult:
-            return await run_subtask(self.events, self.admission, self.workers, subtask,
-                                     self.caller)
-
-        results = await fan_out(subtasks, run_one)
+        results = await fan_out(subtasks, functools.partial(
+            run_subtask, self.events, self.admission, self.workers, caller=self.caller))
         outcomes = [
             Outcome(sid, p.instructions, error=str(r)) if isinstance(r, SubtaskFailed)
             else Outcome(sid, p.instructions, result=r)
