@@ -324,7 +324,6 @@ def create_app(
     the parts in the lifespan (or is the parts); ``public_paths`` are served without auth
     too. Raises ``ValueError`` if ``config`` does not validate; does no I/O."""
     config.validate()
-    build: Compose = _given(compose) if isinstance(compose, AppParts) else compose
     live = _Live()
 
     @asynccontextmanager
@@ -332,7 +331,7 @@ def create_app(
         if config.task_store is not None:
             await check_postgres(config.task_store)  # one line naming --task-store, early
         async with AsyncExitStack() as stack:
-            parts = await build(stack)
+            parts = compose if isinstance(compose, AppParts) else await compose(stack)
             coordinator, push_sender = _assemble(config, parts)
             # Invariant: no request is served before this (uvicorn and run_server serve
             # after the lifespan started), so the routes may be filled in here.
@@ -386,13 +385,6 @@ def build_app(
     parts = AppParts(worker_factory, admission, pool_info, extra_routes, skills, task_board,
                      agent, on_startup, on_shutdown)
     return create_app(config, parts, public_paths=public_paths)
-
-
-def _given(parts: AppParts) -> Compose:
-    async def compose(stack: AsyncExitStack) -> AppParts:
-        return parts
-
-    return compose
 
 
 def _assemble(config: CoordinatorConfig,

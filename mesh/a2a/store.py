@@ -27,9 +27,10 @@ any other (working) state             no: committed within ``coalesce_s``; a cra
 process must be the file's only writer: its cache and pending snapshots are trusted over it.
 
 Every row carries its owner (the caller, ``""`` when auth is off); every read is filtered by
-``owner_of(context)``. Invariant kept by :func:`mark_interrupted`: after the coordinator
-starts (and again when it shuts down), no task is left non-terminal without a running
-executor; such tasks are marked failed with :data:`INTERRUPTED_REASON`, nothing is deleted.
+``owner_of(context)``. Invariant kept by :meth:`Stores.mark_interrupted`: after the
+coordinator starts (and again when it shuts down), no task is left non-terminal without a
+running executor; such tasks are marked failed with :data:`INTERRUPTED_REASON`, nothing is
+deleted.
 """
 
 from __future__ import annotations
@@ -69,10 +70,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INTERRUPTED_REASON", "SETTLED_STATES", "TERMINAL_NAMES", "TERMINAL_STATES",
-    "CachedPushConfigStore",
-    "PushUrlValidator", "RowWrite", "Stores", "TaskBoard",
+    "CachedPushConfigStore", "PushUrlValidator", "RowWrite", "Stores", "TaskBoard",
     "TaskStoreWriteError", "TaskStores", "TaskTable", "WriteBehindTaskStore", "interrupted_status",
-    "mark_interrupted", "open_stores", "owner_context", "owner_of",
+    "open_stores", "owner_context", "owner_of",
 ]
 
 # A push target's check (mesh.a2a.push makes the real one): defined here so push imports
@@ -703,10 +703,30 @@ class Stores:
             push_url_validator=push_url_validator,
         )
 
-    async def mark_interrupted(self, *, is_shutdown: bool = False) -> list[str]:
-        # The file's only writer: at start and shutdown alike no executor runs behind a task.
+    async def mark_interrupted(self, *, is_shutdown: bool = False,
+                               reason: str = INTERRUPTED_REASON) -> list[str]:
+        """Mark every non-terminal task (of every owner) failed with ``reason``, keeping its
+        artifacts and history; returns the ids marked. This process is the file's only
+        writer: at start and at shutdown alike, no executor runs behind such a task."""
         del is_shutdown
-        return await mark_interrupted(self)
+        await self.tasks.initialize()
+        await self.tasks.flush()  # the scan below reads the table, not the pending writes
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(TaskModel.id, TaskModel.owner, TaskModel.status))
+                    ).all()
+        marked: list[str] = []
+        for task_id, owner, status in rows:
+            state = status.get("state") if isinstance(status, dict) else None
+            if state in TERMINAL_NAMES:
+                continue
+            context = owner_context(owner or "")
+            task = await self.tasks.get(task_id, context)
+            if task is None:
+                continue
+            task.status.CopyFrom(interrupted_status(task, reason))
+            await self.tasks.save(task, context)
+            marked.append(task_id)
+        return marked
 
     async def aclose(self) -> None:
         try:
@@ -716,11 +736,8 @@ class Stores:
 
 
 def open_stores(data_dir: str | Path, *, coalesce_s: float = 0.05) -> Stores:
-    """Build the stores on ``DATA_DIR/tasks.db``. No I/O until :meth:`Stores.initialize`.
-
-    ``coalesce_s`` bounds how long an intermediate (working) state may wait in memory
-    before it is written; first and final states are written before ``save`` returns.
-    """
+    """Build the stores on ``DATA_DIR/tasks.db``; no I/O until :meth:`Stores.initialize`.
+    ``coalesce_s`` bounds how long an intermediate (working) state may wait in memory."""
     db_path = Path(data_dir).expanduser().resolve() / "tasks.db"
     # The engine serves the push configs and the task listing; task rows are written by
     # the task store's own writer thread. One connection: SQLite serializes writers
@@ -744,30 +761,6 @@ def open_stores(data_dir: str | Path, *, coalesce_s: float = 0.05) -> Stores:
         push_configs=CachedPushConfigStore(engine, owner_resolver=owner_of),
         db_path=db_path,
     )
-
-
-async def mark_interrupted(stores: Stores, reason: str = INTERRUPTED_REASON) -> list[str]:
-    """Mark every non-terminal task (of every owner) failed with ``reason``.
-
-    Returns the ids it marked. Artifacts and history are kept as they were.
-    """
-    await stores.tasks.initialize()
-    await stores.tasks.flush()  # the scan below reads the table, not the pending writes
-    async with stores.engine.connect() as conn:
-        rows = (await conn.execute(select(TaskModel.id, TaskModel.owner, TaskModel.status))).all()
-    marked: list[str] = []
-    for task_id, owner, status in rows:
-        state = status.get("state") if isinstance(status, dict) else None
-        if state in TERMINAL_NAMES:
-            continue
-        context = owner_context(owner or "")
-        task = await stores.tasks.get(task_id, context)
-        if task is None:
-            continue
-        task.status.CopyFrom(interrupted_status(task, reason))
-        await stores.tasks.save(task, context)
-        marked.append(task_id)
-    return marked
 
 
 def interrupted_status(task: pb.Task, reason: str) -> pb.TaskStatus:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from a2a.types import a2a_pb2 as pb
 
-from mesh.a2a.store import INTERRUPTED_REASON, mark_interrupted, open_stores, owner_context
+from mesh.a2a.store import INTERRUPTED_REASON, open_stores, owner_context
 from tests.support.coord_helpers import (
     S,
     artifact,
@@ -72,7 +72,7 @@ async def test_startup_sweep_fails_tasks_left_by_a_crash(tmp_path: Path) -> None
         working = await stores.tasks.get("t-working", owner_context(""))
         submitted = await stores.tasks.get("t-submitted", owner_context("caller-x"))
         finished = await stores.tasks.get("t-done", owner_context(""))
-        assert await mark_interrupted(stores) == []  # idempotent
+        assert await stores.mark_interrupted() == []  # idempotent
     finally:
         await stores.aclose()
     assert working is not None and submitted is not None and finished is not None

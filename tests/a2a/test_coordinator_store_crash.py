@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from a2a.types import a2a_pb2 as pb
 
-from mesh.a2a.store import INTERRUPTED_REASON, mark_interrupted, open_stores, owner_context
+from mesh.a2a.store import INTERRUPTED_REASON, open_stores, owner_context
 
 pytestmark = pytest.mark.anyio
 
@@ -78,7 +78,7 @@ async def test_terminal_tasks_survive_sigkill_and_running_ones_are_failed(
     try:
         alice = owner_context("alice")
         done = [await stores.tasks.get(f"done-{i}", alice) for i in range(NUM_TASKS)]
-        assert await mark_interrupted(stores) == ["running"]
+        assert await stores.mark_interrupted() == ["running"]
         running = await stores.tasks.get("running", alice)
     finally:
         await stores.aclose()
