@@ -78,13 +78,10 @@ def batch_problem(n_tokens: int, n_outputs: int, max_seq: int, *, n_batch: int,
 
 # --flash-attn auto on a CPU with an f16 cache: step time with flash attention on divided by
 # the step with it off (< 1: on is faster), per (prefix tokens, decoding rows). From
-# bench/prefix_attention/results/prefix_attention.json, its "best" list, the f16 rows'
-# ``fa_on_vs_off``
-# (SmolLM2-135M Q4_1, 2 threads, 64-token suffix per row, median of 3 steps; run with
-# ``python -m bench.prefix_attention --long-prefixes "" --rows 1,8,32 --steps 3``).
-# FA on wins at 1K-2K for every row count and with one row at every prefix; FA off wins at
-# 8K with 8+ rows and at 4K with 32 (its non-flash matrix product reads the prefix once a
-# step, the CPU flash kernel once a row). Crossovers: ~4.4K prefix at 8 rows, ~3K at 32.
+# bench/prefix_attention/results/prefix_attention.json ("best", the f16 rows'
+# ``fa_on_vs_off``; SmolLM2-135M Q4_1, 2 threads, 64-token suffix per row, median of 3
+# steps). FA off wins at 8K with 8+ rows and at 4K with 32 (its non-flash matrix product
+# reads the prefix once a step, the CPU flash kernel once a row).
 FA_ON_VS_OFF_PREFIXES = (1024, 2048, 4096, 8192)
 FA_ON_VS_OFF_ROWS = (1, 8, 32)
 FA_ON_VS_OFF = (  # one row per prefix above; columns: the rows above
@@ -121,21 +118,12 @@ def fa_on_vs_off(prefix_tokens: int, rows: int) -> float:
 
 def resolve_flash_attn(requested: str, kv_type: str, *, on_gpu: bool, prefix_tokens: int,
                        rows: int, shared_prefix: bool = False) -> str:
-    """The flash-attention setting to hand llama.cpp for ``--flash-attn requested``.
-
-    ``auto`` means the known-best path, not llama.cpp's own default:
-
-    * with shared-prefix attention on (``shared_prefix``): ``on`` — the patched kernel runs
-      only inside flash attention;
-    * on a CPU with an f16 cache: by the measured table (:func:`fa_on_vs_off`) at the
-      pool's prefix length and expected decoding rows (``max_sessions``): ``on`` where flash
-      attention's step was faster, ``off`` where llama.cpp's non-flash path (all rows'
-      queries against all cells in one matrix product) was;
-    * a quantized V cache needs flash attention, and on a GPU llama.cpp's own choice (flash
-      kernels) stands: ``auto`` stays ``auto`` there.
-
-    ``on`` and ``off`` are passed through.
-    """
+    """The flash-attention setting to hand llama.cpp for ``--flash-attn requested``
+    (``on`` and ``off`` pass through). ``auto`` is the known-best path: ``on`` with
+    shared-prefix attention (its kernel runs only inside flash attention); on a CPU with an
+    f16 cache, by the measured table (:func:`fa_on_vs_off`) at the pool's prefix and
+    expected decoding rows; else (a quantized V cache needs flash attention, a GPU has its
+    flash kernels) llama.cpp's own ``auto``."""
     if requested != "auto":
         return requested
     if shared_prefix:
@@ -155,13 +143,10 @@ def resolve_prefix_attention(requested: str, *, available: bool, on_gpu: bool,
                              disabled_by_env: bool = False) -> str:
     """``shared`` or ``off``: whether decode rows attend the shared prefix together (the
     patched llama.cpp CPU flash-attention kernel) for ``--prefix-attention requested``.
-
-    ``shared`` requires the patch (``available``), the CPU and flash attention; ValueError
-    naming the fix otherwise. ``auto`` is ``shared`` where all three hold, the prefix is at
-    least ``min_prefix`` tokens (the kernel's own threshold, below which it does not run)
-    and the environment has not disabled it (``GGML_CPU_SHARED_PREFIX_ATTN=0``); else
-    ``off``. ``flash_attn`` is the *requested* flash-attention mode.
-    """
+    ``shared`` requires the patch (``available``), the CPU and flash attention (the
+    *requested* ``flash_attn``); ValueError naming the fix otherwise. ``auto`` is ``shared``
+    where all three hold, the prefix is at least ``min_prefix`` tokens (the kernel's own
+    threshold) and ``GGML_CPU_SHARED_PREFIX_ATTN=0`` has not disabled it; else ``off``."""
     if requested == "off":
         return "off"
     if requested == "shared":
@@ -199,17 +184,15 @@ class EngineConfig:
 
     ``n_ctx`` is the KV buffer in cells, shared by the prefix and every session's private
     suffix; ``None`` sizes it as ``prefix + suffix_cells`` (rounded up to 256).
-    ``session_budget`` is the most private cells one session may hold (its context limit
-    beyond the prefix). ``kv_cells`` is the one pool of suffix cells every session takes
-    from as it grows (``None``: sized to need, see :attr:`suffix_cells`).
+    ``session_budget`` is the most private cells one session may hold. ``kv_cells`` is the
+    one pool of suffix cells every session takes from as it grows, each up to its budget
+    (``None``: sized to need, see :attr:`suffix_cells`).
     """
 
     model_path: str
     max_sessions: int = 16
     session_budget: int = 2048
     n_ctx: int | None = None
-    # Suffix cells of all sessions together (vLLM's pool of blocks: sessions take what they
-    # use, each up to session_budget). None: sized to need (suffix_cells).
     kv_cells: int | None = None
     n_threads: int | None = None  # None: every core
     n_batch: int = 512  # token budget of one decode step (decode tokens + prefill chunks)
@@ -221,22 +204,16 @@ class EngineConfig:
     # llama.cpp's extra CPU buffer types (repacked weights, AMX). Off by default: the AMX
     # path segfaults on AMX-capable Xeons with llama-cpp-python 0.3.36.
     extra_buffers: bool = False
-    # What the engine loads (mesh.engine.models.cpu_weights, --weights): auto | as-is |
-    # q8_0 | q4_0. auto converts SmolLM2's Q4_1 to Q8_0 on a CPU (measured faster).
-    weights: str = "auto"
+    weights: str = "auto"  # --weights: auto | as-is | q8_0 | q4_0 (models.cpu_weights)
     # False is the baseline without a pool: every session prefills its own private copy
     # of the prefix (for comparisons; sizes n_ctx for max_sessions * (prefix + budget)).
     share_prefix: bool = True
-    # The native step (native/: fill, llama_decode and sampling in one C call, GIL
-    # released). None: use it when it is built, else say so once and run the Python step.
+    # The native step (fill, llama_decode and sampling in one C call, GIL released).
+    # None: use it when it is built, else say so once and run the Python step.
     native: bool | None = None
     flash_attn: str = "auto"  # auto | on | off (llama.cpp's flash attention)
     kv_type: str = "f16"  # f16 | q8_0 | q4_0: element type of the KV cache (K and V)
-    # auto | shared | off: decode rows attend the shared prefix together (mesh's patch to
-    # llama.cpp's CPU flash-attention kernel). shared requires the patch and turns flash
-    # attention on; off keeps llama.cpp's own path; auto: shared where the patch is built,
-    # the pool runs on the CPU and the prefix is long enough, else off.
-    prefix_attention: str = "auto"
+    prefix_attention: str = "auto"  # auto | shared | off: see resolve_prefix_attention
     # Sessions attached at once, resident in the cache or parked off it (an idle session
     # is parked when the pool needs its sequence id or cells, and re-prefilled before its
     # next turn). None: 4 x max_sessions; max_sessions: attach never parks.
@@ -323,8 +300,7 @@ class SamplingParams:
     seed: int | None = None  # None: derived from the pool seed and the session id
     stop: tuple[str, ...] = ()
     stop_at_eos: bool = True
-    # A GBNF grammar (llama.cpp's grammar format, root rule ``root``) every generated token
-    # must follow; None: unconstrained. Applies to this turn's generated tokens only.
+    # A GBNF grammar (root rule ``root``) this turn's generated tokens must follow.
     grammar: str | None = None
     # Repetition control for prose (llama.cpp's penalties and DRY samplers), counted over
     # the prose tokens this turn generated (never the prompt): ``repeat_penalty`` > 1

@@ -129,20 +129,14 @@ class PoolInfo:
     prefix_hash: str  # sha256 of the prefix token ids
     warm_started: bool
     build_s: float
-    # Which engine runs the sessions: "llama.cpp" (the local pool) or "openai:URL" (a
-    # serving cluster behind an OpenAI-compatible API, mesh.backends.openai).
-    engine: str = "llama.cpp"
+    engine: str = "llama.cpp"  # or "openai:URL" (mesh.backends.openai)
     n_params: int = 0  # the model's parameter count; 0 where the engine cannot tell
-    # The attention path the pool resolved (llama.cpp pools; "" where it does not apply):
-    # the flash-attention mode handed to llama.cpp (on | off | auto: llama.cpp's choice) and
-    # shared-prefix attention (shared | off).
+    # The attention path a llama.cpp pool resolved ("" elsewhere): flash attention handed
+    # to llama.cpp (on | off | auto: llama.cpp's choice), shared-prefix attention (shared | off).
     flash_attn: str = ""
     prefix_attention: str = ""
-    # The weights loaded, in words (mesh.engine.models.cpu_weights): "as-is (Q4_1)",
-    # "q8_0 from Q4_1"; "" where the engine does not load a GGUF itself.
-    weights: str = ""
-    # Bytes of one KV cell (K and V of every layer at the cache's type; 0: unknown).
-    cell_bytes: float = 0.0
+    weights: str = ""  # what was loaded, in words (models.cpu_weights): "q8_0 from Q4_1"
+    cell_bytes: float = 0.0  # K and V of every layer at the cache's type; 0: unknown
 
 
 # --------------------------------------------------------------------------- load
@@ -181,9 +175,8 @@ class StepSample:
     num_prefill_tokens: int
     sum_context: int  # Σ context_len of the decoding sessions
     step_s: float  # wall time of the whole step (host work + llama_decode)
-    # Cells in use in the whole cache during the step (prefix + every session's private
-    # cells, idle sessions' included): with one unified cache every decoding row attends
-    # over all of them (masked), so step time grows with num_decode × cells_used.
+    # Cells in use in the whole cache (idle sessions' included): with one unified cache
+    # every decoding row attends over all of them (masked).
     cells_used: int = 0
 
 
@@ -203,19 +196,15 @@ class PoolLoad:
     max_sessions: int
     session_budget: int
     recent_steps: tuple[StepSample, ...] = field(default_factory=tuple)
-    # Totals since the pool started (0 where an engine does not count them): sessions that
-    # attached, and suffix tokens prefilled in steps (appended text, tool results; with a
-    # private prefix per session, the prefix copies too). Deltas of the two, with
-    # prefix_cells, say what the shared prefix saved: prefix × sessions not prefilled.
+    # Totals since start (0 where an engine does not count them): sessions attached, suffix
+    # tokens prefilled (with a private prefix per session, its copies too), and sessions
+    # released because no handle held them any more (the safety net's count).
     sessions_attached: int = 0
     prefill_tokens: int = 0
-    # Sessions the pool released because no handle held them any more (an owner that was
-    # cancelled or crashed without detaching): the safety net's count; 0 when nothing leaks.
     sessions_reaped: int = 0
-    # Parking (0 where an engine does not park): attached sessions allowed at once
-    # (resident + parked), the suffix tokens parked sessions hold off the cache, and since
-    # start: parks, resumes and the suffix tokens resumes re-prefilled (their recompute;
-    # a swapped resume re-prefills none).
+    # Parking (0 where an engine does not park): attached sessions allowed at once, the
+    # suffix tokens parked sessions hold off the cache, and since start: parks, resumes and
+    # the suffix tokens resumes re-prefilled (a swapped resume re-prefills none).
     max_attached: int = 0
     parked_tokens: int = 0
     parks: int = 0
@@ -224,9 +213,7 @@ class PoolLoad:
     parked_bytes: int = 0  # host RAM held by swapped suffixes (at most park_memory)
     swaps: int = 0  # parks that swapped (the rest recompute on resume)
     park_memory: int = 0  # the host RAM swapped suffixes may hold (--park-memory, bytes)
-    # Compaction (Session.compact) since start: suffixes replaced by a summary, and the
-    # suffix cells that freed; the shared prefix is never touched.
-    compactions: int = 0
+    compactions: int = 0  # Session.compact since start, and the suffix cells it freed
     compacted_cells: int = 0
     cell_bytes: float = 0.0  # bytes of one KV cell (0: unknown); cells x this = KV bytes
 
@@ -268,11 +255,8 @@ logger = logging.getLogger(__name__)
 
 class PrefillBudget(Protocol):
     """How many prefill tokens a step may carry next to ``num_decode`` decoding rows while
-    ``cells_used`` cells are in use, so the step stays within what the floor allows.
-
-    Pure and cheap: the engine thread calls it once per step. The pool never asks it when
-    nothing is decoding (such a step takes the full ``n_batch``).
-    """
+    ``cells_used`` cells are in use, so the step stays within what the floor allows. Pure
+    and cheap: asked once per step, never when nothing decodes (the full ``n_batch``)."""
 
     def __call__(self, num_decode: int, cells_used: int) -> int: ...
 
@@ -281,12 +265,11 @@ class TurnAdmission(Protocol):
     """The decode gate: how many more turns may start running in the next step.
 
     A turn *runs* from the first step that prefills or decodes for it until it ends; a
-    turn that was asked for (``generate``) but does not run yet *waits*, in completion
-    order (``SamplingParams.priority``, then the order asked), with its session's cells
-    kept. ``num_running`` turns run now, over
-    ``cells_used`` cells; ``recent`` are the last measured steps (oldest first). Pure and
-    cheap: the engine thread asks it once per step while a turn waits. The pool always
-    lets one turn run when none does (progress).
+    turn asked for (``generate``) that does not run yet *waits*, in completion order
+    (``SamplingParams.priority``, then the order asked), its session's cells kept.
+    ``num_running`` turns run now over ``cells_used`` cells; ``recent`` are the last
+    measured steps (oldest first). Pure and cheap: asked once per step while a turn waits.
+    The pool always lets one turn run when none does (progress).
     """
 
     def turn_room(self, num_running: int, cells_used: int,
@@ -310,21 +293,15 @@ def _held_key(held: _Held) -> tuple[float, int]:
 class TurnLine:
     """The decode gate's line for an engine whose turns run on the event loop.
 
-    Turns ``enter`` and wait in *completion order*, as the pool's planner lets them in
-    (:func:`mesh.engine.scheduler.order`): lowest ``priority`` first — a turn of a task
-    already running before a newer task's turn — then the order they were asked for. The
-    head runs once the gate has room for one more; turns ``leave`` when they end. As the
-    pool's planner does: one turn always runs when none does, and a gate that raises holds
-    the turns as they are. Room is asked again when a turn leaves, when the engine measures
-    a step (``poke``) and every ``recheck_s``. :meth:`place` is a waiting turn's place in
-    the line (1: the next to start), what its session's
-    :attr:`SessionLoad.turn_place` reports.
+    Turns ``enter`` and wait in completion order, as the pool's planner lets them in
+    (:func:`mesh.engine.scheduler.order`); the head runs once the gate has room for one
+    more; turns ``leave`` when they end. As in the pool, one turn always runs when none
+    does, and a gate that raises holds the turns as they are. Room is asked again when a
+    turn leaves, when the engine measures a step (``poke``) and every ``recheck_s``.
 
-    Such an engine runs a turn as one coroutine and cannot pause it between its steps, so
-    what the pool does with running rows does not happen here: a negative room (shed) only
-    keeps the waiting turns waiting, and a waiting turn of an older task never takes the
-    row of a newer task's running turn — it goes first among the waiting ones only.
-    ``cells_used`` and ``recent`` read the engine's own figures.
+    Such an engine runs a turn as one coroutine and cannot pause it, so a negative room
+    (shed) only keeps the waiting turns waiting, and an older task's waiting turn never
+    takes a running turn's row. ``cells_used`` and ``recent`` read the engine's figures.
     """
 
     def __init__(self, cells_used: Callable[[], int],
@@ -367,10 +344,9 @@ class TurnLine:
 
     async def enter(self, priority: float = 0.0, owner: str | None = None) -> None:
         """Wait for this turn's place, then count it running. ``priority``: its completion
-        order (the engine passes ``SamplingParams.priority``, else its session's attach
-        time, as the pool does); ``owner``: whose turn it is (its session id), for
-        :meth:`place` — one waiting turn per owner. Cancelling the wait leaves the line
-        (nothing held)."""
+        order (``SamplingParams.priority``, else its session's attach time); ``owner``: its
+        session id, for :meth:`place` (one waiting turn per owner). Cancelling the wait
+        leaves the line."""
         me = _Held((priority, next(self._asked)), owner)
         bisect.insort(self._line, me, key=_held_key)
         if owner is not None:
@@ -451,10 +427,8 @@ class Engine(Protocol):
         """A snapshot for the gate and ``/capacity``."""
 
     def turn_place(self, session_id: str) -> int | None:
-        """The place in the decode gate's line of session ``session_id``'s held turn (1:
-        the next to start), as its :attr:`SessionLoad.turn_place` in :meth:`load` says;
-        None while no turn of it waits. Cheap (no snapshot is built): a waiting worker may
-        ask it every fraction of a second."""
+        """:attr:`SessionLoad.turn_place` of session ``session_id`` (None while no turn of
+        it waits), without building a snapshot: a waiting worker may ask it often."""
 
     def count_tokens(self, text: str) -> int:
         """How many tokens ``text`` is (no BOS), for budgeting."""

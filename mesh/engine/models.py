@@ -179,12 +179,8 @@ def write_tiny_model(
     n_vocab: int | None = None,  # None: the base vocabulary (a few thousand pieces)
 ) -> Path:
     """Write a tiny random-weight GGUF to ``path`` (overwriting it) and return the path.
-
-    All tensors are F32. Weights are drawn from ``numpy.random.default_rng(seed)`` and
-    scaled so the logits spread over several units: greedy decoding wanders instead of
-    repeating one token. Raises ``ValueError`` for an unknown variant or inconsistent
-    shapes.
-    """
+    All tensors are F32, drawn from ``numpy.random.default_rng(seed)``. Raises
+    ``ValueError`` for an unknown variant or inconsistent shapes."""
     if variant not in ("llama", "gemma3"):
         raise ValueError(f"unknown tiny model variant {variant!r}; use 'llama' or 'gemma3'")
     if n_embd % n_head or n_head % n_head_kv:
@@ -264,13 +260,9 @@ def tiny_model_path(
     cache_dir: str | os.PathLike[str] | None = None, variant: TinyVariant = "llama",
     n_vocab: int | None = None, shape: str | None = None,
 ) -> Path:
-    """Path of the tiny model (seed 0, default shapes), written into ``cache_dir`` once.
-
-    ``cache_dir`` defaults to the mesh model cache (``$XDG_CACHE_HOME/mesh/models`` or
-    ``~/.cache/mesh/models``). The file name carries the variant and
-    :data:`TINY_FORMAT_VERSION`. It is written to a temporary file and renamed into place,
-    so a concurrent or interrupted writer never leaves a partial model behind.
-    """
+    """Path of the tiny model (seed 0), written once into ``cache_dir`` (default: the mesh
+    model cache) under a name carrying its arguments and :data:`TINY_FORMAT_VERSION`;
+    written to a temporary file and renamed, so no writer leaves a partial model behind."""
     if cache_dir is None:
         cache_dir = default_cache_dir()
     directory = Path(cache_dir)
@@ -326,11 +318,9 @@ def resolve_model(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> ResolvedModel:
     """Resolve the model to load: ``spec``, else ``env["MESH_MODEL"]``, else the default.
-
-    ``cache_dir`` (default :func:`default_cache_dir`) holds the assembled Gemma model,
-    the tiny models and the hash memo. Raises :class:`ModelError` naming the fix when the
-    chosen file is missing, a directory, unreadable or not a GGUF file. Never downloads.
-    """
+    ``cache_dir`` (default :func:`default_cache_dir`) holds the assembled Gemma model, the
+    tiny models and the hash memo. Raises :class:`ModelError` naming the fix when the file
+    is missing, a directory, unreadable or not a GGUF file. Never downloads."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(env)
     if spec is not None:
         if not spec.strip():
@@ -409,9 +399,8 @@ def _suggestion(word: str | None, where: str) -> str:
 
 
 def _check_gguf(path: Path, where: str = "--model", word: str | None = None) -> None:
-    """Raise ModelError unless ``path`` is a readable file starting with the GGUF magic.
-    ``word``: the spec, when it was a bare word (a missing file then names the built-in
-    names it is close to)."""
+    """Raise ModelError unless ``path`` is a readable file starting with the GGUF magic
+    (``word``: the spec when it was a bare word, see :func:`_suggestion`)."""
     if not path.exists():
         raise ModelError(f"model file not found at {path} (from {where})"
                          f"{_suggestion(word, where)}; {_FIX}")
@@ -472,21 +461,17 @@ def _default_model(cache: Path) -> Path:
 def file_sha256(
     path: str | os.PathLike[str], *, memo_dir: str | os.PathLike[str] | None = None
 ) -> str:
-    """Hex sha256 of a file's content, memoized on disk by (path, size, mtime_ns).
-
-    ``memo_dir`` defaults to ``<default_cache_dir()>/.sha256``. A memo that cannot be read
-    or written is ignored: the hash is then computed from the file.
-    """
+    """Hex sha256 of a file's content, memoized on disk by (path, size, mtime_ns) in
+    ``memo_dir`` (default ``<default_cache_dir()>/.sha256``; one that cannot be read or
+    written is ignored)."""
     resolved = Path(path).resolve()
     memo = Path(memo_dir) if memo_dir is not None else default_cache_dir() / ".sha256"
     st = resolved.stat()
     entry = _memo_file(memo, resolved)
     try:
         data = json.loads(entry.read_text())
-        if data["path"] == str(resolved) and (data["size"], data["mtime_ns"]) == (
-            st.st_size,
-            st.st_mtime_ns,
-        ):
+        key = (data["path"], data["size"], data["mtime_ns"])
+        if key == (str(resolved), st.st_size, st.st_mtime_ns):
             return str(data["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -511,12 +496,8 @@ def _write_memo(path: Path, digest: str, memo_dir: Path) -> None:
     resolved = path.resolve()
     try:
         st = resolved.stat()
-        record = {
-            "path": str(resolved),
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "sha256": digest,
-        }
+        record = {"path": str(resolved), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                  "sha256": digest}
         memo_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=memo_dir)
     except OSError:
@@ -545,9 +526,8 @@ _CONVERT_VERSION = 1
 
 @dataclass(frozen=True)
 class Weights:
-    """The file the engine loads and how: ``path`` (the model, or its converted copy in the
-    cache), ``extra_buffers`` (llama.cpp's repacked-weight buffers on) and, in words, what
-    was done (``as-is (Q4_1)``, ``q8_0 from Q4_1``) for the start-up log and ``/capacity``."""
+    """The file the engine loads (the model, or its converted copy), whether llama.cpp's
+    repacked-weight buffers are on, and what was done in words (``q8_0 from Q4_1``)."""
 
     path: Path
     extra_buffers: bool
@@ -571,15 +551,13 @@ def cpu_weights(path: str | os.PathLike[str], choice: str, *, on_gpu: bool,
                 cache_dir: str | os.PathLike[str] | None = None, threads: int = 0) -> Weights:
     """The weights to load for ``choice`` (one of :data:`WEIGHT_CHOICES`).
 
-    ``auto`` converts only where this repository measured a faster path on CPUs without a
-    repacked kernel for the file's type (``bench/weights``): Q4_1 (SmolLM2's file)
-    → Q8_0, whose integer dot products need no nibble unpacking — prefill 1.4×, a 32-row
-    decode step 1.6× on an AVX2 EPYC — and which holds every Q4_1 weight within half a
-    Q8_0 step (near-lossless: greedy text can still differ after some tokens). On a GPU
-    (``on_gpu``) and for every other type ``auto`` loads the file as is. ``q4_0`` trades
-    accuracy (a second 4-bit rounding) for llama.cpp's repacked Q4_0 kernels, so it turns
-    the extra buffers on unless this llama.cpp was built with AMX (whose path crashed on
-    AMX Xeons). A conversion runs once; its file is cached by the source's hash.
+    ``auto`` converts only where ``bench/weights`` measured a faster CPU path: Q4_1
+    (SmolLM2's file) → Q8_0 (no nibble unpacking: prefill 1.4×, a 32-row decode step 1.6×
+    on an AVX2 EPYC; every Q4_1 weight within half a Q8_0 step, near-lossless); on a GPU
+    (``on_gpu``) and for every other type it loads the file as is. ``q4_0`` trades accuracy
+    for llama.cpp's repacked Q4_0 kernels, so it turns the extra buffers on unless this
+    llama.cpp was built with AMX (whose path crashed on AMX Xeons). A conversion runs once;
+    its file is cached by the source's hash.
     """
     from mesh.engine import llama
 
