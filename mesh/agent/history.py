@@ -40,13 +40,8 @@ class Window:
 class Conversations:
     """Per-context history (see the module docstring). Not thread-safe; one event loop."""
 
-    def __init__(
-        self,
-        count_tokens: Callable[[str], int],
-        *,
-        max_contexts: int = 1024,
-        max_entries: int = 64,
-    ) -> None:
+    def __init__(self, count_tokens: Callable[[str], int], *, max_contexts: int = 1024,
+                 max_entries: int = 64) -> None:
         if max_contexts < 1 or max_entries < 1:
             raise ValueError("max_contexts and max_entries must be >= 1")
         self._count = count_tokens
