@@ -1,58 +1,43 @@
-"""Everything ``mesh serve`` builds from its flags, in the order it builds it: the engine
-flags' configuration, the engine itself (a pool of its own, a remote backend or Ray
-actors), the project prefix, the checks made before anything starts (and the configuration
-they build once: :class:`Checked`), and the app's composition in its lifespan. Read top to
+"""Everything ``mesh serve`` builds from its flags, in the order it builds it. Read top to
 bottom:
 
-**Engine flags.** ``mesh serve``'s engine flags: the native step, GPU offload, flash attention,
-shared-prefix
-attention, the KV cache type, and the KV tier picked from a memory size
-(``--kv-memory GiB|auto``).
-
-**The engine.** Which engine ``mesh serve`` builds: the local pool, pools as Ray actors
-(``--ray``), or
-``--engine openai:URL``.
-
-The CLI builds objects; this keeps ``serve.py``'s part to one call.
-
-**The project prefix.** The project prefix as ``mesh serve`` builds it: template, project
-folder, model, prefix size, chat format. With ``--ray`` every pool actor is handed this same prefix.
-
-Only the model's vocabulary is loaded (no weights). When the template's default prefix
-plus one session does not fit the context the model was trained for, the prefix is scaled
-down to fit (an explicit ``--prefix-tokens`` is kept and checked as given).
-
-**Preflight.** What ``mesh serve`` checks before any slow start-up work (prefix, model, gate seed).
-
-Every operator mistake found here is a ``ValueError`` whose one-line message names the
-flag that fixes it; ``mesh serve`` prints it and exits 2. The listening socket is bound
-here too, first of all the slow work, and handed to uvicorn later: a port in use fails in
-milliseconds, and nothing can take the port between the check and the serving.
-
-**Composition.** ``mesh serve`` on a pool of its own: what it builds, in two steps.
-
-:func:`local_app` runs in the CLI, before any event loop: it checks the gate's flags and
-resolves the prefix (template, project, model, chat format; the model's vocabulary only),
-so a bad ``--model`` fails with one line before anything is served. It returns the app of
-:func:`mesh.a2a.app.create_app`, whose lifespan runs :func:`compose_local` on the loop that
-serves it: the peer clients, the pool (started: prefix decoded or restored), the gate and
-its seed, the tools, the session and OpenAI APIs, the dashboard's history, the agent.
-What compose opens is closed in that lifespan, on that loop, once.
+* **Engine flags**: the native step, GPU offload, flash and shared-prefix attention, the KV
+  cache type, and the KV tier picked from a memory size (``--kv-memory GiB|auto``).
+* **The engine**: the local pool, pools as Ray actors (``--ray``) or ``--engine openai:URL``.
+* **The project prefix**: template, project folder, model, prefix size, chat format (the
+  model's vocabulary only, no weights). When the template's default prefix plus one session
+  does not fit the model's trained context, the prefix is scaled down to fit (an explicit
+  ``--prefix-tokens`` is kept and checked as given). Ray's pool actors get this same prefix.
+* **Preflight**: every check that needs no model. Each operator mistake is a ``ValueError``
+  whose one-line message names the flag that fixes it (``mesh serve`` prints it, exits 2).
+  The listening socket is bound here, before the slow work, and handed to uvicorn later: a
+  port in use fails in milliseconds and nothing can take the port in between.
+* **Composition**: :func:`local_app` runs in the CLI before any event loop (checks the
+  gate's flags, resolves the prefix) and returns the app of
+  :func:`mesh.a2a.app.create_app`, whose lifespan runs :func:`compose_local` on the serving
+  loop: peers, the pool (started), the gate and its seed, tools, the session and OpenAI
+  APIs, the dashboard's history, the agent. What compose opens that lifespan closes, once.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import functools
+import logging
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mesh.a2a.config import CoordinatorConfig
 from mesh.engine.config import (
     FLASH_ATTN,
     GIB,
@@ -64,20 +49,6 @@ from mesh.engine.config import (
     choose_tier,
 )
 from mesh.engine.llama import LlamaModel
-
-if TYPE_CHECKING:
-    from mesh.engine.models import ResolvedModel
-    from mesh.template.chat import ChatFormat
-    from mesh.template.loader import Template
-    from mesh.template.prefix import Prefix
-import errno
-import logging
-import re
-import socket
-from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING
-
-from mesh.a2a.config import CoordinatorConfig
 from mesh.gate.config import POLICIES, GateConfig
 from mesh.gate.decide import WorkerRule
 
@@ -85,16 +56,11 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from mesh.a2a.app import AppParts
+    from mesh.engine.models import ResolvedModel
     from mesh.gate.admission import FloorGate
-    from mesh.template.prefix import ProjectScan
-
-__all__ = [
-    "GUIDED_BELOW_PARAMS", "Checked", "ProjectPrefix", "add_engine_args", "add_engine_flags",
-    "apply_engine_flags", "bind_listener", "build_engine", "build_project_prefix", "check_data_dir",
-    "check_template", "compose_local", "coordinator_config", "default_plan_actions",
-    "engine_options", "floor_arg", "free_gpu_bytes", "gate_config", "kv_memory_bytes", "local_app",
-    "peer_tokens", "pick_tier", "plan_style", "preflight", "print_cache_warnings"
-]
+    from mesh.template.chat import ChatFormat
+    from mesh.template.loader import Template
+    from mesh.template.prefix import Prefix, ProjectScan
 
 
 # -------------------- engine flags --------------------------------------------
@@ -255,15 +221,13 @@ def build_engine(args: argparse.Namespace, cfg: EngineConfig, prefix_text: str) 
     """The engine ``args.engine`` names, not started (``await engine.start(progress)``)."""
     from mesh.backends.openai import BackendConfig, OpenAIEngine, parse_engine_spec
 
-    url = parse_engine_spec(getattr(args, "engine", "llama.cpp"))
-    if url is None and getattr(args, "ray", None):
+    url = parse_engine_spec(args.engine)
+    if url is None and args.ray:
         return _ray_pools(args, cfg, prefix_text)
     if url is None:
         from mesh.engine.pool import SharedKVPool
 
         return SharedKVPool(cfg, prefix_text)
-    from mesh.engine.llama import LlamaModel
-
     vocab = LlamaModel(cfg.model_path, vocab_only=True)
     backend = BackendConfig(url=url, model=args.backend_model, max_sessions=cfg.max_sessions,
                             session_budget=cfg.session_budget,
@@ -279,7 +243,6 @@ def _ray_pools(args: argparse.Namespace, cfg: EngineConfig, prefix_text: str) ->
     reached), then the pools as actors, not started. Paths become absolute: an actor runs in
     Ray's own working directory."""
     from mesh.cluster.pools import PoolPlacement, RayPools, connect, parse_ray_address
-    from mesh.engine.llama import LlamaModel
     from mesh.engine.pool import SharedKVPool
 
     print(connect(parse_ray_address(args.ray)), file=sys.stderr)
@@ -316,7 +279,6 @@ class ProjectPrefix:
 def build_project_prefix(args: argparse.Namespace) -> ProjectPrefix:
     """Build from ``args`` (``--template``, ``--project``, ``--model``, ``--prefix-tokens``,
     ``--session-budget``); raises ValueError naming the fix."""
-    from mesh.engine.llama import LlamaModel
     from mesh.engine.models import resolve_model
     from mesh.template.chat import ChatFormat
     from mesh.template.loader import default_project_dir, load_template
@@ -663,8 +625,6 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     from mesh.api.dashboard import DashboardHistory, dashboard_routes
     from mesh.api.openai_api import OpenAIAPI
     from mesh.api.sessions import SessionAPI, api_routes
-    from mesh.cli.compose import apply_engine_flags, build_engine, prefix_cache_dir
-    from mesh.engine.config import EngineConfig
     from mesh.fleet.peers import PeerClient
     from mesh.gate.admission import FloorGate
     from mesh.gate.decide import lone_worker_tps
@@ -687,7 +647,7 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
     data_dir = Path(args.data_dir)  # preflight created it
     cfg = EngineConfig(model_path=str(model.path), max_sessions=args.max_sessions,
                        session_budget=args.session_budget, n_threads=args.threads,
-                       kv_cells=getattr(args, "kv_cells", None),
+                       kv_cells=args.kv_cells,
                        cache_dir=prefix_cache_dir(args, data_dir),
                        share_prefix=args.pool == "shared")
     cfg = apply_engine_flags(cfg, args, prefix_text)
