@@ -1,34 +1,22 @@
 """``--engine openai:URL``: an OpenAI-compatible server (vLLM, SGLang, llama-server,
-llama-cpp-python's server, another mesh) as the engine, over its ``/v1/completions`` API
-(docs/vllm.md): what is read off the wire (pure: the engine spec, SSE events, ``/metrics``),
-a remote session, and :class:`OpenAIEngine` over them. No A2A and no Starlette here; the
-one HTTP client is httpx.
+llama-cpp-python's server, another mesh) as the engine, over its ``/v1/completions`` API:
+what is read off the wire (pure: the engine spec, SSE events, ``/metrics``), a remote
+session, and :class:`OpenAIEngine` over them. docs/vllm.md says what a session sends, the
+backend's flags, and what the gate reads. httpx is the one HTTP client.
 
-* A session keeps its conversation **on mesh's side** (appended text plus generated text).
-  Each turn sends one streamed completion whose prompt is the immutable prefix text,
-  byte-identical every time, then the session's history: what the servers' prefix caches
-  need to hit.
+* A session keeps its conversation on mesh's side; each turn sends one streamed completion
+  whose prompt is the prefix text, byte-identical every time, then the session's history.
 * The rules mirror the local pool's (:mod:`mesh.engine.interface`): ``append`` never waits
-  on the backend and raises :class:`~mesh.engine.interface.ContextOverflow` past the
-  budget; a turn that runs out of budget ends ``context_full``; stop strings are cut on
-  mesh's side by the pool's own :class:`~mesh.engine.session.TurnOutput` (not sent to the
-  backend, whose rules differ), the stream closed at the match, and the stop string stays
-  in the session's context; a backend that fails mid-turn detaches the session and the
-  generation raises :class:`~mesh.engine.interface.SessionFailed` naming the backend.
-* A stream that ends (``[DONE]``, or the body closes) without a ``finish_reason`` was cut
-  by the backend, not finished (llama-cpp-python's server cuts a running stream when
-  another request arrives): the turn is resumed with one more request whose prompt
-  continues after the text streamed so far. A stream that ends with no chunk at all is a
-  failure (that server ends one so when the prompt exceeds its context).
-* ``load()`` is built from the streamed tokens: per-session decode tokens/s (EWMA of the
-  gaps between chunks, the first, the prefill, excluded) and one
-  :class:`~mesh.engine.interface.StepSample` per gap, so the gate learns this backend as it
-  learns the local pool. A backend's ``/metrics`` (vLLM, llama-server, mesh) is polled for
-  :meth:`OpenAIEngine.backend_metrics` (``/capacity`` → ``engine.backend``).
-* A grammar goes out in the field the backend reads (:func:`grammar_fields`); a backend
-  that lists its context must hold the prefix plus one full session (:func:`check_context`).
-* Limits are mesh's: ``max_sessions`` sessions of ``session_budget`` tokens each; the
-  backend's own scheduler does the batching and the KV cache.
+  and raises :class:`~mesh.engine.interface.ContextOverflow` past the budget; stop strings
+  are cut on mesh's side by the pool's :class:`~mesh.engine.session.TurnOutput`; a backend
+  that fails mid-turn detaches the session (:class:`~mesh.engine.interface.SessionFailed`).
+* A stream that ends without a ``finish_reason`` after a chunk was cut by the backend
+  (llama-cpp-python's server cuts one when another request arrives): the turn is resumed
+  with one more request continuing after the text streamed so far. A stream that ends with
+  no chunk at all is a failure (that server ends one so past its context).
+* ``load()`` is built from the streamed tokens (EWMA decode tokens/s per session, one
+  :class:`~mesh.engine.interface.StepSample` per gap between chunks, the prefill excluded);
+  ``/metrics`` is polled for :meth:`OpenAIEngine.backend_metrics`.
 """
 
 from __future__ import annotations
@@ -264,7 +252,8 @@ class RemoteSession:
         if n + self.pending_tokens > budget:
             raise ContextOverflow(f"session {self.id}: a compacted history of {n} tokens with "
                                   f"{self.pending_tokens} queued exceeds its budget of {budget}")
-        self.engine.record_compaction(self.private)
+        self.engine.compactions += 1
+        self.engine.compacted_cells += self.private
         self.history, self.private = text, n
         return True
 
@@ -321,11 +310,12 @@ class RemoteGeneration:
         if not p.stop_at_eos:
             fields["ignore_eos"] = True  # vLLM, SGLang, llama-server
         if p.grammar is not None:
-            fields["grammar"] = p.grammar  # llama.cpp servers; others ignore it
+            fields.update(grammar_fields(s.engine.owner, p.grammar))
         # The prefix first, byte-identical every turn, then this session's history (and,
         # resuming a cut stream, what this turn streamed before the cut).
         prompt = s.engine.prefix_text + s.history + s.pending + streamed
-        return s.engine.request_body(prompt, **fields)
+        return {"model": s.engine.model_id, "prompt": prompt, "stream": True,
+                "stream_options": {"include_usage": True}, **fields}
 
     async def _run(self) -> AsyncIterator[Piece]:
         s = self._session
@@ -777,14 +767,8 @@ class OpenAIEngine:
             num_decode=max(1, len(decoding)), num_prefill_tokens=0,
             sum_context=sum(s.context_len for s in decoding), step_s=step_s,
             cells_used=self.info.prefix_tokens + sum(s.private for s in self.sessions.values())))
-        ms = step_s * 1000
-        self._step_ms = ms if self._step_ms is None else self._step_ms + 0.2 * (ms - self._step_ms)
+        self._step_ms = _ewma(self._step_ms, step_s * 1000)
         self.turn_line.poke()
-
-    def record_compaction(self, freed: int) -> None:
-        """A session's history was compacted, dropping ``freed`` tokens of it."""
-        self.compactions += 1
-        self.compacted_cells += freed
 
     def record_resume(self) -> None:
         """A stream was cut without a finish reason and is being resumed (logged once)."""
@@ -800,12 +784,3 @@ class OpenAIEngine:
             self._rate.popleft()
         span = now - self._rate[0][0] if len(self._rate) > 1 else 0.0
         return sum(n for _, n in self._rate) / span if span > 0 else 0.0
-
-    def request_body(self, prompt: str, **fields: Any) -> dict[str, Any]:
-        """A streamed completion of ``prompt``; a ``grammar`` field goes out in the field
-        this backend reads (:func:`~mesh.backends.openai.grammar_fields`)."""
-        grammar = fields.pop("grammar", None)
-        if grammar is not None:
-            fields.update(grammar_fields(self.owner, grammar))
-        return {"model": self.model_id, "prompt": prompt, "stream": True,
-                "stream_options": {"include_usage": True}, **fields}
