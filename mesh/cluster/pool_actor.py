@@ -1,34 +1,26 @@
 """One pool in a Ray actor: the process that owns a :class:`~mesh.engine.pool.SharedKVPool`
-(its model, its prefix, its sessions, its engine thread and the decode gate's copy that
-the thread asks each step) on whichever node Ray placed it.
+(its model, prefix, sessions, engine thread and decode gate) on whichever node Ray placed
+it. :class:`PoolActor` is a plain class (:mod:`mesh.cluster.pools` makes it a Ray actor),
+so this module imports no Ray and the contract can be tested without a cluster.
 
-:class:`PoolActor` is a plain class; :mod:`mesh.cluster.pools` makes it a Ray actor
-(``ray.remote(PoolActor).options(num_gpus=..., memory=...)``), so this module imports no
-Ray and the actor's contract can be read, and tested, without a cluster.
+Contract (every method runs on the actor's one event loop):
 
-Contract (what a caller may assume; every method runs on the actor's one event loop):
-
-* ``start()`` builds the pool (model loaded, prefix decoded or restored) and returns its
-  :class:`~mesh.engine.interface.PoolInfo`. Nothing else is called before it returns.
-* ``attach()`` returns a session id of this pool (``PoolFull`` when it has no room);
+* ``start()`` builds the pool and returns its :class:`~mesh.engine.interface.PoolInfo`;
+  nothing else is called before it returns.
+* ``attach()`` returns a session id (``PoolFull`` when there is no room);
   ``generate(sid, text, params)`` appends ``text`` (``ContextOverflow`` past the budget)
-  and runs one turn, streaming :class:`Chunk` objects: the
-  :class:`~mesh.engine.interface.Piece` objects that arrived since the last chunk, at most
-  one chunk per :data:`STREAM_GAP_S` (one Ray object per step or per gap, not per token),
-  the last chunk with the turn's :class:`TurnEnd`; ``stop(sid)`` ends a running turn
-  early (``cancelled``); ``compact(sid, text)`` replaces the session's suffix with
-  ``text`` (False mid-turn); ``detach(sid)`` frees the session (idempotent, unknown ids ignored).
-* ``report()`` is the pool's load for the coordinator that started the actor: the
-  snapshot without its step window, the attach check, and the steps not sent before
-  (each step is sent once, by a report or a :class:`TurnEnd`, so the gate's model
-  counts each once).
-* ``set_budgets((prefill, turns))`` installs the gate's prefill budget and decode gate.
-  They come as one pickled pair: the floor policy's :class:`~mesh.gate.decode_gate.DecodeGate`
-  is both, and the pair keeps it one object here, as it is in a local pool. Each pool
-  holds its own copy: its decode gate decides on its own pool's measured steps.
-* A session handle is held here until ``detach``: the pool's orphan reaper never sees one
-  drop. The coordinator detaches the sessions whose handles it lost
-  (:class:`~mesh.cluster.pools.RayPools`).
+  and streams one turn as :class:`Chunk` objects, at most one per :data:`STREAM_GAP_S`,
+  the last with the turn's :class:`TurnEnd`; ``stop(sid)`` ends a running turn early;
+  ``compact(sid, text)`` replaces the session's suffix (False mid-turn); ``detach(sid)``
+  frees the session (idempotent, unknown ids ignored).
+* ``report()`` is the pool's load without its step window, the attach check, and the
+  steps not sent before (each step is sent once, by a report or a :class:`TurnEnd`, so
+  the gate's model counts each once).
+* ``set_budgets((prefill, turns))`` installs the gate's prefill budget and decode gate as
+  one pickled pair (the floor policy's :class:`~mesh.gate.decode_gate.DecodeGate` is both,
+  and stays one object here). Each pool's copy decides on its own pool's steps.
+* A session is held here until ``detach``: the pool's orphan reaper never sees one drop;
+  the coordinator detaches the sessions whose handles it lost.
 """
 
 from __future__ import annotations
