@@ -1,5 +1,5 @@
 """A pool's native state at start: the model, the context, the prefix (decoded once or
-restored from the warm-start cache), and a vocabulary-only tokenizer.
+restored from the warm-start cache).
 
 **Warm start.** The prefix sequence saved to disk and restored instead of re-prefilled. A
 snapshot is keyed by everything that changes the bytes in the KV cells: the model file's
@@ -34,8 +34,8 @@ from mesh.engine.llama import Batch, LlamaContext, LlamaModel, gpu_offload_suppo
 from mesh.engine.models import cpu_weights
 
 __all__ = [
-    "PREFIX_SEQ", "Built", "Progress", "Tokenizer", "build", "check_context", "open_tokenizer",
-    "resolve_attention", "restore_snapshot", "save_snapshot", "snapshot_path"
+    "PREFIX_SEQ", "Built", "Progress", "build", "check_context", "resolve_attention",
+    "restore_snapshot", "save_snapshot", "snapshot_path"
 ]
 
 
@@ -113,23 +113,6 @@ Progress = Callable[[int, int], None]
 PREFIX_SEQ = 0
 
 
-class Tokenizer:
-    """A model's vocabulary alone (no weights): counts tokens before a pool exists."""
-
-    def __init__(self, model_path: str) -> None:
-        self._model = LlamaModel(model_path, vocab_only=True)
-
-    def count(self, text: str) -> int:
-        return len(self._model.tokenize(text, add_bos=False))
-
-    def close(self) -> None:
-        self._model.close()
-
-
-def open_tokenizer(model_path: str) -> Tokenizer:
-    return Tokenizer(model_path)
-
-
 @dataclass
 class Built:
     model: LlamaModel
@@ -143,13 +126,13 @@ class Built:
 def build(cfg: EngineConfig, prefix_input: str | list[int], progress: Progress | None) -> Built:
     """Load the model, size and create the context, build or restore the prefix."""
     t0 = time.monotonic()
-    weights = cpu_weights(cfg.model_path, cfg.weights,
-                          on_gpu=cfg.n_gpu_layers != 0 and gpu_offload_supported(),
+    on_gpu = cfg.n_gpu_layers != 0 and gpu_offload_supported()
+    weights = cpu_weights(cfg.model_path, cfg.weights, on_gpu=on_gpu,
                           threads=cfg.n_threads or 0)
     model = LlamaModel(weights.path, n_gpu_layers=cfg.n_gpu_layers,
                        extra_buffers=cfg.extra_buffers or weights.extra_buffers)
     try:
-        built = _build(cfg, model, prefix_input, progress, t0, str(weights.path))
+        built = _build(cfg, model, prefix_input, progress, t0, str(weights.path), on_gpu)
         built.info = replace(built.info, weights=weights.described)
         return built
     except BaseException:
@@ -158,7 +141,7 @@ def build(cfg: EngineConfig, prefix_input: str | list[int], progress: Progress |
 
 
 def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
-           progress: Progress | None, t0: float, loaded: str) -> Built:
+           progress: Progress | None, t0: float, loaded: str, on_gpu: bool) -> Built:
     if isinstance(prefix_input, str):
         tokens = model.tokenize(prefix_input, add_bos=model.add_bos)
     else:
@@ -188,7 +171,6 @@ def _build(cfg: EngineConfig, model: LlamaModel, prefix_input: str | list[int],
     # n_outputs_max: at most one logits row per session per step. llama.cpp requires it to
     # be >= n_seq_max at construction; the default (n_batch rows of a 262K vocabulary)
     # would allocate a 514 MiB logits buffer.
-    on_gpu = cfg.n_gpu_layers != 0 and gpu_offload_supported()
     prefix_attention, flash_attn = resolve_attention(cfg, on_gpu=on_gpu,
                                                      prefix_tokens=len(tokens))
     ctx = LlamaContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=cfg.n_batch,
