@@ -1,15 +1,10 @@
-"""The live dashboard: its recent history, then its routes. Read top to bottom:
+"""The live dashboard (docs/dashboard.md): its recent history, then its routes.
 
-**History.** The dashboard's memory: the last few minutes of the capacity document, sampled on a
-timer.
-
-The page draws these at load (``GET /dashboard/history``), so an operator who opens it after
-a burst of work sees that work, not an empty chart. One sample every ``interval_s`` (1 s)
-for ``window_s`` (300 s) is kept in a ring whose length is fixed at construction; each
-sample is a few numbers and one ``[id, tokens/s]`` pair per decoding worker (at most
-``max_workers``), so the memory is bounded by the settings, never by traffic.
-
-A sample (the page turns each live SSE frame into the same shape, see ``sampleOf`` in
+**History.** The last few minutes of the capacity document, one sample every ``interval_s``
+for ``window_s`` in a ring of fixed length, each sample a few numbers and one
+``[id, tokens/s]`` pair per decoding worker (at most ``max_workers``): memory bounded by
+the settings, never by traffic. The page draws them at load (``GET /dashboard/history``).
+A sample (the page turns each live SSE frame into the same shape, ``sampleOf`` in
 ``static/dashboard.js``)::
 
     {"t": unix s, "floor": tok/s or null, "verdict": "admit"|"queue"|"refuse"|...,
@@ -19,30 +14,17 @@ A sample (the page turns each live SSE frame into the same shape, see ``sampleOf
                  "parkedBytes": n},
      "workers": [[id, tok/s], ...]}
 
-``parking`` is ``/capacity``'s ``parking`` block (issue 28): ``attached`` is every session
-(``sessions.total``), ``resident`` those holding a sequence id and their cells, ``parked``
-those off the KV cache, ``parkedCells`` the suffix tokens they hold off it (their
-``parked_tokens``), ``parkedBytes`` the host RAM their swapped suffixes take.
+``parking`` is ``/capacity``'s ``parking`` block (``attached`` its ``sessions.total``,
+``parkedCells`` its ``parked_tokens``), ``waiting`` its ``turns.waiting``; every field is
+read defensively (null where the document lacks it). The sampler is a
+:class:`~mesh.api.admit.Periodic` started at start-up and by every dashboard request.
 
-``waiting`` is ``/capacity``'s ``turns.waiting`` (turns queued for a decode slot) when the
-gate reports it, else null. Every field is read defensively: an admission whose document
-lacks one (the node pool's) gives null there.
-
-The sampler is a :class:`~mesh.api.admit.Periodic` in the serving loop: the app starts it
-at start-up (``build_app(on_startup=[history.start])``) and every dashboard request makes
-sure it runs (so a server that forgot still remembers from the first page view on).
-
-**The dashboard.** ``GET /dashboard`` and its two assets: static files shipped in the
-package, public (they hold no data). ``GET /dashboard/events``: Server-Sent Events, one
-``data:`` frame every ``interval_s`` (``{"t", "capacity": Admission.capacity(), "tasks":
-TaskBoard.snapshot()}``, non-finite numbers as ``null``), behind the app's bearer auth like
-``/capacity`` (mount :data:`DASHBOARD_PUBLIC_PATHS` as the app's public paths, not the
-events). At most ``max_streams`` streams are open at once, and at most
-``max_streams_per_caller`` of them for one caller (:func:`~mesh.api.admit.caller_of`;
-without auth every client is the one caller, who may use all ``max_streams``): 429 with
-``Retry-After`` past either. Each stream ends with ``event: end`` after ``max_stream_s``;
-the page reconnects. ``GET /dashboard/history``: :class:`DashboardHistory`'s samples, behind
-the same auth (docs/dashboard.md).
+**The dashboard.** ``GET /dashboard`` and its two assets (public: they hold no data);
+``GET /dashboard/events``, Server-Sent Events, one ``data:`` frame every ``interval_s``
+(``{"t", "capacity", "tasks"}``, non-finite numbers as ``null``), behind the app's bearer
+auth like ``/capacity``, at most ``max_streams`` open and ``max_streams_per_caller`` per
+caller (429 with ``Retry-After`` past either), each ending with ``event: end`` after
+``max_stream_s``; ``GET /dashboard/history``, behind the same auth.
 """
 
 from __future__ import annotations
