@@ -96,6 +96,16 @@ def token_data(ids: Ids, logits: Logits) -> npt.NDArray[Any]:
     return cand
 
 
+def _candidates(ids: Ids, logits: Logits) -> tuple[npt.NDArray[Any], Any]:
+    """:func:`token_data` and the ``llama_token_data_array`` over it (nothing selected)."""
+    cand = token_data(ids, logits)
+    arr = ll.llama_token_data_array(
+        data=cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
+        size=len(ids), selected=-1, sorted=False,
+    )
+    return cand, arr
+
+
 def redraw(logits: Logits, n_vocab: int,
            draw_among: Callable[[Ids, Logits], int | None]) -> tuple[int, bool]:
     """A token ``draw_among`` allows: first among the ``REDRAW_TOP`` best logits (exact for
@@ -152,15 +162,12 @@ class Sampler:
 
     Applying a grammar to every candidate costs a pass over the whole vocabulary each token
     (262K entries for Gemma 3). Instead the chain draws first and the grammar checks only
-    that token; only when it rejects it is the token drawn again among the allowed ones
-    (the best 256 logits first, the whole vocabulary only if none of those is allowed), as
-    llama.cpp's own common sampler does. A kept draw has probability p/A of the allowed
-    mass A, so the result follows the grammar-masked distribution (up to the 256-logit
-    shortcut's tail). ``temperature == 0`` with a grammar draws the best allowed token.
-    ``grammar`` is GBNF text with root rule ``root``; an invalid one raises ValueError.
-    ``grammar_first=True`` puts the grammar at the head of the chain instead (every
-    candidate masked every token): the reference ``bench/grammar``
-    compares against.
+    that token; only a rejected token is drawn again among the allowed ones (see
+    :func:`redraw`), as llama.cpp's own common sampler does: a kept draw has probability
+    p/A of the allowed mass A, so the result follows the grammar-masked distribution (up to
+    the 256-logit shortcut's tail). ``grammar`` is GBNF text with root rule ``root``; an
+    invalid one raises ValueError. ``grammar_first=True`` puts the grammar at the head of
+    the chain instead (the reference ``bench/grammar`` compares against).
 
     Repetition control (``rep``: a turn's :class:`SamplingParams` with
     :attr:`~SamplingParams.repetition` on) builds a second chain, top-k
@@ -168,8 +175,8 @@ class Sampler:
     that draws the *prose* tokens (:class:`ProseTracker`; every token without a grammar).
     :attr:`handle` names the chain the next token is drawn with, so the native step
     samples penalized turns through the penalties too. The repetition samplers' history is
-    the turn's prose tokens only: when a grammar redraws a prose token (the chain already
-    took the rejected draw) they are reset and given that history again.
+    the turn's prose tokens only: when a grammar redraws a prose token they are reset and
+    given that history again.
     """
 
     def __init__(
@@ -252,11 +259,7 @@ class Sampler:
         """What the native step does with one row (every logit a candidate, the active
         chain applied, its draw accepted), on a row we hold; for measuring the chain's
         cost (``bench/sampling``), no grammar check."""
-        cand = token_data(np.arange(len(row), dtype=np.int32), row)
-        arr = ll.llama_token_data_array(
-            data=cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
-            size=len(row), selected=-1, sorted=False,
-        )
+        cand, arr = _candidates(np.arange(len(row), dtype=np.int32), row)
         chain = self._active()
         ll.llama_sampler_apply(chain, ctypes.byref(arr))
         tok = int(cand["id"][arr.selected])
@@ -315,11 +318,7 @@ class Sampler:
         return tok
 
     def _draw_among(self, chain: Any, ids: Ids, logits: Logits) -> int | None:
-        cand = token_data(ids, logits)
-        arr = ll.llama_token_data_array(
-            data=cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
-            size=len(ids), selected=-1, sorted=False,
-        )
+        cand, arr = _candidates(ids, logits)
         ll.llama_sampler_apply(self._grammar, ctypes.byref(arr))
         if not np.isfinite(cand["logit"]).any():
             return None

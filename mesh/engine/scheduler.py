@@ -146,13 +146,10 @@ def admit_turns(sessions: Sequence[Candidate], room: int | None) -> list[Candida
     """The candidates that run this step: the running ones, plus up to ``room`` waiting
     turns in completion order (:func:`order`), marked running; with a negative ``room``,
     the running ones less ``-room`` of them, the last in that order (one always runs).
-
-    Completion order holds for the rows already running too: when turns still wait after
-    the room is used, the first of them takes the row of the last running turn in that
-    order if it belongs to an older task (a strictly lower ``priority``: turns of one task
-    never displace each other) — one such swap a step, the displaced turn paused between
-    steps with its cells, waiting again at its place. So a task's next turn, back from a
-    tool call, does not queue behind a newer task's first turn that took its row."""
+    When turns still wait after the room is used, the first of them takes the row of the
+    last running turn if it belongs to an older task (strictly lower ``priority``): one
+    such swap a step (see the module docstring), so a task's next turn, back from a tool
+    call, does not queue behind a newer task's first turn that took its row."""
     if room is not None and room < 0:
         running = sorted((c for c in sessions if c.running), key=order)
         keep = {c.seq for c in running[:max(1, len(running) + room)]}
@@ -240,9 +237,9 @@ def plan_sessions(sessions: Iterable[SeqState], ledger: CellLedger, *, n_batch: 
                   output_rows: int, cells_used: int, prefill_budget: PrefillBudget | None,
                   turn_admission: TurnAdmission | None = None,
                   recent: Sequence[StepSample] = ()) -> StepPlan:
-    """The next step's plan over the live sessions (the planner's budget from the pool's;
-    the decode gate is asked while a turn waits or more than one runs — it may start
-    waiting turns, or shed running ones — and one turn always runs)."""
+    """The next step's plan over the live sessions; the decode gate is asked while a turn
+    waits or more than one runs (it may start waiting turns, or shed running ones), and one
+    turn always runs."""
     cands = candidates(sessions, ledger)
     room = None
     num_running = sum(c.running for c in cands)
@@ -437,10 +434,8 @@ class Snapshots:
 
 @dataclass
 class StepLimits:
-    """What the gate hands the pool, read by the engine thread once per step: the prefill
-    cap beside decoding rows (None: the whole ``n_batch``) and the decode gate (None:
-    every turn runs as soon as it is asked for). Set from any thread (one attribute
-    write each)."""
+    """What the gate hands the pool (see :class:`~mesh.engine.interface.Engine`), set from
+    any thread (one attribute write each), read by the engine thread once per step."""
 
     prefill_budget: PrefillBudget | None = None
     turn_admission: TurnAdmission | None = None
@@ -571,8 +566,7 @@ class Scheduler:
         self.publish()
 
     def stepped(self, now: float) -> None:
-        """A step ended at ``now``: publish if a turn started or ended, or the last
-        snapshot is old (see :mod:`mesh.engine.scheduler`)."""
+        """A step ended at ``now``: publish if it is due (:meth:`Snapshots.due`)."""
         if self._snapshots.due(self.turns.changes, now):
             self.publish()
 
@@ -586,7 +580,6 @@ class Scheduler:
         return self.turns.take_items()
 
     def publish(self) -> None:
-        """Rebuild the load snapshot (every command that changes the pool does; a step
-        does when a turn started or ended, else at most every SNAPSHOT_INTERVAL_S)."""
+        """Rebuild the load snapshot (see the module docstring for when)."""
         self._snapshots.publish(self.registry, self._built, self.ledger, self._config,
                                 self.turns.changes)
