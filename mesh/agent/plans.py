@@ -354,15 +354,9 @@ def _instructions(max_len: int) -> dict[str, Any]:
     return {**_string(max_len, min(INSTRUCTIONS_MIN, max_len)), "pattern": LETTER_FIRST}
 
 
-def plan_schema(
-    max_subtasks: int,
-    tools: Sequence[str] = (),
-    actions: Sequence[str] = ACTIONS,
-    text_max: int = 240,
-    *,
-    files: Sequence[str] = (),
-    parts: Sequence[str] = (),
-) -> dict[str, Any]:
+def plan_schema(max_subtasks: int, tools: Sequence[str] = (), actions: Sequence[str] = ACTIONS,
+                text_max: int = 240, *, files: Sequence[str] = (),
+                parts: Sequence[str] = ()) -> dict[str, Any]:
     """The JSON schema of a plan; ``actions`` narrows which shapes are allowed.
 
     Instructions are at most ``text_max`` characters, a direct answer or a question twice
@@ -412,13 +406,8 @@ def plan_schema(
 
 
 
-def plan_prompt(
-    message: str,
-    history: str,
-    tools: Sequence[str],
-    max_subtasks: int,
-    parts: Sequence[str] = (),
-) -> str:
+def plan_prompt(message: str, history: str, tools: Sequence[str], max_subtasks: int,
+                parts: Sequence[str] = ()) -> str:
     """The planning turn's suffix (after the shared project prefix). With ``parts``
     (guided planning) it lists the request's parts, one subtask each."""
     if parts:
@@ -487,11 +476,9 @@ def parse_plan(text: str, max_subtasks: int) -> Plan:
         instructions = entry.get("instructions")
         if not isinstance(instructions, str) or not instructions.strip():
             raise PlanError(f"subtasks[{i}].instructions must be a non-empty string")
-        subtasks.append(PlannedSubtask(
-            instructions.strip(),
-            _strings(entry.get("files"), f"subtasks[{i}].files"),
-            _strings(entry.get("tools"), f"subtasks[{i}].tools"),
-        ))
+        subtasks.append(PlannedSubtask(instructions.strip(),
+                                       _strings(entry.get("files"), f"subtasks[{i}].files"),
+                                       _strings(entry.get("tools"), f"subtasks[{i}].tools")))
     return Plan("delegate", tuple(subtasks))
 
 

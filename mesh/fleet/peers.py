@@ -142,12 +142,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
     ``inner``: the transport that really connects (default ``httpx.AsyncHTTPTransport``).
     """
 
-    def __init__(
-        self,
-        urls: Iterable[str],
-        validate: Validator | None,
-        inner: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
+    def __init__(self, urls: Iterable[str], validate: Validator | None,
+                 inner: httpx.AsyncBaseTransport | None = None) -> None:
         self.origins = frozenset(o for o in (origin_of(u) for u in urls) if o is not None)
         self.validate = validate
         self.inner = inner if inner is not None else httpx.AsyncHTTPTransport()
@@ -163,9 +159,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             )
         host = origin[1]
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, origin[2], type=socket.SOCK_STREAM
-            )
+            infos = await asyncio.get_running_loop().getaddrinfo(host, origin[2],
+                                                                 type=socket.SOCK_STREAM)
         except OSError as exc:
             raise httpx.ConnectError(f"cannot resolve {host}: {exc}", request=request) from exc
         addresses = list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in infos))
@@ -320,10 +315,8 @@ class PeerClient:
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             reachable = [u for u, t in self._token_of.items() if t == token]
             self._clients[token] = httpx.AsyncClient(
-                headers=headers,
-                timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                transport=GuardedTransport(reachable, self._validate),
-            )
+                headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                transport=GuardedTransport(reachable, self._validate))
         return self._clients[token]
 
     async def aclose(self) -> None:
@@ -390,11 +383,9 @@ class PeerClient:
     async def _check(self, url: str) -> None:
         """:class:`PeerRefused` unless ``url`` passes the address policy."""
         if not await _accepts(self._validate, url):
-            raise PeerRefused(
-                f"peer {url} resolves to a private or loopback address (or does not "
-                "resolve), refused by the push policy; start the server with "
-                "--allow-private-push to allow it"
-            )
+            raise PeerRefused(f"peer {url} resolves to a private or loopback address (or does "
+                              "not resolve), refused by the push policy; start the server with "
+                              "--allow-private-push to allow it")
 
     async def _resolve(self, peer: str) -> str:
         if peer in self.names:

@@ -220,9 +220,8 @@ def _value_len(kind: ArgType, max_str: int, paths: ProjectPaths | None) -> int:
     return max_str + 2
 
 
-def _call_len(
-    name: str, syntax: ToolCallSyntax, max_str: int, paths: ProjectPaths | None = None
-) -> int:
+def _call_len(name: str, syntax: ToolCallSyntax, max_str: int,
+              paths: ProjectPaths | None = None) -> int:
     """The longest call this grammar admits for a tool (all arguments, tags included)."""
     args = TOOL_ARGS.get(name, ())
     pieces = [len(key) + 4 + _value_len(kind, max_str, paths) for key, kind in args]
@@ -231,14 +230,8 @@ def _call_len(
     return body + len(syntax.open) + len(syntax.close)
 
 
-def turn_grammar(
-    syntax: ToolCallSyntax,
-    tools: Iterable[str],
-    max_tokens: int,
-    paths: ProjectPaths | None = None,
-    *,
-    call_only: bool = False,
-) -> str:
+def turn_grammar(syntax: ToolCallSyntax, tools: Iterable[str], max_tokens: int,
+                 paths: ProjectPaths | None = None, *, call_only: bool = False) -> str:
     """The GBNF grammar of one turn of at most ``max_tokens`` tokens (see the module doc).
 
     String values get up to 48 characters, fewer when the budget is small; a tool whose
@@ -252,20 +245,13 @@ def turn_grammar(
 
 
 @functools.lru_cache(maxsize=256)
-def _turn_grammar(
-    syntax: ToolCallSyntax,
-    names_in: tuple[str, ...],
-    max_tokens: int,
-    paths: ProjectPaths | None,
-    call_only: bool,
-) -> str:
+def _turn_grammar(syntax: ToolCallSyntax, names_in: tuple[str, ...], max_tokens: int,
+                  paths: ProjectPaths | None, call_only: bool) -> str:
     names = list(names_in)
     style = syntax.style
     room = max_tokens - _MIN_FREE
-    max_str = next(
-        (n for n in _STR_CAPS if all(_call_len(t, syntax, n, paths) <= room for t in names)),
-        _STR_CAPS[-1],
-    )
+    max_str = next((n for n in _STR_CAPS
+                    if all(_call_len(t, syntax, n, paths) <= room for t in names)), _STR_CAPS[-1])
     names = [t for t in names if _call_len(t, syntax, max_str, paths) <= room]
     longest = max((_call_len(t, syntax, max_str, paths) for t in names), default=0)
     tags = len(syntax.answer_open) + len(syntax.answer_close)
