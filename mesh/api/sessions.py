@@ -263,14 +263,10 @@ def attachable(engine: Engine) -> int:
 
 
 class SessionAPI:
-    """The routes above over one engine and one admission gate. Build once per app and
-    call :meth:`aclose` at shutdown (the app's lifespan does, see ``build_app``).
-
-    ``idle_s``: a session with no request (and no turn running) for this long is expired.
+    """The routes above over one engine and one admission gate; :meth:`aclose` at shutdown.
+    ``idle_s``: a session with no request (and no turn running) this long is expired.
     ``max_per_caller``: sessions one authenticated caller may hold (default: half of
-    :attr:`capacity`, the sessions the pool can hold attached, parked ones included); the
-    anonymous caller (auth off) may hold all of them.
-    """
+    :attr:`capacity`); the anonymous caller may hold all of them."""
 
     def __init__(
         self,
@@ -342,7 +338,7 @@ class SessionAPI:
             return error_response(exc.status, exc.code, exc.message)
         caller = caller_of(request)
         held = self._held[caller]
-        if held >= self.cap_of(caller):
+        if held >= (self.max_per_caller if caller else self.capacity):
             return too_busy("too_many_sessions", self._cap_message(caller, held),
                             min(self.idle_s, 60.0))
         self._held[caller] += 1  # taken before any await: concurrent creates see it
@@ -353,12 +349,6 @@ class SessionAPI:
             if not created:
                 self._give_back(caller)
         return answer
-
-    def cap_of(self, caller: str) -> int:
-        """Sessions ``caller`` may hold: ``max_per_caller``, or the whole pool
-        (:attr:`capacity`) for the anonymous caller (auth off: every client is that one
-        caller)."""
-        return self.capacity if not caller else self.max_per_caller
 
     def _cap_message(self, caller: str, held: int) -> str:
         parking = self.capacity > self.engine.info.max_sessions

@@ -79,13 +79,12 @@ class MeshChat(BaseChatModel):
         """This model with OpenAI ``tools`` (and ``tool_choice``: ``auto``, ``none``,
         ``required``/``any``, or a tool's name) sent on every request."""
         formatted = [convert_to_openai_tool(t) for t in tools]
-        if tool_choice is not None:
-            if tool_choice == "any":
-                tool_choice = "required"
-            if tool_choice not in ("auto", "none", "required"):
-                kwargs["tool_choice"] = {"type": "function", "function": {"name": tool_choice}}
-            else:
-                kwargs["tool_choice"] = tool_choice
+        if tool_choice == "any":
+            tool_choice = "required"
+        if tool_choice in ("auto", "none", "required"):
+            kwargs["tool_choice"] = tool_choice
+        elif tool_choice is not None:
+            kwargs["tool_choice"] = {"type": "function", "function": {"name": tool_choice}}
         return super().bind(tools=formatted, **kwargs)
 
     # ------------------------------------------------------------------ requests
