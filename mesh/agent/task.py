@@ -283,13 +283,8 @@ def plain_turn(prompt: str) -> str:
 class Agent:
     """The coordinator's own turns on the pool, and the conversations it remembers."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        config: AgentConfig,
-        *,
-        render: Callable[[str], str] = plain_turn,
-    ) -> None:
+    def __init__(self, engine: Engine, config: AgentConfig, *,
+                 render: Callable[[str], str] = plain_turn) -> None:
         config.validate()
         self.engine = engine
         self.config = config

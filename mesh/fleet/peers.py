@@ -301,9 +301,8 @@ class PeerClient:
         self._owns_http = httpx_client is None
         self._shared = httpx_client
         self._clients: dict[str | None, httpx.AsyncClient] = {}
-        self._token_of: dict[str, str | None] = {}
-        for name, url in parsed:
-            self._token_of[url] = (tokens or {}).get(name or "", token)
+        self._token_of: dict[str, str | None] = {
+            url: (tokens or {}).get(name or "", token) for name, url in parsed}
         self._cards: dict[str, pb.AgentCard] = {}
         self._warned: set[str] = set()
 

@@ -41,10 +41,8 @@ class DispatchWorker:
         worker: Worker
         if subtask.params.get("scenario"):
             if not self.simulation:
-                raise WorkerFailed(
-                    "scenario params are off on this server; start it with "
-                    "`mesh serve --simulation` (or use `mesh simulate`)"
-                )
+                raise WorkerFailed("scenario params are off on this server; start it with "
+                                   "`mesh serve --simulation` (or use `mesh simulate`)")
             worker = ScenarioWorker(self.engine, self.template)
         else:
             tools = {name: tool.for_hops(subtask.hops) if isinstance(tool, DelegateTool)

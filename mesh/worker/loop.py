@@ -289,17 +289,9 @@ class AgentWorker:
     ``chat.prefix_text(system)``. Default: the plain format.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        template: Template,
-        tools: Mapping[str, ToolFn],
-        *,
-        limits: WorkerLimits | None = None,
-        chat: ChatFormat | None = None,
-        paths: ProjectPaths | None = None,
-        first_call: bool = False,
-    ) -> None:
+    def __init__(self, engine: Engine, template: Template, tools: Mapping[str, ToolFn], *,
+                 limits: WorkerLimits | None = None, chat: ChatFormat | None = None,
+                 paths: ProjectPaths | None = None, first_call: bool = False) -> None:
         self._engine = engine
         self._first_call = first_call  # turn 1 must call a tool (under the grammar)
         self._paths = paths  # the project's paths a call may name (None: any string)
