@@ -382,19 +382,18 @@ class LlamaContext:
     def seq_state_size(self, seq: int) -> int:
         return int(ll.llama_state_seq_get_size(self.handle, seq))
 
-    def state_head(self, seq: int, max_bytes: int) -> bytes:
-        """The first ``max_bytes`` of the serialized cache of ``seq`` (-1: every cell)."""
-        return self.seq_get_data(seq)[:max_bytes]
-
-    def seq_get_data(self, seq: int) -> bytes:
-        """The serialized cells of ``seq`` (every cell it holds, shared ones included: drop
-        it from cells it should not carry first); b"" when it holds none or on failure."""
+    def seq_get_data(self, seq: int, max_bytes: int | None = None) -> bytes:
+        """The serialized cells of ``seq`` (-1: every cell; shared ones included: drop it
+        from cells it should not carry first), their first ``max_bytes`` when given; b""
+        when it holds none or on failure."""
         size = int(ll.llama_state_seq_get_size(self.handle, seq))
         if size <= 0:
             return b""
         buf = (ctypes.c_uint8 * size)()
         n = int(ll.llama_state_seq_get_data(self.handle, buf, size, seq))
-        return ctypes.string_at(buf, n) if n > 0 else b""
+        if n <= 0:
+            return b""
+        return ctypes.string_at(buf, n if max_bytes is None else min(n, max_bytes))
 
     def seq_set_data(self, seq: int, data: bytes) -> bool:
         """Write serialized cells into ``seq`` as its own new cells (llama.cpp drops what

@@ -1,26 +1,24 @@
 """The pool's attached sessions: attach, park, resume and release on the engine thread.
 
 Attach takes a free sequence id from the ledger and shares the prefix with it
-(``llama_memory_seq_cp`` of sequence 0: metadata only, the cells are shared), or, in the
-naive baseline, queues a private copy of the prefix. Release drops the session's private
-cells (the prefix stays: sequence 0 holds it), fails its turn in flight through the turns'
-outbox and gives its promises and sequence id back to the ledger.
+(``llama_memory_seq_cp`` of sequence 0: metadata only), or, in the naive baseline, queues a
+private copy of the prefix. Release drops the session's private cells (sequence 0 keeps the
+prefix), fails its turn in flight and gives its promises and sequence id back to the
+ledger. The registry alone adds and removes sessions; the step runner reads them through
+:meth:`SessionRegistry.resident`, a read-only view.
 
-The registry is the one owner of the sessions dict: it alone adds and removes entries;
-the step runner reads it through :meth:`SessionRegistry.resident`, a read-only view.
-
-Parking (recompute): an IDLE resident session's private cells leave the cache
-(``seq_remove``), its sequence id and cells go back to the ledger, and it moves from
-``sessions`` (by sequence id) to ``parked`` (by session id), keeping its ``suffix`` tokens;
-it stays attached (same SeqState, same handle). Before its next turn runs it is resumed:
-a free id (an LRU idle session is parked for one if needed), the prefix shared again, and
-its suffix queued in front of any new text, so the ordinary chunked prefill re-decodes it
-at positions ``prefix_len..``. A session is in exactly one of the two dicts until released.
+Parking (recompute): an IDLE resident session's private cells leave the cache, its
+sequence id and cells go back to the ledger, and it moves from ``sessions`` (by sequence
+id) to ``parked`` (by session id), keeping its ``suffix`` tokens and its handle. Before its
+next turn runs it is resumed: a free id (an LRU idle session is parked for one if needed),
+the prefix shared again, and its suffix queued in front of any new text, so the ordinary
+chunked prefill re-decodes it at positions ``prefix_len..``. A session is in exactly one
+of the two dicts until released.
 
 Swap (``park_memory`` > 0): parking copies the suffix cells' llama.cpp state to host RAM
-first (see :meth:`SessionRegistry._swap_out`) and a resume writes it back as the new id's
-private cells, then shares the prefix again: no re-prefill, and the same K/V bits. Past
-``park_memory`` (or if a write-back fails) a session is recomputed instead.
+first (:meth:`SessionRegistry._swap_out`) and a resume writes it back as the new id's
+private cells: no re-prefill, and the same K/V bits. Past ``park_memory`` (or if a
+write-back fails) a session is recomputed instead.
 """
 
 from __future__ import annotations

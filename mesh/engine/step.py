@@ -1,13 +1,10 @@
-"""The runner: one planned step on the engine thread, fill the batch, decode, sample.
-
-The scheduler plans (:meth:`mesh.engine.scheduler.Scheduler.schedule`);
-:meth:`mesh.engine.thread.Parts.step` hands the plan to :meth:`StepRunner.decode` (one
-``llama_decode``, through the native step when the library is loaded), then to
-:meth:`StepRunner.sample`, which books the decoded cells and samples every row that asked
-for logits before the next decode overwrites them (the step's pieces and results go to
-the turns' outbox), then to :meth:`StepRunner.record` for the step stats. Publishing the
-snapshot stays with the scheduler, posting the items with the engine thread. The runner
-reads the sessions through the registry's read-only view and never adds or removes one.
+"""The runner: one planned step on the engine thread (:meth:`mesh.engine.thread.Parts.step`
+hands it the scheduler's plan). :meth:`StepRunner.decode` fills the batch and runs one
+``llama_decode`` (through the native step when the library is loaded);
+:meth:`StepRunner.sample` books the decoded cells and samples every row that asked for
+logits before the next decode overwrites them (the pieces and results go to the turns'
+outbox); :meth:`StepRunner.record` records the step stats. The runner reads the sessions
+through the registry's read-only view and never adds or removes one.
 """
 
 from __future__ import annotations

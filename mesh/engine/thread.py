@@ -192,7 +192,7 @@ class Parts:
         """llama.cpp's own count of occupied cells and sequence references (engine thread:
         ``await pool.call(pool.parts.cell_census)``)."""
         info = self.built.info
-        head = self.built.ctx.state_head(-1, header_bytes(info.n_ctx, info.n_seq_max))
+        head = self.built.ctx.seq_get_data(-1, header_bytes(info.n_ctx, info.n_seq_max))
         return parse_cell_census(head, info.n_ctx, info.n_seq_max)
 
     def close(self) -> None:
