@@ -36,6 +36,7 @@ from mesh.sim.report import (
     MIN_WINDOW_S,
     MIN_WINDOW_TOKENS,
     Summary,
+    markdown_table,
     num,
     phase_summary,
     phase_table,
@@ -138,31 +139,29 @@ def _yes(value: Any) -> str:
 def goals_markdown(result: Mapping[str, Any]) -> str:
     """The goals as Markdown (tables; no verdict beyond the figures' own)."""
     hold = float(result["hold_share"])
-    lines = [f"Holding the floor: at most {100 * hold:g} % of client windows under it.", "",
-             "| phase | floor gate under the floor | holds | statics that hold | best of "
-             "them | floor gate tok/s / its tok/s |", "|---|---:|---|---|---|---:|"]
-    for phase, g in result["phases"].items():
-        lines.append(
-            f"| {phase} | {_pct(g['floor_windows_under_floor'])} | {_yes(g['floor_holds'])} "
-            f"| {', '.join(g['statics_holding']) or 'none'} "
-            f"| {g['best_holding_static'] or '–'} | {_pct(g['floor_share_of_best'])} |")
+    parts = [f"Holding the floor: at most {100 * hold:g} % of client windows under it.",
+             markdown_table(
+                 ["phase", "floor gate under the floor", "holds", "statics that hold",
+                  "best of them", "floor gate tok/s / its tok/s"],
+                 ([phase, _pct(g["floor_windows_under_floor"]), _yes(g["floor_holds"]),
+                   ", ".join(g["statics_holding"]) or "none", g["best_holding_static"] or "–",
+                   _pct(g["floor_share_of_best"])] for phase, g in result["phases"].items()),
+                 "|---|---:|---|---|---|---:|")]
     if result["statics"]:
         phases = [p for p in next(iter(result["statics"].values())) if p != "both_in_every_phase"]
-        lines += ["", "| static | " + " | ".join(
-            f"{p}: holds / ≥ 90 % of floor's tok/s" for p in phases) + " | both, every phase |",
-            "|---|" + "---|" * (len(phases) + 1)]
-        for name, row in result["statics"].items():
-            cells = [f"{_yes(row[p]['holds'])} / {_yes(row[p]['reaches_floor_tps'])}"
-                     for p in phases]
-            lines.append(f"| {name} | " + " | ".join(cells)
-                         + f" | {_yes(row['both_in_every_phase'])} |")
+        parts.append(markdown_table(
+            ["static", *(f"{p}: holds / ≥ 90 % of floor's tok/s" for p in phases),
+             "both, every phase"],
+            ([name, *(f"{_yes(row[p]['holds'])} / {_yes(row[p]['reaches_floor_tps'])}"
+                      for p in phases), _yes(row["both_in_every_phase"])]
+             for name, row in result["statics"].items()),
+            "|---|" + "---|" * (len(phases) + 1)))
     if "vs_legacy" in result:
-        lines += ["", "| floor gate vs legacy (whole run) | change | source system |",
-                  "|---|---:|---:|"]
-        for key, g in result["vs_legacy"].items():
-            lines.append(f"| {key} | {_pct(g['change'], True)} | "
-                         f"{_pct(g['source'], True) if g['source'] is not None else '–'} |")
-    return "\n".join(lines)
+        parts.append(markdown_table(
+            ["floor gate vs legacy (whole run)", "change", "source system"],
+            ([key, _pct(g["change"], True), _pct(g["source"], True)]
+             for key, g in result["vs_legacy"].items()), "|---|---:|---:|"))
+    return "\n\n".join(parts)
 
 # -------------------- comparisons and sweeps ----------------------------------
 
@@ -199,8 +198,9 @@ def apply_value(config: SimConfig, key: str, value: str) -> SimConfig:
     return changed
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
+def _report_dir(label: str) -> str:
+    """``policy=static:2`` -> ``policy-static-2``: the folder of a run's report."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label.replace("=", "-")).strip("-") or "run"
 
 
 @dataclass(frozen=True)
@@ -216,13 +216,19 @@ def run_compare(config: SimConfig, key: str, values: Sequence[str], out_dir: Pat
                 run_one: RunOne) -> CompareResult:
     """Run ``config`` once per value of ``key``; write every report and the comparison."""
     configs = [apply_value(config, key, v) for v in values]  # fail before any run
+    runs, summaries = _run_each(configs, [f"{key}={v}" for v in values], out_dir, run_one)
+    return write_comparison(key, values, runs, summaries, out_dir)
+
+
+def _run_each(configs: Sequence[SimConfig], labels: Sequence[str], out_dir: Path,
+              run_one: RunOne) -> tuple[list[SimRun], list[Summary]]:
+    """Run each config under its label, its report in ``out_dir/<label's slug>``."""
     runs: list[SimRun] = []
     summaries: list[Summary] = []
-    for value, cfg in zip(values, configs, strict=True):
-        run = run_one(cfg, f"{key}={value}")
-        runs.append(run)
-        summaries.append(write_report(run, out_dir / _slug(f"{key}-{value}")).summary)
-    return write_comparison(key, values, runs, summaries, out_dir)
+    for cfg, label in zip(configs, labels, strict=True):
+        runs.append(run_one(cfg, label))
+        summaries.append(write_report(runs[-1], out_dir / _report_dir(label)).summary)
+    return runs, summaries
 
 
 def write_comparison(key: str, values: Sequence[str], runs: Sequence[SimRun],
@@ -266,7 +272,7 @@ def write_comparison(key: str, values: Sequence[str], runs: Sequence[SimRun],
     write_json(out_dir / "compare.json", {
         "key": key, "values": list(values), "goals": goal,
         "runs": [{"label": lbl, "config": r.config.to_json(), "summary": s, "phases": ph,
-                  "report": f"{_slug(lbl.replace('=', '-'))}/report.json"}
+                  "report": f"{_report_dir(lbl)}/report.json"}
                  for lbl, r, s, ph in zip(labels, runs, summaries, phases, strict=True)]})
     return CompareResult(key, tuple(values), tuple(summaries), md, tuple(plots))
 
@@ -280,14 +286,9 @@ def lowest_p50(floors: Sequence[float], summaries: Sequence[Mapping[str, Any]],
                max_under: float = 0.05) -> float | None:
     """The floor with the lowest p50 delivery among runs that delivered everything and
     spent at most ``max_under`` of the time under the floor; None if no run qualifies."""
-    best: tuple[float, float] | None = None
-    for floor, s in zip(floors, summaries, strict=True):
-        p50 = s.get("p50_delivery_s")
-        if p50 is None or not _qualifies(s, max_under):
-            continue
-        if best is None or float(p50) < best[1]:
-            best = (floor, float(p50))
-    return None if best is None else best[0]
+    runs = [(floor, float(p50)) for floor, s in zip(floors, summaries, strict=True)
+            if (p50 := s.get("p50_delivery_s")) is not None and _qualifies(s, max_under)]
+    return min(runs, key=lambda run: run[1])[0] if runs else None
 
 
 def sweet_spot(floors: Sequence[float], summaries: Sequence[Mapping[str, Any]],
@@ -320,10 +321,7 @@ def run_sweep(config: SimConfig, floors: Sequence[float], out_dir: Path, run_one
               *, max_under: float = 0.05) -> SweepResult:
     """Run ``config`` at each floor; write every report, the sweep table and its plot."""
     configs = [apply_value(config, "floor", f"{f:g}") for f in floors]
-    summaries: list[Summary] = []
-    for floor, cfg in zip(floors, configs, strict=True):
-        run = run_one(cfg, f"floor={floor:g}")
-        summaries.append(write_report(run, out_dir / _slug(f"floor-{floor:g}")).summary)
+    _, summaries = _run_each(configs, [f"floor={f:g}" for f in floors], out_dir, run_one)
     return write_sweep(floors, summaries, out_dir, max_under=max_under)
 
 

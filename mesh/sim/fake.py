@@ -1,21 +1,17 @@
 """An honest fake of :class:`~mesh.engine.interface.Engine` for tests of the layers above it.
 
-It keeps the same accounting rules as the real pool (cells, sequence ids, budgets, states)
-and "generates" a deterministic echo of the session's last input, one word per token, with
-an optional delay per step. It is for unit tests and for measuring the A2A layer's own
-overhead (``bench/a2a_bench.py``); ``mesh serve`` never uses it.
+It keeps the real pool's accounting (cells, sequence ids, budgets, states) and "generates"
+a deterministic echo of the session's last input, one word per token, with an optional
+delay per step: for unit tests and for measuring the A2A layer's own overhead
+(``bench/a2a_bench.py``); ``mesh serve`` never uses it.
 
-The decode gate holds its turns in a :class:`~mesh.engine.interface.TurnLine` (a turn waits
-in state ``waiting`` as on the pool, in the pool's completion order, its place in line in
-``SessionLoad.turn_place``; a running turn is never paused, see the line); its prefill
-is instant, so a prefill budget is taken and has nothing to cap. ``SamplingParams.grammar``
-is accepted and ignored: the fake cannot enforce GBNF (its echo is not sampled from
-logits). Grammar behaviour is tested on the real pool only.
-
-Turn endings follow the pool's: stop strings go through the same
-:class:`~mesh.engine.session.TurnOutput` (cut exactly, named in ``TurnResult.stop``), and a
-session that runs out of budget mid-turn ends the turn with ``context_full`` (appending text
-that does not fit raises :class:`~mesh.engine.interface.ContextOverflow`, as the pool does).
+Turns wait in a :class:`~mesh.engine.interface.TurnLine` as on the pool (state ``waiting``,
+completion order, ``SessionLoad.turn_place``; a running turn is never paused). Prefill is
+instant, so a prefill budget has nothing to cap. ``SamplingParams.grammar`` is ignored (an
+echo is not sampled from logits); grammar is tested on the real pool only. Turn endings are
+the pool's: stop strings through the same :class:`~mesh.engine.session.TurnOutput`, and a
+session out of budget mid-turn ends with ``context_full`` (appending text that does not fit
+raises :class:`~mesh.engine.interface.ContextOverflow`).
 """
 
 from __future__ import annotations
@@ -89,11 +85,11 @@ class _FakeGeneration:
     async def _turn(self) -> AsyncIterator[Piece]:
         s = self._session
         engine = s.engine
-        prompt = s.pending
-        s.pending = []
+        prompt, s.pending = s.pending, []
+        prompt_tokens = _count(" ".join(prompt))
         s.state = SessionState.PREFILLING
-        s.private_cells += sum(_count(t) for t in prompt)
-        engine.prefill_tokens += sum(_count(t) for t in prompt)
+        s.private_cells += prompt_tokens
+        engine.prefill_tokens += prompt_tokens
         words = (" ".join(prompt).split() or ["ok"]) * self._params.max_tokens
         s.state = SessionState.DECODING
         start = time.monotonic()
@@ -129,7 +125,7 @@ class _FakeGeneration:
         s.state = SessionState.IDLE
         self.result = TurnResult(
             text=out.text,
-            num_prompt_tokens=sum(_count(t) for t in prompt),
+            num_prompt_tokens=prompt_tokens,
             num_generated=generated,
             finish_reason=finish,
             decode_s=time.monotonic() - start,

@@ -1,27 +1,21 @@
 """Random-weight GGUF models with the exact geometry of named real models.
 
-Serving cost (step time, KV memory, capacity) depends on a model's geometry — layers,
-heads, KV heads, head size, FFN width, vocabulary, quantization — not on its weights'
-values. A real 8B model cannot travel to a GPU machine that reaches nothing and takes 64
-MiB per call; its geometry can: :data:`GEOMETRIES` holds each spec as a few numbers, and
-:func:`write_geometry_model` writes the model there in seconds to a minute.
+Serving cost (step time, KV memory, capacity) depends on a model's geometry (layers, heads,
+KV heads, head size, FFN width, vocabulary, quantization), not on its weights' values. A
+real 8B model cannot travel to a GPU machine that reaches nothing and takes 64 MiB per
+call; its geometry can: :data:`GEOMETRIES` holds each spec as a few numbers (Meta's
+published configs for ``llama-3.1-8b`` and ``llama-3.2-1b``, with llama3 rope scaling;
+``gemma-3-270m`` copied from the GGUF mesh ships, sliding window 512 on llama.cpp's default
+5-local-then-1-global pattern), and :func:`write_geometry_model` writes the model in
+seconds to a minute.
 
-* ``llama-3.1-8b``: 32 layers, n_embd 4096, 32 heads, 8 KV heads of 128, n_ff 14336,
-  vocabulary 128,256, rope theta 500,000 with llama3 rope scaling (``rope_freqs``),
-  131,072 trained context (Meta's published config).
-* ``llama-3.2-1b``: 16 layers, 2048, 32 heads, 8 KV heads of 64, n_ff 8192, tied output.
-* ``gemma-3-270m``: copied from the GGUF mesh ships (``--model gemma``): 18 layers, n_embd
-  640, 4 heads, 1 KV head of 256, n_ff 2048, vocabulary 262,144, rope theta 1,000,000,
-  sliding window 512 (llama.cpp's default pattern: 5 local layers, then 1 global), tied
-  output, 32,768 trained context.
-
-The weights: 2-D matrices in Q4_0, Q8_0 or F16, elements of standard deviation
-``1/sqrt(fan_in)`` (so a block's output is as large as its input); norms are exactly 1.
-To write 8B parameters quickly, one pool of ~16.8M random values is quantized once (valid
-block scales, no NaN or Inf: ``gguf.quants.quantize``) and every tensor is that pool
-tiled from a random block offset, its block scales multiplied by the tensor's gain. The
-tokenizer is the tiny models' SentencePiece vocabulary (:func:`mesh.engine.models.
-add_vocabulary`) padded to the geometry's size. Same arguments, same bytes.
+The weights: 2-D matrices in Q4_0, Q8_0 or F16 with standard deviation ``1/sqrt(fan_in)``
+(a block's output as large as its input); norms exactly 1. To write 8B parameters quickly,
+one pool of ~16.8M random values is quantized once (``gguf.quants.quantize``: valid block
+scales, no NaN or Inf) and every tensor is that pool tiled from a random block offset, its
+block scales multiplied by the tensor's gain. The tokenizer is the tiny models'
+SentencePiece vocabulary (:func:`mesh.engine.models.add_vocabulary`) padded to the
+geometry's size. Same arguments, same bytes.
 
     python -m mesh.sim.geometry llama-3.1-8b /tmp/llama8b.gguf [--type q4_0]
     python -m mesh.sim.geometry gemma-3-270m /tmp/g.gguf --scale-down 4   # a twin

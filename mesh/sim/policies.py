@@ -1,18 +1,16 @@
 """The comparison policies: the admission rules the floor gate is measured against.
 
 Each is a :class:`~mesh.gate.decide.WorkerRule`: it admits a worker for its life on its own
-rule, and its workers' turns run as soon as they are asked for (no decode gate); a step
-beside decoding workers carries the prefill of a
-:class:`~mesh.gate.decode_gate.FloorBudget`. ``mesh serve --policy NAME`` takes these names
-only to run the simulation (``mesh simulate --compare policy=floor,legacy``) and the
-benches; the server imports this module only when one is named.
+rule, its workers' turns run as soon as asked (no decode gate), and a step beside decoding
+workers carries the prefill of a :class:`~mesh.gate.decode_gate.FloorBudget`. ``mesh serve
+--policy NAME`` takes these names only for the simulation and the benches.
 
-* ``projection`` — the floor gate before the decode gate: admit a worker only if, with one
-  more, every worker's *projected* tokens/s (:func:`~mesh.gate.decide.project`) stays
-  at or above the floor, new workers joining at most as many at a time as are measured.
-* ``legacy`` — reactive: admit while the slowest currently *measured* worker is at or above
-  the floor. It over-subscribes on bursts.
-* ``static:N`` — at most N workers, whatever their speed.
+* ``projection``: the floor gate before the decode gate: admit only if, with one more,
+  every worker's *projected* tokens/s (:func:`~mesh.gate.decide.project`) keeps the floor,
+  new workers joining at most as many at a time as are measured.
+* ``legacy``: admit while the slowest *measured* worker keeps the floor (over-subscribes on
+  bursts).
+* ``static:N``: at most N workers, whatever their speed.
 """
 
 from __future__ import annotations

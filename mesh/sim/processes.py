@@ -1,33 +1,28 @@
 """The processes a run starts: the coordinator under test (``mesh serve``), the
-neighbour's load client (``python -m mesh.sim.processes``), and the neighbour tenant
-that comes and goes on its schedule.
+neighbour's load client (``python -m mesh.sim.processes``), and the neighbour tenant.
 
 **The coordinator** listens on 127.0.0.1 at a free port with its own data directory; it is
-up when the agent card answers, and one that exits or stays silent past the timeout raises
-:class:`ServerError` with the tail of its stderr. Stopping sends SIGTERM, then SIGKILL after
-a grace period, so no server outlives the run.
+up when the agent card answers; one that exits or stays silent past the timeout raises
+:class:`ServerError` with its stderr tail. Stopping is SIGTERM, then SIGKILL after a grace.
 
-**The neighbour's client** (``python -m mesh.sim.processes --url URL``): ``--clients``
-loops, each streaming ``/v1/chat/completions`` requests of ``--max-tokens`` tokens one after
-another (a 429 waits its ``Retry-After``; any other error waits a second), until the
-process is killed or its ``--parent`` is gone.
+**The neighbour's client** (``--url URL``): ``--clients`` loops, each streaming
+``/v1/chat/completions`` requests of ``--max-tokens`` one after another (a 429 waits its
+``Retry-After``, another error a second), until killed or its ``--parent`` is gone.
 
-**The neighbour**: a :class:`Neighbour` follows its seeded schedule
-(:mod:`mesh.sim.scenario`) on a thread of the harness, starting its load at each "on" phase
-and stopping it at each "off" one, and records when it actually did
-(:class:`~mesh.sim.scenario.PhaseRecord`, on the run's clock). :class:`CpuLoad` is
-``cores`` busy-loop processes, each burning one core for ``duty`` of every 100 ms;
-:class:`MeshLoad` a second ``mesh serve`` (policy ``none``, its own port and data
-directory) started once before the run, and while "on" the client process above (killed at
-"off": a turn in flight may run on for at most ``max_tokens``, hence the small default).
-The load runs in child processes, never on the harness's event loop, so the client-side
-timestamps of the run under test are not perturbed by it.
+**The neighbour** (:class:`Neighbour`) follows its seeded schedule (:mod:`mesh.sim.scenario`)
+on a thread, starting its load at each "on" phase and stopping it at each "off" one, and
+records when it did (:class:`~mesh.sim.scenario.PhaseRecord`). :class:`CpuLoad`: ``cores``
+busy-loop processes, each busy ``duty`` of every 100 ms; :class:`MeshLoad`: a second
+``mesh serve`` (policy ``none``) started before the run, driven while "on" by the client
+above (killed at "off": a turn in flight may run on for ``max_tokens``). The load runs in
+child processes, never on the harness's event loop, so the run's timestamps stay clean.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -156,23 +151,18 @@ class ServerProcess:
         assert self._proc is not None
         deadline = time.monotonic() + self._config.startup_timeout_s
         with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = self._proc.poll()
-                if code is not None:
-                    why = f"exited with status {code} before answering"
-                else:
-                    try:
-                        if client.get(self.url + CARD_PATH).status_code == 200:
-                            return
-                    except httpx.TransportError:
-                        pass
-                    if time.monotonic() <= deadline:
-                        time.sleep(0.1)
-                        continue
-                    why = (f"did not answer {CARD_PATH} within "
-                           f"{self._config.startup_timeout_s:g} s")
-                raise ServerError(f"`{' '.join(cmd)}` {why}\n"
-                                  f"--- its stderr (tail) ---\n{self.stderr_tail()}")
+            while (code := self._proc.poll()) is None:
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(self.url + CARD_PATH).status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    why = f"did not answer {CARD_PATH} within {self._config.startup_timeout_s:g} s"
+                    break
+                time.sleep(0.1)
+            else:
+                why = f"exited with status {code} before answering"
+        raise ServerError(f"`{' '.join(cmd)}` {why}\n"
+                          f"--- its stderr (tail) ---\n{self.stderr_tail()}")
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after the grace period. Returns the exit status."""

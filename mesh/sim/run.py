@@ -251,16 +251,6 @@ async def _sample(http: httpx.AsyncClient, url: str, run: SimRun, clock: _Clock,
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
-async def _check_auth(http: httpx.AsyncClient, url: str) -> None:
-    """Raise ``httpx.HTTPStatusError`` if the server refuses this client's token (401/403 on
-    ``/capacity``, which sits behind the same auth as A2A): one clear error before any
-    package is sent, not a run of packages that each failed. Other answers pass (a missed
-    sample is only a gap)."""
-    response = await http.get(url.rstrip("/") + "/capacity")
-    if response.status_code in (401, 403):
-        response.raise_for_status()
-
-
 async def drive(url: str, config: SimConfig, scenario: Scenario, *,
                 on_progress: OnProgress | None = None,
                 neighbour: Neighbour | None = None) -> SimRun:
@@ -279,7 +269,11 @@ async def drive(url: str, config: SimConfig, scenario: Scenario, *,
     async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as http:
         factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
         card = await A2ACardResolver(http, url).get_agent_card()
-        await _check_auth(http, url)
+        # A refused token (401/403 on /capacity, behind the same auth as A2A) is one clear
+        # error before any package is sent; other answers pass (a missed sample is a gap).
+        response = await http.get(url.rstrip("/") + "/capacity")
+        if response.status_code in (401, 403):
+            response.raise_for_status()
         client = factory.create(card)
         run.server = {"url": url, "name": card.name, "version": card.version}
         clock = _Clock()

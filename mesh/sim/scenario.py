@@ -348,9 +348,6 @@ class TaskTimeline:
             return None
         return self.done_t - self.submitted_t
 
-    def first(self, kind: str) -> float | None:
-        return next((e.t for e in self.events if e.kind == kind), None)
-
     def turn_rates(self, tokens_per_step: int) -> list[tuple[int, float, float, float]]:
         """``(turn, start_t, end_t, tokens/s)`` per turn: from ``turn_started`` to the
         turn's ``tool_call`` (the generation of ``tokens_per_step`` tokens, plus the
@@ -563,11 +560,10 @@ def plan_scenario(spec: ScenarioSpec, seed: int, *, packages: int | None = None,
 def plan_for(config: SimConfig) -> Scenario:
     """The scenario ``config`` asks for (the template's defaults fill what it leaves out)."""
     spec = load_template(config.template).manifest.scenario
+    packages, plan, latency = config.packages, config.plan, None
     if config.idle_agents:  # many agents, long seeded idle gaps, never planned
-        idle = config.idle
-        packages = config.packages if config.packages is not None else idle.default_agents()
-        return plan_scenario(spec, config.seed, packages=packages, steps=config.steps,
-                             tokens_per_step=config.tokens_per_step, plan=False,
-                             tool_latency_s=idle.tool_latency())
-    return plan_scenario(spec, config.seed, packages=config.packages, steps=config.steps,
-                         tokens_per_step=config.tokens_per_step, plan=config.plan)
+        packages = packages if packages is not None else config.idle.default_agents()
+        plan, latency = False, config.idle.tool_latency()
+    return plan_scenario(spec, config.seed, packages=packages, steps=config.steps,
+                         tokens_per_step=config.tokens_per_step, plan=plan,
+                         tool_latency_s=latency)
