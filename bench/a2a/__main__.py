@@ -244,7 +244,8 @@ def _wait_up(url: str, proc: subprocess.Popen[bytes], limit_s: float = 60.0) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"default: {DEFAULT_OUT} (with --quick: {QUICK_OUT})")
     parser.add_argument("--quick", action="store_true",

@@ -622,7 +622,8 @@ def rescore(files: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="gemma,smollm2")
     p.add_argument("--templates", default="light,heavy")
     p.add_argument("--plans", default="never",

@@ -116,7 +116,8 @@ async def one_rep(url: str, vocab: LlamaModel, rep: int, prefix_tokens: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny", help="tiny, gemma or a GGUF path")
     ap.add_argument("--prefix-tokens", type=int, default=2000)
     ap.add_argument("--gen", type=int, default=16, help="tokens per turn")

@@ -302,7 +302,7 @@ def default_label(mesh_args: str | None, model: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__.split("\n")[0])
     p.add_argument("--spawn-mesh", metavar="ARGS", default=None,
                    help='start "mesh serve ARGS" on a free port (e.g. "--model smollm2")')
     p.add_argument("--url", default=None, help="a running OpenAI-compatible server "

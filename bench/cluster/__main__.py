@@ -218,7 +218,8 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny")
     p.add_argument("--agents", type=int, default=8)
     p.add_argument("--turns", type=int, default=4)

@@ -88,7 +88,8 @@ def record(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="as mesh serve --model (default: its default)")
     p.add_argument("--out", type=Path, default=ROOT / "bench/demo_transcript/results/default.txt")
     p.add_argument("--prefix-cache", type=Path, default=Path(".mesh/prefix-cache"),

@@ -88,7 +88,8 @@ def one_run(question: str, cold_weights: bool, timeout_s: float) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--question", default=QUESTION)
     p.add_argument("--cold-weights", action="store_true",
                    help="also a run with an empty model cache (converts the weights)")

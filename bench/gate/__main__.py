@@ -455,7 +455,8 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="tiny | default | PATH to a GGUF")
     p.add_argument("--slots", type=int, default=32, help="pool session slots")
     p.add_argument("--requests", type=int, default=None, help="workers (default: --slots)")

@@ -41,6 +41,9 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "light-neighbour-cpu": ("--template", "light", "--packages", "24", "--steps", "2",
                             "--tokens-per-step", "32",
                             "--neighbour", "cpu", "--neighbour-schedule", "random:5-15"),
+    # the heavy template's 8K-token prefix and 300-token tool results, as in docs/gate.md
+    "heavy-quiet": ("--template", "heavy", "--packages", "8", "--steps", "2",
+                    "--tokens-per-step", "32"),
 }
 QUICK = ("--template", "light", "--packages", "6", "--steps", "1", "--tokens-per-step", "16")
 METRICS = ("wall_s", "p50_delivery_s", "windows_under_floor", "agg_tps")
@@ -189,7 +192,8 @@ def markdown(table: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=ROOT)
     p.add_argument("--scenarios", default="light-quiet,light-neighbour-cpu")
     p.add_argument("--seeds", default="1,2,3")

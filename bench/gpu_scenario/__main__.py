@@ -430,7 +430,7 @@ async def amain(a: argparse.Namespace) -> int:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True, help="folder for gpu_scenario.json/.md and logs")
     p.add_argument("--llama-server", default=None, help="the llama-server binary (omit: "

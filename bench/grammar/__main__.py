@@ -109,7 +109,8 @@ def run(model: LlamaModel, prompt: str, grammar: str | None, first: bool, tokens
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gemma", help="GGUF path, or smollm2, gemma, tiny "
                    "(default: gemma, the largest vocabulary)")
     p.add_argument("--grammar", choices=("tool", "plan"), default="tool",

@@ -359,7 +359,8 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--serve-fake", nargs=2, metavar=("PORT", "DATA_DIR"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-tiny", action="store_true")

@@ -263,7 +263,7 @@ def default_model(mesh_args: str | None = None) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__.split("\n")[0])
     p.add_argument("--spawn-mesh", metavar="ARGS", default=None,
                    help='start "mesh serve ARGS" per P and N (e.g. "--policy none")')
     p.add_argument("--mesh", metavar="URL", default=None, help="a running mesh serve")

@@ -295,7 +295,8 @@ def write(path: Path, result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--model", default="tiny", help="tiny | default | a GGUF path")
     p.add_argument("--ns", default="1,16,64,128,255", help="session counts")
     p.add_argument("--tokens", type=int, default=64, help="greedy tokens per session")

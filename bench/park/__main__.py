@@ -264,7 +264,8 @@ def table(runs: list[dict[str, Any]], cost: list[dict[str, Any]]) -> str:
 
 
 async def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="tiny, smollm2, gemma or a GGUF path")
     ap.add_argument("--prefix", type=int, default=4096, help="prefix tokens P")
     ap.add_argument("--suffix", type=int, default=1024, help="private tokens per agent S")

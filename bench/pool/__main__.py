@@ -624,7 +624,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Benchmark of the shared KV pool.")
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                 description="Benchmark of the shared KV pool.")
     ap.add_argument("--model", default="gemma",
                     help="GGUF path, or smollm2, gemma, tiny (default: gemma, the model of "
                          "the README's figures)")

@@ -408,7 +408,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2", help="tiny, smollm2, gemma or a GGUF path")
     ap.add_argument("--prefixes", default="1024,2048,4096,8192")
     ap.add_argument("--long-prefixes", default="8192,16384,32768",

@@ -116,7 +116,8 @@ def run_size(size: int, args: argparse.Namespace, cache: Path) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="2048,4096,5632")
     p.add_argument("--model", default=None)
     p.add_argument("--limit", type=int, default=0, help="ask only the first N questions")

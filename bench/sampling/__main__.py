@@ -72,7 +72,8 @@ def measure(model: LlamaModel, reps: int, history: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="smollm2,gemma")
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--history", type=int, default=128)

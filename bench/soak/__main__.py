@@ -1387,7 +1387,8 @@ def table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                     description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clients", type=int, default=5)

@@ -1581,7 +1581,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                 description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--model", default="smollm2", help="smollm2, tiny, gemma or a GGUF path")
     ap.add_argument("--prefixes", default="1024,4096,8192",
                     help="prefix grid P (clamped to the model's context less a session)")

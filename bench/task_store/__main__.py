@@ -180,7 +180,8 @@ def _postgres(url: str | None) -> Iterator[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__}",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench/task_store/results/task_store.json")
     parser.add_argument("--calls", type=int, default=300, help="measured calls of each kind")
     parser.add_argument("--warmup", type=int, default=10)

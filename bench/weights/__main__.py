@@ -160,7 +160,7 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the tiny model, seconds")
     ap.add_argument("--rounds", type=int, default=2)
