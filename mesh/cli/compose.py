@@ -613,51 +613,23 @@ def _progress(done: int, total: int) -> None:
     print(f"\rprefix: {done}/{total} tokens decoded", end="", file=sys.stderr, flush=True)
 
 
-async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
-                        gate_cfg: GateConfig, rule: WorkerRule | None, built: ProjectPrefix,
-                        stack: AsyncExitStack) -> AppParts:
-    """Build and start everything ``mesh serve`` serves, on the running (serving) loop;
-    each thing with a life is registered on ``stack`` as soon as it exists."""
-    from mesh.a2a.app import AppParts
-    from mesh.a2a.push import make_push_url_validator
-    from mesh.a2a.store import TaskBoard
-    from mesh.agent.task import Agent, AgentConfig
-    from mesh.api.dashboard import DashboardHistory, dashboard_routes
-    from mesh.api.openai_api import OpenAIAPI
-    from mesh.api.sessions import SessionAPI, api_routes
-    from mesh.fleet.peers import PeerClient
-    from mesh.gate.admission import FloorGate
-    from mesh.gate.decide import lone_worker_tps
-    from mesh.worker.dispatch import DispatchWorker
-    from mesh.worker.grammar import ProjectPaths
-    from mesh.worker.text import template_texts
-    from mesh.worker.tools import ProjectTools, delegate_tool
-
-    template, project, model = built.template, built.project, built.model
-    prefix, chat = built.prefix, built.chat
-    peers = None
-    if args.peer:
-        peers = PeerClient(args.peer, tokens=peer_tokens(args.peer), origin=coord.name,
-                           url_validator=make_push_url_validator(args.allow_private_push))
-        stack.push_async_callback(peers.aclose)
-    system_text = prefix.text
-    if peers is not None:
-        system_text += "\n\n" + await peers.describe()
-    prefix_text = chat.prefix_text(system_text)
+async def _start_pool(args: argparse.Namespace, built: ProjectPrefix, prefix_text: str,
+                      stack: AsyncExitStack) -> tuple[Any, EngineConfig]:
+    """The engine the flags name, started (prefix decoded or restored), closed last of all
+    on ``stack``; its start-up lines printed."""
     data_dir = Path(args.data_dir)  # preflight created it
-    cfg = EngineConfig(model_path=str(model.path), max_sessions=args.max_sessions,
+    cfg = EngineConfig(model_path=str(built.model.path), max_sessions=args.max_sessions,
                        session_budget=args.session_budget, n_threads=args.threads,
-                       kv_cells=args.kv_cells,
-                       cache_dir=prefix_cache_dir(args, data_dir),
+                       kv_cells=args.kv_cells, cache_dir=prefix_cache_dir(args, data_dir),
                        share_prefix=args.pool == "shared")
     cfg = apply_engine_flags(cfg, args, prefix_text)
     pool = build_engine(args, cfg, prefix_text)
     stack.push_async_callback(pool.aclose)  # closed last of all: after the A2A side
-
+    model, prefix = built.model, built.prefix
     print(f"model: {model.name} ({model.source}) {model.path}", file=sys.stderr)
-    print(f"chat format: {chat.name}; tool-call grammar: "
-          f"{'on' if template.manifest.turns.grammar else 'off'}", file=sys.stderr)
-    print(f"template: {template.name}; project: {project} "
+    print(f"chat format: {built.chat.name}; tool-call grammar: "
+          f"{'on' if built.template.manifest.turns.grammar else 'off'}", file=sys.stderr)
+    print(f"template: {built.template.name}; project: {built.project} "
           f"({len(prefix.included)} files in the prefix, {len(prefix.skipped)} skipped)",
           file=sys.stderr)
     info = await pool.start(_progress)
@@ -672,26 +644,72 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
         print(f"attention: flash {info.flash_attn} (--flash-attn {cfg.flash_attn}), "
               f"shared prefix {info.prefix_attention} (--prefix-attention "
               f"{cfg.prefix_attention})", file=sys.stderr)
+    return pool, cfg
+
+
+async def _start_gate(pool: Any, gate_cfg: GateConfig, rule: WorkerRule | None,
+                      cache: Path) -> FloorGate:
+    """The gate on ``pool``, its throughput model seeded (cached under ``cache``) and
+    installed; its start-up lines printed, with a warning when one worker alone is
+    projected under a fixed floor."""
+    from mesh.gate.admission import FloorGate
+    from mesh.gate.decide import lone_worker_tps
+
     gate = FloorGate(pool, gate_cfg, rule=rule)
-    source = await _seed_gate(gate, pool, Path(cfg.cache_dir or data_dir) / "gate")
+    source = await _seed_gate(gate, pool, cache)
     gate.install()  # floor: each turn waits for room in its step; prefill keeps the floor
     floor = ("auto (the knee of measured tokens/s)" if gate_cfg.auto_floor
              else f"{gate_cfg.floor_tps:g} tok/s")
     print(f"gate: policy {gate_cfg.policy}, floor {floor}, "
           f"throughput model seeded from {source}", file=sys.stderr)
+    info = pool.info
     lone = lone_worker_tps(gate.model, info.prefix_tokens, gate_cfg.new_worker_cells)
     if gate_cfg.policy == "floor" and not gate_cfg.auto_floor and lone < gate_cfg.floor_tps:
         print(f"warning: one worker alone is projected at {lone:.1f} tok/s on this machine, "
               f"below the floor ({gate_cfg.floor_tps:g} tok/s): the gate will run one worker "
               f"at a time, under the floor; lower --floor-tps (below {lone:.1f}) or pick one "
               f"with `mesh sweep`", file=sys.stderr)
-    tools: dict[str, Any] = dict(ProjectTools(project).as_tools())
+    return gate
+
+
+async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
+                        gate_cfg: GateConfig, rule: WorkerRule | None, built: ProjectPrefix,
+                        stack: AsyncExitStack) -> AppParts:
+    """Build and start everything ``mesh serve`` serves, on the running (serving) loop;
+    each thing with a life is registered on ``stack`` as soon as it exists."""
+    from mesh.a2a.app import AppParts
+    from mesh.a2a.push import make_push_url_validator
+    from mesh.a2a.store import TaskBoard
+    from mesh.agent.task import Agent, AgentConfig
+    from mesh.api.dashboard import DashboardHistory, dashboard_routes
+    from mesh.api.openai_api import OpenAIAPI
+    from mesh.api.sessions import SessionAPI, api_routes
+    from mesh.fleet.peers import PeerClient
+    from mesh.worker.dispatch import DispatchWorker
+    from mesh.worker.grammar import ProjectPaths
+    from mesh.worker.text import template_texts
+    from mesh.worker.tools import ProjectTools, delegate_tool
+
+    template, chat = built.template, built.chat
+    peers = None
+    if args.peer:
+        peers = PeerClient(args.peer, tokens=peer_tokens(args.peer), origin=coord.name,
+                           url_validator=make_push_url_validator(args.allow_private_push))
+        stack.push_async_callback(peers.aclose)
+    system_text = built.prefix.text
+    if peers is not None:
+        system_text += "\n\n" + await peers.describe()
+    pool, cfg = await _start_pool(args, built, chat.prefix_text(system_text), stack)
+    info = pool.info
+    gate = await _start_gate(pool, gate_cfg, rule,
+                             Path(cfg.cache_dir or args.data_dir) / "gate")
+    tools: dict[str, Any] = dict(ProjectTools(built.project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
     board = TaskBoard()
     history = DashboardHistory(gate)  # the dashboard's last 5 minutes
     sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
-    scan = _project_paths(template, project)
+    scan = _project_paths(template, built.project)
     paths = ProjectPaths.of(scan.files, scan.dirs)
     style = plan_style(args.plan_style, info.n_params)
     actions = args.plan_actions or default_plan_actions(style)
