@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -108,9 +108,9 @@ def _new(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
     return fig, ax
 
 
-def _legend(ax: Axes) -> None:
+def _legend(ax: Axes, loc: Literal["best", "upper right"] = "best") -> None:
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small", loc="best")
+        ax.legend(fontsize="small", loc=loc)
 
 
 def plot_tps(runs: Sequence[SimRun], path: Path) -> Path:
@@ -261,7 +261,9 @@ def write_sweep_plot(floors: Sequence[float], summaries: Sequence[Mapping[str, A
 PANEL_NAMES = ("tps_by_run", "workers_by_run", "phases")
 
 
-def _grid(n: int, title: str, ylabel: str) -> tuple[Figure, list[Axes]]:
+def _grid(runs: Sequence[SimRun], title: str, ylabel: str) -> tuple[Figure, list[Axes]]:
+    """One panel per run, the neighbour's "on" spans shaded (labelled on the first)."""
+    n = len(runs)
     cols = 1 if n == 1 else 2
     rows = math.ceil(n / cols)
     fig = _figure(6.5 * cols, 2.6 * rows + 0.6)
@@ -269,7 +271,8 @@ def _grid(n: int, title: str, ylabel: str) -> tuple[Figure, list[Axes]]:
     axes: list[Axes] = [ax for row in grid for ax in row]
     for ax in axes[n:]:
         ax.set_visible(False)
-    for k, ax in enumerate(axes[:n]):
+    for k, (ax, run) in enumerate(zip(axes, runs, strict=False)):
+        shade_neighbour(ax, run, label=k == 0)
         ax.grid(True, alpha=0.3)
         if k % cols == 0:
             ax.set_ylabel(ylabel)
@@ -285,10 +288,9 @@ def _name(run: SimRun) -> str:
 
 def plot_tps_by_run(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any]],
                     path: Path) -> Path:
-    fig, axes = _grid(len(runs), "Client windows (dots) and the slowest worker (line), "
+    fig, axes = _grid(runs, "Client windows (dots) and the slowest worker (line), "
                       "tokens/s; neighbour on shaded", "tokens/s")
     for k, (ax, run, summary) in enumerate(zip(axes, runs, summaries, strict=True)):
-        shade_neighbour(ax, run, label=k == 0)
         windows = client_windows(run)
         ax.plot([w.t for w in windows], [w.tps for w in windows], ".", color="tab:gray",
                 markersize=3, alpha=0.5, label=_first("client window", k))
@@ -315,10 +317,9 @@ def plot_tps_by_run(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any
 
 
 def plot_workers_by_run(runs: Sequence[SimRun], path: Path) -> Path:
-    fig, axes = _grid(len(runs), "Workers admitted, turns running and waiting; neighbour on "
+    fig, axes = _grid(runs, "Workers admitted, turns running and waiting; neighbour on "
                       "shaded", "count")
     for k, (ax, run) in enumerate(zip(axes, runs, strict=True)):
-        shade_neighbour(ax, run, label=k == 0)
         ts = [s.t for s in run.samples]
         ax.step(ts, [workers(s) for s in run.samples], where="post", color="tab:blue",
                 linewidth=3, alpha=0.5, label=_first("workers", k))
@@ -446,8 +447,7 @@ def plot_parking(run: SimRun, path: Path) -> Path:
     tps.set_xlabel("time (s)")
     for ax in axes:
         ax.set_ylim(bottom=0)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small", loc="upper right")
+        _legend(ax, "upper right")
     return _save(fig, path)
 
 

@@ -607,8 +607,6 @@ def write_json(path: Path, document: Mapping[str, Any]) -> Path:
     return path
 
 
-
-
 def fmt(key: str, value: Any) -> str:
     if value is None:
         return "–"
@@ -658,7 +656,7 @@ def write_markdown(path: Path, run: SimRun, summary: Summary, plots: Sequence[Pa
         summary_table([("value", summary)]),
         "",
         *_phase_lines(run),
-        *(parking_lines(run, summary["parking"]) if has_parking(run) else []),
+        *parking_lines(run, summary["parking"]),
         "| package | state | delivery (s) | 429 retries | tokens |",
         "|---|---|---|---|---|",
         *(

@@ -134,15 +134,11 @@ SCENARIOS = ("packages", "idle-agents")
 
 @dataclass(frozen=True)
 class IdleAgentsConfig:
-    """The ``idle-agents`` scenario's knobs (issue 28; :mod:`mesh.sim.report`).
-
-    Each agent is one package: a multi-turn tool loop whose tool calls last a seeded
-    log-normal ``idle_s`` (median; ``idle_sigma``, clipped to ``[idle_min_s, idle_max_s]``).
-    The server started here gets ``resident`` sequence ids (``--max-sessions``), room for
-    every agent to stay attached (``--max-attached``) and parks a session idle for
-    ``park_idle_s`` (``--park-idle``); ``park_memory_gib`` None keeps the server's
-    ``--park-memory`` (0: every park recomputes).
-    """
+    """The ``idle-agents`` scenario's knobs (issue 28). Each agent is one package: a tool
+    loop whose calls last a seeded log-normal ``idle_s`` (median; ``idle_sigma``, clipped to
+    ``[idle_min_s, idle_max_s]``). The server started here gets ``resident`` sequence ids,
+    room for every agent to stay attached, and parks a session idle for ``park_idle_s``
+    (:func:`mesh.sim.processes.parking_args`; ``park_memory_gib`` None: the server's)."""
 
     resident: int = 4
     idle_s: float = 8.0
@@ -179,14 +175,10 @@ class IdleAgentsConfig:
 
 @dataclass(frozen=True)
 class NeighbourConfig:
-    """A scripted second tenant on the same machine (:mod:`mesh.sim.processes`).
-
-    ``kind``: ``none``, ``cpu`` (``cores`` busy-loop processes, each busy ``duty`` of every
-    100 ms while on) or ``mesh`` (a second ``mesh serve`` of ``model``, driven by
-    ``clients`` streaming chat requests of ``max_tokens`` while on). ``schedule``:
-    ``random:LO-HI[/LO-HI]`` (seeded on/off durations in seconds, off first) or an explicit
-    ``off:5,on:10,...`` (repeated to the end of the run). ``seed`` None: the run's seed.
-    """
+    """A scripted second tenant on the same machine (:mod:`mesh.sim.processes`): ``kind``
+    ``none``, ``cpu`` (``cores``, ``duty``) or ``mesh`` (``model``, ``clients``,
+    ``max_tokens``, ``threads``), on and off by ``schedule`` (see the module docstring),
+    drawn from ``seed`` (None: the run's)."""
 
     kind: str = "none"
     schedule: str = "random:5-15"
