@@ -86,7 +86,7 @@ from mesh.engine.interface import (
     TurnResult,
 )
 from mesh.gate.queue import Admission, Hold, Ticket
-from mesh.template.chat import ChatFormat, ChatFormatError
+from mesh.template.chat import ChatFormat, ChatFormatError, Tokenize
 
 __all__ = [
     "STRICT_SUFFIX", "Bad", "ChatTurn", "Conversation", "ConversationCache", "OpenAIAPI",
@@ -404,7 +404,6 @@ def engine_error(exc: EngineError) -> JSONResponse:
 
 STRICT_SUFFIX = ":strict"
 
-Tokenize = Callable[[str], list[int]]
 Msg = dict[str, str]
 
 
