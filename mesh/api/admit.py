@@ -1,14 +1,9 @@
-"""What the OpenAI API and the session API share about their callers and workers' tickets.
-
-Who the caller is, :func:`caller_of` (the bearer token's caller; the anonymous caller when
-auth is off), is asked here by every API of this package (the dashboard's stream limit
-too): that name is whose share of the gate's queue a request takes
-(:mod:`mesh.gate.queue`) and whose sessions, conversations or streams it counts against.
-Both APIs hold their workers with :class:`~mesh.gate.queue.Hold` (admit, attach, release:
-the one helper every caller of the gate uses) and turn the gate's refusals into a 429 with
-``Retry-After`` (each in its own error shape, so a refusal here is a :class:`Refusal` the
-API renders). Both run one background task in the serving loop that retires idle holders
-(:class:`Periodic`: the OpenAI API's idle-conversation sweeper, the session API's reaper).
+"""What the OpenAI API, the session API and the dashboard share about their callers and
+workers' tickets (held with :class:`~mesh.gate.queue.Hold`): who the caller is
+(:func:`caller_of`), whose share of the gate's queue a request takes and whose sessions,
+conversations or streams it counts against; the gate's refusals as a :class:`Refusal`
+each API renders as a 429 with ``Retry-After``; and :class:`Periodic`, the background task
+that retires idle holders (the OpenAI API's sweeper, the session API's reaper).
 """
 
 from __future__ import annotations
