@@ -121,13 +121,9 @@ class SharedKVPool:
         return self._parts
 
     def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
-        """Cap the prefill tokens of a step while sessions decode (None: the whole
-        ``n_batch``, today's behaviour). Read by the engine thread once per step."""
         self._limits.prefill_budget = budget
 
     def set_turn_admission(self, gate: TurnAdmission | None) -> None:
-        """The decode gate (None: every turn runs as soon as it is asked for). Read by
-        the engine thread once per step while a turn waits."""
         self._limits.turn_admission = gate
 
     # ------------------------------------------------------------------ commands
@@ -169,11 +165,8 @@ class SharedKVPool:
         return await self.call(lambda: self.parts.scheduler.open_turn(st, params, loop))
 
     async def park(self, session: PooledSession, *, rewrite: list[int] | None = None) -> bool:
-        """Park an idle session now (its cells leave the cache; it stays attached and is
-        re-prefilled before its next turn). False: it is in a turn or already parked.
-        With ``rewrite`` (compaction, :meth:`PooledSession.compact`), its suffix becomes
-        those tokens: the old suffix cells are freed, the prefix's untouched; False: it is
-        in a turn."""
+        """Park an idle session now (it stays attached; False: it is in a turn or already
+        parked), or with ``rewrite`` compact it (:meth:`PooledSession.compact`)."""
         return await self.call(lambda: self.parts.scheduler.park(session.state, rewrite))
 
     async def detach(self, st: SeqState) -> None:
