@@ -197,9 +197,8 @@ class SeqState:
     carry: int | None = None  # sampled, not yet decoded (the next decode row)
     private: int = 0  # suffix cells decoded into this sequence
     reserved: int = 0  # private + len(pending) + (carry is not None)
-    # Of ``reserved``, queued cells not yet taken from the pool: an idle session's text
-    # that found the pool short (the pool takes them when its turn opens, parking idle
-    # sessions for them, or parks this one to resume when room frees up).
+    # Of ``reserved``, queued cells not yet taken from the pool (an idle session's text that
+    # found the pool short; taken when its turn opens, see SessionRegistry.settle).
     owed: int = 0
     turn: Turn | None = None
     turns_started: int = 0
@@ -209,9 +208,8 @@ class SeqState:
     _busy_since: float | None = None
     failed: str | None = None
     detached: bool = False
-    # The token ids decoded into this sequence's private cells, in order (written by
-    # ``batching.fill_batch`` as they go into a batch; ``len(suffix) == private`` between
-    # steps while resident). A parked session keeps them here to re-prefill on resume.
+    # The token ids decoded into its private cells, in order (``fill_batch`` writes them;
+    # ``len(suffix) == private`` between steps while resident); a resume re-prefills them.
     suffix: list[int] = field(default_factory=list)
     parked: bool = False  # its private cells left the cache; ``seq`` is -1 meanwhile
     swapped: bytes | None = None  # parked by swap: its suffix cells' llama.cpp state
@@ -274,8 +272,7 @@ class SeqState:
 
 
 class PoolOps(Protocol):
-    """What a session handle needs from its pool (the pool implements it; no import of
-    :mod:`mesh.engine.pool` here, so the two modules form no cycle)."""
+    """What a session handle needs from its pool (so this module imports no pool)."""
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -305,10 +302,8 @@ class PoolGeneration:
         return self._run()
 
     async def start(self) -> None:
-        """Register the turn with the engine now (iteration does it otherwise).
-
-        If the caller is cancelled while the engine registers the turn, the turn is
-        stopped as soon as it exists (it would otherwise run to ``max_tokens`` unowned)."""
+        """Register the turn with the engine now (iteration does it otherwise). A caller
+        cancelled meanwhile stops the turn as soon as it exists (not left running unowned)."""
         if self._turn is None:
             pool = self._session.pool
             pending = asyncio.ensure_future(pool.start_turn(self._session.state, self._params))
@@ -481,10 +476,9 @@ class CellLedger:
             st.pending.extendleft(reversed(saved))
 
     def park(self, st: SeqState) -> None:
-        """The session's decoded cells left the cache: give them, the promises of its
-        queued text (promised again on resume) and its sequence id back. Engine thread;
-        the session holds no carry. A parked session's ``reserved`` counts its queued
-        text alone (its budget adds the suffix), none of it in the pool's promises."""
+        """The session's decoded cells left the cache: give them, its queued text's
+        promises (promised again on resume) and its sequence id back. Engine thread; it
+        holds no carry. A parked session's ``reserved`` counts its queued text alone."""
         with self._lock:
             if st.carry is not None:
                 raise AssertionError(f"session {st.id} is parked with a carry token")
