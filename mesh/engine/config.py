@@ -214,15 +214,13 @@ class EngineConfig:
     flash_attn: str = "auto"  # auto | on | off (llama.cpp's flash attention)
     kv_type: str = "f16"  # f16 | q8_0 | q4_0: element type of the KV cache (K and V)
     prefix_attention: str = "auto"  # auto | shared | off: see resolve_prefix_attention
-    # Sessions attached at once, resident in the cache or parked off it (an idle session
-    # is parked when the pool needs its sequence id or cells, and re-prefilled before its
-    # next turn). None: 4 x max_sessions; max_sessions: attach never parks.
+    # Sessions attached at once, resident or parked (an idle session is parked when the pool
+    # needs its id or cells). None: 4 x max_sessions; max_sessions: attach never parks.
     max_attached: int | None = None
     # Park a session idle this long even when no one needs the room (None: on demand only).
     park_idle_s: float | None = None
-    # Host bytes for swapped suffixes: a parked session's private cells are copied to host
-    # RAM (llama.cpp's per-sequence state, suffix cells only) and written back on resume,
-    # exactly; past this bound (0: always) parking falls back to recompute.
+    # Host bytes for swapped suffixes (a parked session's private cells copied to RAM and
+    # written back exactly on resume); past it (0: always) parking recomputes.
     park_memory: int = 0
 
     @property
@@ -323,10 +321,8 @@ class SamplingParams:
     prose_open: tuple[str, ...] = ()
     prose_close: str = ""
     prose_first: bool = False
-    # Completion order: when the decode gate has room for fewer turns than wait, turns
-    # with the lowest ``priority`` run first (and, shedding, are paused last); the agent
-    # passes its task's start time, so turns of tasks already running go before a new
-    # task's first turn. None: the session's attach time.
+    # Completion order under the decode gate: lowest first (and, shedding, paused last);
+    # the agent passes its task's start time. None: the session's attach time.
     priority: float | None = None
 
     @property
