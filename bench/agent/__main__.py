@@ -486,9 +486,9 @@ async def _ask(url: str, question: Question, timeout_s: float) -> TaskOutcome:
                 subs = json.loads(json.dumps(_to_py(part.data))).get("subtasks", [])
                 out.subtasks = len(subs)
                 # camelCase keys since the A2A conformance pass (snake_case before)
-                out.turns = int(sum(_key(s, "numTurns", "turns") for s in subs))
-                out.tokens = int(sum(_key(s, "numGenerated", "tokens") for s in subs))
-                out.tool_calls = int(sum(_key(s, "numToolCalls", "toolCalls") for s in subs))
+                out.turns = int(sum(s.get("turns", 0) for s in subs))
+                out.tokens = int(sum(s.get("tokens", 0) for s in subs))
+                out.tool_calls = int(sum(s.get("toolCalls", 0) for s in subs))
                 out.finish_reason = ",".join(str(_key(s, "finishReason", default="")) for s in subs)
     out.answer, out.evidence = split_evidence(texts)
     # The worker runs a malformed call too (to answer it with the error): not a tool call.

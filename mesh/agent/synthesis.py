@@ -44,11 +44,8 @@ class Outcome:
     def ok(self) -> bool:
         return self.result is not None
 
-    def record(self, *, legacy: bool = False) -> dict[str, Any]:
-        """This subtask in the ``answer`` artifact's data part. ``legacy`` adds the keys
-        explicit-subtask answers had before one task path (``numTurns``,
-        ``numGenerated``, ``numToolCalls``: the same numbers as ``turns``, ``tokens``,
-        ``toolCalls``), kept readable for one release; read the short keys."""
+    def record(self) -> dict[str, Any]:
+        """This subtask in the ``answer`` artifact's data part."""
         r = self.result
         out: dict[str, Any] = {
             "id": self.id,
@@ -59,17 +56,14 @@ class Outcome:
             "toolCalls": r.num_tool_calls if r else 0,
             "finishReason": r.finish_reason if r else "failed",
         }
-        if legacy:
-            out.update(numTurns=out["turns"], numGenerated=out["tokens"],
-                       numToolCalls=out["toolCalls"])
         if self.error is not None:
             out["error"] = self.error
         return out
 
 
-def summary(outcomes: Sequence[Outcome], *, legacy: bool = False) -> list[dict[str, Any]]:
+def summary(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     """The ``subtasks`` rows of the ``answer`` artifact (see :meth:`Outcome.record`)."""
-    return [o.record(legacy=legacy) for o in outcomes]
+    return [o.record() for o in outcomes]
 
 
 def missing_note(outcomes: Sequence[Outcome]) -> str:
@@ -195,14 +189,14 @@ def evidence(answer: str, outcomes: Sequence[Outcome],
 
 
 def answer_parts(answer: str, plan: Plan, outcomes: Sequence[Outcome],
-                 cited: Sequence[dict[str, Any]], *, legacy: bool = False) -> list[pb.Part]:
+                 cited: Sequence[dict[str, Any]]) -> list[pb.Part]:
     """The ``answer`` artifact's parts: the answer's text; the data part ``{"plan": ...,
     "subtasks": [...], "evidence": [...]}`` (:func:`summary`); then, when there is any,
     the evidence as a line a client shows under the answer (a text part: a client that
     joins the text parts shows the answer, then the evidence)."""
     data = pb.Part()
     data.data.struct_value.update({"plan": plan.to_dict(),
-                                   "subtasks": summary(outcomes, legacy=legacy),
+                                   "subtasks": summary(outcomes),
                                    "evidence": list(cited)})
     parts = [pb.Part(text=answer), data]
     if line := render_evidence(cited):

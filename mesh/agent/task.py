@@ -512,14 +512,11 @@ class AgentTask:
         return answer
 
     async def _complete(self, plan: Plan, answer: str, outcomes: list[Outcome]) -> None:
-        explicit = plan.source == "explicit"
-        if self.agent is not None and not explicit:
+        if self.agent is not None and plan.source != "explicit":
             self.agent.conversations.add(self.conversation, "answer", answer)
         files = self.agent.config.files if self.agent is not None else ()
         # The task's last artifact, named "answer": the text, the evidence line, the data.
-        # Explicit tasks' rows keep their old key names for one release (Outcome.record).
-        parts = answer_parts(answer, plan, outcomes, evidence(answer, outcomes, files),
-                             legacy=explicit)
+        parts = answer_parts(answer, plan, outcomes, evidence(answer, outcomes, files))
         await self.events.artifact(parts, artifact_id=ANSWER_ARTIFACT,
                                    name=ANSWER_ARTIFACT, last_chunk=True)
         done = sum(1 for o in outcomes if o.ok)

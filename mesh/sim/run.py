@@ -151,9 +151,7 @@ def _answer_tokens(artifact: pb.Artifact) -> int:
             data: Any = MessageToDict(part.data)
             if isinstance(data, dict):
                 for sub in data.get("subtasks", []):
-                    # a planned task's rows say "tokens"
-                    count = sub.get("numGenerated", sub.get("num_generated", sub.get("tokens")))
-                    total += int(count or 0)
+                    total += int(sub.get("tokens") or 0)
     return total
 
 

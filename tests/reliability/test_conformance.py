@@ -65,7 +65,7 @@ async def test_answer_data_part_keys_are_camel_case(tmp_path: Path) -> None:
         answer = next(a for a in task["artifacts"] if a["artifactId"] == "answer")
         data = next(p["data"] for p in answer["parts"] if "data" in p)
         sub = data["subtasks"][0]
-        assert {"numTurns", "numGenerated", "numToolCalls", "finishReason"} <= set(sub)
+        assert {"turns", "tokens", "toolCalls", "finishReason"} <= set(sub)
         assert not [k for k in sub if "_" in k]
 
 
