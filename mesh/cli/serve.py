@@ -39,8 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="GGUF path, or smollm2, gemma, tiny (default: $MESH_MODEL, else smollm2)")
     p.add_argument("--floor-tps", type=floor_arg, default=5.0,
                    help="tokens/s every running worker must keep (default 5), or 'auto': "
-                        "the gate runs as many rows as still add 10 %% to the aggregate "
-                        "tokens/s it measures (the knee), re-found as the machine changes")
+                        "the gate runs rows while the step's shared part (weights, prefix, "
+                        "host work) is still >= 25 %% of the step it measures (the knee), "
+                        "re-found as the machine changes")
     p.add_argument("--policy", default="floor",
                    help="floor (the decode gate) | none; the simulation's comparison policies "
                         "projection, legacy and static:N are accepted for measuring against")
