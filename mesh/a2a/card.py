@@ -1,13 +1,10 @@
 """The agent card: what this coordinator tells the world about itself.
 
-The card is built once from the config, the template's skills and the pool's facts. A2A 1.0
-cards have no free-form metadata, so the pool facts (prefix token count and hash, model,
-session limits) travel as the params of an agent extension, ``POOL_EXTENSION_URI``.
-
-:func:`card_routes` serves it. ``/.well-known/agent-card.json`` answers the plain A2A 1.0
-card (it validates against the 1.0 schema: no top-level ``url``, ``protocolVersion`` or
-``preferredTransport``). A 0.3 client gets the card with those 0.3 fields merged in (the
-SDK's compat view) at ``/.well-known/agent.json``, or at the 1.0 path when it sends
+Built once from the config, the template's skills and the pool's facts (prefix tokens and
+hash, model, session limits: the params of the agent extension ``POOL_EXTENSION_URI``, as
+1.0 cards have no free-form metadata). :func:`card_routes` serves the plain A2A 1.0 card at
+``/.well-known/agent-card.json``; a 0.3 client gets it with the 0.3 fields merged in (the
+SDK's compat view) at ``/.well-known/agent.json``, or at the 1.0 path with
 ``A2A-Version: 0.3``.
 """
 

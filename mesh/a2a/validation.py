@@ -164,14 +164,10 @@ _KEY = "mesh.checked_message"  # on the ASGI scope and in the call context's sta
 
 @dataclass(frozen=True)
 class CheckedMessage:
-    """A sent message as the door checked it.
-
-    ``subtasks``: its explicit subtask list (None: it has none, its text is planned or
-    run as one subtask); ``text``: with a list, its text parts (each subtask's shared
-    context), else its text parts and other data parts (as JSON) in part order;
-    ``hops``: how far it was delegated (``metadata.meshHops``/``meshChain``);
-    ``places``: the gate's queue places it asks for (one per listed subtask, else one).
-    """
+    """A sent message as the door checked it. ``subtasks``: its explicit subtask list (None:
+    its text is planned or run as one subtask); ``text``: with a list, its text parts (the
+    subtasks' shared context), else its text and other data parts (as JSON) in part order;
+    ``hops``: how far it was delegated; ``places``: the gate's queue places it asks for."""
 
     text: str
     subtasks: tuple[SubtaskSpec, ...] | None = None
