@@ -348,9 +348,7 @@ class WriteBehindTaskStore(DatabaseTaskStore):
     async def get(self, task_id: str, context: ServerCallContext) -> pb.Task | None:
         await self._ensure_open()
         owner = self.owner_resolver(context)
-        snapshot = self._latest(task_id)
-        if snapshot is None:
-            snapshot = self._read(task_id)
+        snapshot = self._latest(task_id) or self._read(task_id)
         if snapshot is None or snapshot.data is None or snapshot.owner != owner:
             return None
         task: pb.Task = pb.Task.FromString(snapshot.data)
@@ -366,14 +364,10 @@ class WriteBehindTaskStore(DatabaseTaskStore):
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         """Delete the caller's task (a task of another owner is left alone); durable."""
-        await self._ensure_open()
-        owner = self.owner_resolver(context)
-        latest = self._latest(task_id) or self._read(task_id)
-        if latest is None or latest.data is None or latest.owner != owner:
+        if await self.get(task_id, context) is None:
             return
-        tombstone = _Snapshot(owner, None)
         self._cache.pop(task_id, None)
-        self._schedule(task_id, tombstone, is_urgent=True)
+        self._schedule(task_id, _Snapshot(self.owner_resolver(context), None), is_urgent=True)
         await self._wait_for_commit()
 
     # ------------------------------------------------------------------ event-loop side
