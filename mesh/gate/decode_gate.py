@@ -187,7 +187,11 @@ HEADROOM = 0.92  # a turn starts only while one more row is predicted within thi
 # machine's step noise). A CPU neighbour slows both parts alike, so the knee's row count
 # holds while the per-row rate falls. KNEE_GAIN is the sweep's rule between floors
 # (:mod:`mesh.sim.compare`): a lower floor must add 10 % aggregate tokens/s.
-# A step that carries prefill may take AUTO_PREFILL_STRETCH times the decode step.
+# A step that carries prefill may take as long as the step at the knee (its shared part
+# over KNEE_SHARE: every row then still gets the knee's per-row rate, the floor auto holds),
+# and at least AUTO_PREFILL_STRETCH times the decode step. (Round 8: capped at the stretch
+# alone, a step carried ~4 prefill tokens beside 5 rows; 12 turns sat prefilling their
+# tool results, 5 decoded, and the wall was 1.28x legacy's in two seeds of three.)
 KNEE_SHARE = 0.25
 SHED_SHARE = 0.15
 KNEE_GAIN = 0.10
@@ -405,8 +409,9 @@ class DecodeGate:
         self._pending: tuple[int, float] | None = None
         self._errors: deque[tuple[float, float]] = deque(maxlen=512)  # (t, measured/proj - 1)
         # What the engine thread measured when it last asked (for the prefill budget):
-        # the step time at each row count and the per-row slope; None before any.
-        self._measured: tuple[dict[int, float], float] | None = None
+        # the step time at each row count, a prefill token's price and the per-row slope;
+        # None before any.
+        self._measured: tuple[dict[int, float], float, float] | None = None
         self.num_shed = 0  # turns paused to keep the floor, since start
 
     def update(self, state: BudgetState) -> None:
@@ -431,7 +436,8 @@ class DecodeGate:
                            auto=self.auto)
         self.last = answer
         if answer.measured:  # a prefill token priced as measured, else as one more row
-            self._measured = (dict(answer.measured), answer.prefill_token_s or answer.slope_s)
+            self._measured = (dict(answer.measured), answer.prefill_token_s or answer.slope_s,
+                              answer.slope_s)
         if answer.room < 0:
             self.num_shed -= answer.room
         if answer.room > 0 and num_running > 0 and self._pending is None:
@@ -469,8 +475,11 @@ class DecodeGate:
         measured = self._measured
         if measured is not None and num_decode in measured[0] and measured[1] > 0:
             step_s, slope = measured[0][num_decode], measured[1]
-            limit = (AUTO_PREFILL_STRETCH * step_s / self.headroom if self.auto
-                     else 1.0 / self.floor_tps)
+            if self.auto:
+                shared = max(0.0, step_s - num_decode * measured[2])
+                limit = max(AUTO_PREFILL_STRETCH * step_s, shared / KNEE_SHARE) / self.headroom
+            else:
+                limit = 1.0 / self.floor_tps
             if step_s > limit:
                 return OVER_FLOOR_CHUNK
             return max(MIN_PREFILL_CHUNK, int((self.headroom * limit - step_s) / slope))

@@ -280,3 +280,17 @@ def test_a_floor_no_row_can_hold_falls_back_to_the_knee() -> None:
                        step_s=0.102 + 0.002 * (k - 1), cells_used=0)
             for k in (8, 10) for _ in range(6)]
     assert not turn_room(COST, 10.0, 10, 0, many).infeasible
+
+
+def test_auto_lets_prefill_fill_a_step_up_to_the_knee() -> None:
+    # Light template on this CPU: 120 ms shared, 17 ms a row; at 5 rows a 205 ms step. The
+    # knee's step is 480 ms (the shared part a quarter of it): prefill may fill the step up
+    # to it, 16 tokens at the 17 ms a token costs; capped at 1.25x the decode step, as
+    # before round 8, it carried the minimum of 4 while a dozen turns waited to prefill.
+    gate = DecodeGate(1.0, BudgetState(COST), auto=True)
+    gate.turn_room(5, 0, light_cpu(4) + light_cpu(5))
+    assert gate(5, 0) == 16
+    # Fixed floors are unchanged: the step may take 1/floor.
+    fixed = DecodeGate(2.0, BudgetState(COST))
+    fixed.turn_room(5, 0, light_cpu(4) + light_cpu(5))
+    assert fixed(5, 0) in (14, 15)  # (0.92 * 0.5 - 0.205) / 0.017 = 15.0, floored
