@@ -474,15 +474,15 @@ class DecodeGate:
         measured per-row slope where steps at ``num_decode`` rows were measured."""
         measured = self._measured
         if measured is not None and num_decode in measured[0] and measured[1] > 0:
-            step_s, slope = measured[0][num_decode], measured[1]
+            step_s, price, slope = measured[0][num_decode], measured[1], measured[2]
             if self.auto:
-                shared = max(0.0, step_s - num_decode * measured[2])
+                shared = max(0.0, shared_share(num_decode, step_s, slope)) * step_s
                 limit = max(AUTO_PREFILL_STRETCH * step_s, shared / KNEE_SHARE) / self.headroom
             else:
                 limit = 1.0 / self.floor_tps
             if step_s > limit:
                 return OVER_FLOOR_CHUNK
-            return max(MIN_PREFILL_CHUNK, int((self.headroom * limit - step_s) / slope))
+            return max(MIN_PREFILL_CHUNK, int((self.headroom * limit - step_s) / price))
         st = self.state
         return prefill_budget(st.cost, self.floor_tps, num_decode, cells_used, scale=st.scale,
                               context_per_row=st.context_per_row,
