@@ -29,7 +29,7 @@ Pure: it reads plain numbers and returns a plan, so it is tested without llama.c
 
 **Step statistics and snapshots.** Step timing and the pool's published load snapshot. Every
 command that changes the pool publishes; a step publishes when a turn started or ended
-(``Turns.changes`` moved) or when the last snapshot is older than
+or a session was parked or resumed (:meth:`Scheduler.changes` moved) or when the last snapshot is older than
 :data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last published :class:`Capture`,
 so ``load()`` never waits on the engine thread.
 
@@ -399,7 +399,7 @@ class Snapshots:
     def publish(self, registry: SessionRegistry, built: Built, ledger: CellLedger,
                 config: EngineConfig, changes: int | None) -> None:
         """Rebuild the snapshot of every attached session (resident and parked);
-        ``changes`` is the turns' counter it reflects."""
+        ``changes`` is the scheduler's counter it reflects."""
         self._at = time.monotonic()
         if changes is not None:
             self._changes = changes
@@ -567,7 +567,7 @@ class Scheduler:
 
     def stepped(self, now: float) -> None:
         """A step ended at ``now``: publish if it is due (:meth:`Snapshots.due`)."""
-        if self._snapshots.due(self.turns.changes, now):
+        if self._snapshots.due(self.changes(), now):
             self.publish()
 
     def release_turns(self, reason: str) -> None:
@@ -582,4 +582,9 @@ class Scheduler:
     def publish(self) -> None:
         """Rebuild the load snapshot (see the module docstring for when)."""
         self._snapshots.publish(self.registry, self._built, self.ledger, self._config,
-                                self.turns.changes)
+                                self.changes())
+
+    def changes(self) -> int:
+        """Moves whenever a turn opens or ends or a session parks or resumes (each
+        counter only grows): a step that moved it publishes a fresh snapshot."""
+        return self.turns.changes + self.registry.parks + self.registry.resumes

@@ -389,12 +389,17 @@ def test_an_older_tasks_parked_turn_parks_a_newer_tasks_held_turn(
                 await asyncio.sleep(0.001)  # c's turn is held: no room
             a.append("a second")
             gen_a = a.generate(SamplingParams(max_tokens=4, stop_at_eos=False, priority=1.0))
-            got_a = [p async for p in gen_a]
+            got_a, c_parked_while_a_ran = [], []
+            async for piece in gen_a:  # a's turn is resident until its 4th token
+                got_a.append(piece)
+                if len(got_a) == 1:
+                    rows = {s.id: s for s in pool.load().sessions}
+                    c_parked_while_a_ran.append(rows[c.id].parked)
             assert gen_a.result is not None and gen_a.result.num_generated == 4 and got_a
-            load = pool.load()
+            assert c_parked_while_a_ran == [True]  # c's held turn made the room
+            load = pool.load()  # (c may be back already: a went idle and parks for it)
             rows = {s.id: s for s in load.sessions}
             assert rows[b.id].num_generated < 40  # a did not wait for b's 40 tokens
-            assert rows[c.id].parked  # c's held turn made the room
             parks = load.parks
             await asyncio.gather(*(asyncio.ensure_future(_drain(g)) for g in (it_b, gen_c)))
             assert gen_b.result is not None and gen_b.result.num_generated == 40
