@@ -28,9 +28,9 @@ Pure: it reads plain numbers and returns a plan, so it is tested without llama.c
 **Batching.** From sessions to a plan, and from a plan to a ``llama_batch`` (engine thread).
 
 **Step statistics and snapshots.** Step timing and the pool's published load snapshot. Every
-command that changes the pool publishes; a step publishes when a turn started or ended
-or a session was parked or resumed (:meth:`Scheduler.changes` moved) or when the last snapshot is older than
-:data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last published :class:`Capture`,
+command that changes the pool publishes; a step publishes when a turn started or ended or
+a session was parked or resumed (:meth:`Scheduler.changes` moved) or when the last
+snapshot is older than :data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last published :class:`Capture`,
 so ``load()`` never waits on the engine thread.
 
 **The scheduler.** The one owner of a pool's sessions, cell ledger, turns and snapshots.

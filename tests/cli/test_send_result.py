@@ -59,10 +59,18 @@ def test_ctrl_c_during_a_streamed_send_names_the_task_and_the_commands(
     server: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "MESH_TOKEN"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mesh", "send", server.url, "block until told", "--stream",
-         "--token", TOKEN_A],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    # The child gets SIGINT as a terminal's Ctrl-C would deliver it. A runner started in
+    # the background by a shell without job control (CI: `cmd &` in a script) ignores
+    # SIGINT, and an ignored signal stays ignored across exec: the child would never see
+    # it. A handled signal is reset to its default at exec, so handle it around the spawn.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mesh", "send", server.url, "block until told",
+             "--stream", "--token", TOKEN_A],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     err = _Lines(proc)
     try:
         # The client has seen the task (its first status line) and the worker runs.
