@@ -30,8 +30,8 @@ Pure: it reads plain numbers and returns a plan, so it is tested without llama.c
 **Step statistics and snapshots.** Step timing and the pool's published load snapshot. Every
 command that changes the pool publishes; a step publishes when a turn started or ended or
 a session was parked or resumed (:meth:`Scheduler.changes` moved) or when the last
-snapshot is older than :data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last published :class:`Capture`,
-so ``load()`` never waits on the engine thread.
+snapshot is older than :data:`SNAPSHOT_INTERVAL_S`. Readers on any thread get the last
+published :class:`Capture`, so ``load()`` never waits on the engine thread.
 
 **The scheduler.** The one owner of a pool's sessions, cell ledger, turns and snapshots.
 :meth:`Scheduler.schedule` ends cancelled turns, resumes parked sessions whose turn was
