@@ -30,12 +30,14 @@ from, not a projection of a fitted model:
   :data:`FRESH_STEPS` decode steps (steps whose prefill is at most a reserve of a few
   tokens); this carries everything a model cannot see (a neighbour on the same CPU or GPU,
   contexts that grew, the machine's speed now) and forgets it within a second or two;
-* **shed** (negative room): when the last :data:`SHED_STEPS` steps at the running row
-  count each took longer than ``1/floor_tps`` (prefill priced out), or the mean of the last
-  :data:`CLIENT_STEPS` (a reader's window) did, the rows that would bring the step back
-  under the floor are paused *between steps*, at most half at once, last in completion
-  order first (they keep their cells and wait again; one row always runs). Either way the
-  next steps at the new row count are measured before another shed;
+* **shed** (negative room): when the mean of the last :data:`CLIENT_STEPS` steps (a
+  reader's window) took longer than ``1/floor_tps``, the rows that would bring the step
+  back under the floor are paused *between steps*, at most half at once, last in
+  completion order first (they keep their cells and wait again; one row always runs); the
+  next window at the new row count is measured before another shed. (Round 9 tried
+  shedding on three slow steps in a row as well, to meet a neighbour sooner: with prefill
+  priced at the decode slope it shed on prefill in heavy and ran 2.2 rows where 3.3 ran
+  before, wall 1.35x legacy's: taken out);
 * **grow** (positive room): a waiting turn starts while the step with one more row is
   predicted within ``headroom / floor_tps``: the measured step at that many rows if there
   is one, else the nearest measured row count plus the per-row slope (least squares over
@@ -168,7 +170,7 @@ class FloorBudget:
 
 RATIO_STEPS = 6  # decoding steps the model's measured ratio is the median of
 FRESH_STEPS = 24  # the recent steps read for the step time at each row count
-SHED_STEPS = 3  # the steps at the running row count that shed at once (auto: their median)
+SHED_STEPS = 3  # (auto) the steps at the running row count whose median sheds a row
 CLIENT_STEPS = 8  # the steps a reader's window of 8 tokens spans: their mean is the floor's
 BUCKET_STEPS = 5  # the latest steps at one row count whose median is "measured"
 PREFILL_RESERVE = 4  # prefill tokens a decode step may carry and still count as one
@@ -346,23 +348,10 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     settled = len(seen) == CLIENT_STEPS and all(s.num_decode <= num_running for s in window)
     client_s = statistics.fmean(seen) if seen else None
     price = prefill_price(recent, measured)
-    # Two ways over: the reader's window (its mean, once settled), or — faster, before the
-    # window's mean can tell — each of the last SHED_STEPS steps at the rows running now,
-    # prefill priced out. A neighbour that arrives makes every step slow at once; waiting
-    # for the 8-step mean left most of a window under the floor before the first shed
-    # (round 9: 13-24 % of windows under 2 tok/s with the neighbour on, at ~7 rows).
-    # (Steps with fewer decoding rows count: a turn still prefilling runs but decodes no
-    # row yet, and in an agent workload one nearly always is.)
-    newest = [max(0.5 * s.step_s, s.step_s - slope * s.num_prefill_tokens)
-              for s in list(recent)[-SHED_STEPS:] if 0 < s.num_decode <= num_running]
-    over = [client_s] if settled and client_s is not None and client_s > limit else []
-    if len(newest) == SHED_STEPS and min(newest) > limit:
-        over.append(statistics.median(newest))
-    if num_running > 1 and over:
+    if num_running > 1 and settled and client_s is not None and client_s > limit:
         # The rows that bring the step back under the target, at most half of them at once.
-        over_s = max(over)
-        per_row = max(slope, 0.25 * over_s / num_running)
-        shed = min(math.ceil((over_s - target) / per_row), max(1, num_running // 2))
+        per_row = max(slope, 0.25 * client_s / num_running)
+        shed = min(math.ceil((client_s - target) / per_row), max(1, num_running // 2))
         return TurnRoom(-max(1, shed), ratio, measured_rows, now_s, next_s, slope, price,
                         client_s, measured=tuple(sorted(measured.items())))
 
