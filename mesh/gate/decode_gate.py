@@ -30,21 +30,17 @@ from, not a projection of a fitted model:
   :data:`FRESH_STEPS` decode steps (steps whose prefill is at most a reserve of a few
   tokens); this carries everything a model cannot see (a neighbour on the same CPU or GPU,
   contexts that grew, the machine's speed now) and forgets it within a second or two;
-* **shed** (negative room): when the mean of the last :data:`CLIENT_STEPS` steps (a
-  reader's window) took longer than ``1/floor_tps``, the rows that would bring the step
-  back under the floor are paused *between steps*, at most half at once, last in
-  completion order first (they keep their cells and wait again; one row always runs); the
-  next window at the new row count is measured before another shed. (Round 9 tried
-  shedding on three slow steps in a row as well, to meet a neighbour sooner: with prefill
-  priced at the decode slope it shed on prefill in heavy and ran 2.2 rows where 3.3 ran
-  before, wall 1.35x legacy's: taken out);
+* **shed** (negative room): when the last :data:`SHED_STEPS` steps at the running row
+  count all took longer than ``1/floor_tps`` (median), the rows that would bring the step
+  back under the floor are paused *between steps*, last in completion order first (they
+  keep their cells and wait again; one row always runs);
 * **grow** (positive room): a waiting turn starts while the step with one more row is
   predicted within ``headroom / floor_tps``: the measured step at that many rows if there
   is one, else the nearest measured row count plus the per-row slope (least squares over
   the fresh decode steps; with one row count measured, a row costs what the average row
   does now — linear, the cautious guess on a compute-bound CPU). One turn starts per
-  step, and only once the rows decoding now were measured; a running turn still
-  prefilling counts as a row to come;
+  step, and only once the rows running now were measured, so every new row is measured
+  before the next;
 * with nothing measured yet, the fitted step model (× its measured ratio) stands in.
 
 The gap between the grow threshold (``headroom``) and the shed threshold (the floor
@@ -196,11 +192,6 @@ HEADROOM = 0.92  # a turn starts only while one more row is predicted within thi
 # and at least AUTO_PREFILL_STRETCH times the decode step. (Round 8: capped at the stretch
 # alone, a step carried ~4 prefill tokens beside 5 rows; 12 turns sat prefilling their
 # tool results, 5 decoded, and the wall was 1.28x legacy's in two seeds of three.)
-# And at least the step the running turns make once all of them decode: turns still
-# prefilling were admitted at the knee, so until they decode their rows' share of the step
-# carries their prefill. (Round 9, heavy: with few rows at the knee the knee's step left
-# ~60 ms of prefill a step, 4-5 turns sat prefilling for tens of seconds and the wall was
-# 1.37x legacy's.)
 KNEE_SHARE = 0.25
 SHED_SHARE = 0.15
 KNEE_GAIN = 0.10
@@ -281,7 +272,7 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
     ``context_per_row`` is a decoding row's mean context for the fitted model (None:
     every used cell). With no turn running the answer is at least 1 (progress: nobody can
     be slowed down); it never pauses the last running turn; it starts at most one turn a
-    step, and none until the rows decoding now were measured. With ``auto`` the floor is
+    step, and none until the rows running now were measured. With ``auto`` the floor is
     the knee instead of ``floor_tps``: a row starts while the step's shared part is
     predicted to stay at least :data:`KNEE_SHARE` of it, and is paused once the shared
     part falls under :data:`SHED_SHARE`. Raises ``ValueError`` on a floor that is not a
@@ -355,19 +346,12 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
         return TurnRoom(-max(1, shed), ratio, measured_rows, now_s, next_s, slope, price,
                         client_s, measured=tuple(sorted(measured.items())))
 
-    # The rows decoding now (the latest decode step's). A running turn still prefilling
-    # decodes no row yet: it will, so the window must have room for it too. (Round 9:
-    # requiring all running turns measured as rows held the fixed floor at 4-5 rows for
-    # seconds at a time, with 152 ms steps against a 500 ms floor, whenever one turn
-    # prefilled — and in an agent workload one nearly always does.)
-    rows_now = next((s.num_decode for s in reversed(recent) if s.num_decode > 0), 0)
-    pending = max(0, num_running - rows_now)
     room = 0
     if num_running == 0:
         room = 1  # progress: nobody to slow down
-    elif (rows_now in measured and next_s <= target
-          and (client_s is None or client_s + (pending + 1) * slope <= target)):
-        room = 1  # one a step, once the rows decoding now were measured
+    elif (num_running in measured and next_s <= target
+          and (client_s is None or client_s + slope <= target)):
+        room = 1  # one a step: the next steps measure it before another starts
     return TurnRoom(min(room, max_room), ratio, measured_rows, now_s, next_s, slope, price,
                     client_s, measured=tuple(sorted(measured.items())))
 
@@ -429,7 +413,6 @@ class DecodeGate:
         # None before any.
         self._measured: tuple[dict[int, float], float, float] | None = None
         self.num_shed = 0  # turns paused to keep the floor, since start
-        self._running = 0  # running turns when the engine thread last asked
 
     def update(self, state: BudgetState) -> None:
         self.state = state
@@ -448,7 +431,6 @@ class DecodeGate:
                   recent: Sequence[StepSample]) -> int:
         st = self.state
         self._check(recent)
-        self._running = num_running
         answer = turn_room(st.cost, self.floor_tps, num_running, cells_used, recent,
                            context_per_row=st.context_per_row, headroom=self.headroom,
                            auto=self.auto)
@@ -495,9 +477,7 @@ class DecodeGate:
             step_s, price, slope = measured[0][num_decode], measured[1], measured[2]
             if self.auto:
                 shared = max(0.0, shared_share(num_decode, step_s, slope)) * step_s
-                pending = max(0, self._running - num_decode)  # turns still prefilling
-                limit = max(AUTO_PREFILL_STRETCH * step_s, shared / KNEE_SHARE,
-                            step_s + pending * slope) / self.headroom
+                limit = max(AUTO_PREFILL_STRETCH * step_s, shared / KNEE_SHARE) / self.headroom
             else:
                 limit = 1.0 / self.floor_tps
             if step_s > limit:
