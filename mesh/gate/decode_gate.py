@@ -469,12 +469,14 @@ class DecodeGate:
                 "p90": errs[min(len(errs) - 1, int(0.9 * len(errs)))]}
 
     def __call__(self, num_decode: int, cells_used: int) -> int:
-        """The prefill budget: what fits beside the decode rows within the floor, down to
-        :data:`MIN_PREFILL_CHUNK` tokens a step (progress) when they fill it; priced at the
-        measured per-row slope where steps at ``num_decode`` rows were measured."""
+        """The prefill budget: what fits beside the decode rows within the floor (with
+        ``auto``, within the knee's step), down to :data:`MIN_PREFILL_CHUNK` tokens a step
+        (progress) when they fill it; a token priced as steps with prefill measured (the
+        per-row slope until one did), where steps at ``num_decode`` rows were measured."""
         measured = self._measured
         if measured is not None and num_decode in measured[0] and measured[1] > 0:
-            step_s, price, slope = measured[0][num_decode], measured[1], measured[2]
+            by_count, price, slope = measured
+            step_s = by_count[num_decode]
             if self.auto:
                 shared = max(0.0, shared_share(num_decode, step_s, slope)) * step_s
                 limit = max(AUTO_PREFILL_STRETCH * step_s, shared / KNEE_SHARE) / self.headroom
