@@ -1,18 +1,14 @@
 """The client commands (``mesh send``, ``tasks``, ``result``, ``cancel``, ``capacity``) and
-how an error a user can cause reads: one line naming the fix. Read top to bottom:
+how an error a user can cause reads: one line naming the fix.
 
-**Errors.** One line for every error a ``mesh`` user can cause, naming the fix.
+**Errors.** A server that is not there, one that refuses (401/403), one that answers 4xx
+with its own message, a timeout: each becomes one sentence on stderr and a non-zero exit;
+the traceback is printed only with ``mesh --debug``. Errors are recognised through their
+cause chain, because the a2a-sdk wraps httpx's errors in its own.
 
-A server that is not there, one that refuses (401/403), one that answers 4xx with its own
-message, a timeout: each becomes one sentence on stderr and a non-zero exit; the traceback
-is printed only with ``mesh --debug``. Errors are recognised through their cause chain,
-because the a2a-sdk wraps httpx's errors in its own.
-
-**The commands.** Client commands: ``mesh send``, ``mesh result``, ``mesh tasks``, ``mesh cancel``,
-``mesh capacity``.
-
-They talk to any A2A agent through the a2a-sdk client (``capacity`` is a plain GET of the
-coordinator's ``/capacity``). Every command takes ``--token`` (default: ``$MESH_TOKEN``).
+**The commands.** They talk to any A2A agent through the a2a-sdk client (``capacity`` is a
+plain GET of the coordinator's ``/capacity``). Every command takes ``--token`` (default:
+``$MESH_TOKEN``).
 
 Exit status of ``send`` and ``result`` follows the task's state: 0 completed, 1 failed,
 2 canceled or rejected, 3 stopped in another state (input or auth required; for
@@ -27,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import sys
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from a2a.client import Client, ClientConfig, ClientFactory
@@ -43,6 +40,8 @@ from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError, TaskNotFoundError
 
 __all__ = ["describe", "exit_status", "register", "server_message", "status_line"]
+
+T = TypeVar("T")
 
 
 # -------------------- errors --------------------------------------------------
@@ -126,15 +125,6 @@ def describe(exc: BaseException, url: str | None = None) -> str:
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_CANCELED, EXIT_OTHER, EXIT_ERROR = 0, 1, 2, 3, 4
 
-_TERMINAL = frozenset(
-    {
-        pb.TaskState.TASK_STATE_COMPLETED,
-        pb.TaskState.TASK_STATE_FAILED,
-        pb.TaskState.TASK_STATE_CANCELED,
-        pb.TaskState.TASK_STATE_REJECTED,
-    }
-)
-
 
 def exit_status(state: int) -> int:
     """The exit status for a task that ended in ``state``."""
@@ -156,13 +146,8 @@ def _text(parts: Any) -> str:
     return "".join(p.text for p in parts if p.HasField("text"))
 
 
-def _token(args: argparse.Namespace) -> str | None:
-    token: str | None = args.token or os.environ.get("MESH_TOKEN") or None
-    return token
-
-
 def _http(args: argparse.Namespace) -> httpx.AsyncClient:
-    token = _token(args)
+    token = args.token or os.environ.get("MESH_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(args.timeout, connect=10.0))
 
@@ -177,6 +162,17 @@ async def _client(http: httpx.AsyncClient, url: str, *, streaming: bool) -> Clie
         ],
     )
     return await ClientFactory(config).create_from_url(url.rstrip("/"))
+
+
+async def _call(args: argparse.Namespace, request: Callable[[Client], Awaitable[T]]) -> T:
+    """One non-streaming request to the agent at ``args.url``; its errors go up (to
+    :func:`_runner`, which makes them one line)."""
+    async with _http(args) as http:
+        client = await _client(http, args.url, streaming=False)
+        try:
+            return await request(client)
+        finally:
+            await client.close()
 
 
 def _say(args: argparse.Namespace, message: str) -> None:
@@ -207,13 +203,50 @@ def _again(args: argparse.Namespace, command: str, task_id: str) -> str:
 
 
 @dataclass
-class _Seen:
-    """What ``send`` has learnt so far: the task id, for a Ctrl-C that comes mid-stream."""
+class _Stream:
+    """What ``send`` has learnt and shown so far: the task id (for a Ctrl-C that comes
+    mid-stream) and its state, and where the output stands."""
 
+    is_verbose: bool  # --stream
     task_id: str = ""
+    state: int = pb.TaskState.TASK_STATE_UNSPECIFIED
+    current: str = ""  # the stream whose chunks were written last
+    has_streamed: bool = False
+    is_noting: bool = False  # the last status line was generated text (no newline yet)
+
+    def show(self, response: pb.StreamResponse) -> None:
+        """Note a task or status update and print it; print a worker's streamed text."""
+        if response.HasField("task"):
+            self.task_id, self.state = response.task.id, response.task.status.state
+            if self.is_verbose:
+                print(f"[{_state_name(self.state)}] task {self.task_id}", file=sys.stderr)
+        elif response.HasField("status_update"):
+            update = response.status_update
+            self.task_id, self.state = update.task_id, update.status.state
+            note = _text(update.status.message.parts)
+            if _is_text_note(update.status.message):  # the plan forming: a note
+                sys.stderr.write(note)
+                self.is_noting = True
+                return
+            if self.is_noting:
+                sys.stderr.write("\n")
+                self.is_noting = False
+            print(f"[{_state_name(self.state)}] {note}".rstrip(), file=sys.stderr)
+        elif response.HasField("artifact_update"):
+            artifact = response.artifact_update.artifact
+            if artifact.artifact_id.startswith("stream-"):
+                # Workers stream at once: each switch of stream starts a new line under its
+                # label, so interleaved chunks stay readable.
+                if artifact.artifact_id != self.current:
+                    label = artifact.artifact_id.removeprefix("stream-")
+                    sys.stdout.write(("\n" if self.current else "") + f"[{label}] ")
+                    self.current = artifact.artifact_id
+                sys.stdout.write(_text(artifact.parts))
+                sys.stdout.flush()
+                self.has_streamed = True
 
 
-async def _send(args: argparse.Namespace, seen: _Seen) -> int:
+async def _send(args: argparse.Namespace, seen: _Stream) -> int:
     async with _http(args) as http:
         client = await _client(http, args.url, streaming=args.stream)
         request = pb.SendMessageRequest(
@@ -225,54 +258,18 @@ async def _send(args: argparse.Namespace, seen: _Seen) -> int:
                 task_id=args.task or "",
             )
         )
-        task_id = ""
-        state = pb.TaskState.TASK_STATE_UNSPECIFIED
-        streamed = False
-        current = ""  # the stream whose chunks were written last
-        noting = False  # the last status line was generated text (no newline yet)
         try:
             async for response in client.send_message(request):
                 if response.HasField("message"):
                     print(_text(response.message.parts))
                     return EXIT_COMPLETED
-                if response.HasField("task"):
-                    task_id, state = response.task.id, response.task.status.state
-                    seen.task_id = task_id
-                    if args.stream:
-                        print(f"[{_state_name(state)}] task {task_id}", file=sys.stderr)
-                elif response.HasField("status_update"):
-                    update = response.status_update
-                    task_id, state = update.task_id, update.status.state
-                    seen.task_id = task_id
-                    note = _text(update.status.message.parts)
-                    if _is_text_note(update.status.message):  # the plan forming: a note
-                        sys.stderr.write(note)
-                        noting = True
-                        continue
-                    if noting:
-                        sys.stderr.write("\n")
-                        noting = False
-                    print(f"[{_state_name(state)}] {note}".rstrip(), file=sys.stderr)
-                elif response.HasField("artifact_update"):
-                    artifact = response.artifact_update.artifact
-                    if artifact.artifact_id.startswith("stream-"):
-                        # Workers stream at once: each switch of stream starts a new line
-                        # under its label, so interleaved chunks stay readable.
-                        if artifact.artifact_id != current:
-                            label = artifact.artifact_id.removeprefix("stream-")
-                            sys.stdout.write(("\n" if current else "") + f"[{label}] ")
-                            current = artifact.artifact_id
-                        sys.stdout.write(_text(artifact.parts))
-                        sys.stdout.flush()
-                        streamed = True
-            if not task_id:
+                seen.show(response)
+            if not seen.task_id:
                 return _err(args, "the agent answered with neither a message nor a task")
-            task = await client.get_task(pb.GetTaskRequest(id=task_id))
-        except A2AError as e:
-            return _failed(e, args)
+            task = await client.get_task(pb.GetTaskRequest(id=seen.task_id))
         finally:
             await client.close()
-    if streamed:
+    if seen.has_streamed:
         print()
     return _report(task, args)
 
@@ -322,25 +319,19 @@ def _answer(task: pb.Task) -> str:
     return "\n".join(_text(a.parts) for a in finals)
 
 
-# --------------------------------------------------------------------------- result
+# --------------------------------------------------------------------------- result, tasks, cancel
 
 
 _RUNNING = frozenset({pb.TaskState.TASK_STATE_SUBMITTED, pb.TaskState.TASK_STATE_WORKING})
 
 
 async def _result(args: argparse.Namespace) -> int:
-    async with _http(args) as http:
-        client = await _client(http, args.url, streaming=False)
-        try:
-            task = await client.get_task(pb.GetTaskRequest(id=args.id))
-        except TaskNotFoundError:
-            return _err(args, f"{args.url.rstrip('/')} has no task {args.id} (a mistyped id, "
-                              "one another --token created, or one the server's --data-dir "
-                              f"no longer holds); `mesh tasks {args.url}` lists yours")
-        except A2AError as e:
-            return _failed(e, args)
-        finally:
-            await client.close()
+    try:
+        task = await _call(args, lambda c: c.get_task(pb.GetTaskRequest(id=args.id)))
+    except TaskNotFoundError:
+        return _err(args, f"{args.url.rstrip('/')} has no task {args.id} (a mistyped id, "
+                          "one another --token created, or one the server's --data-dir "
+                          f"no longer holds); `mesh tasks {args.url}` lists yours")
     if task.status.state in _RUNNING:
         note = _text(task.status.message.parts).replace("\n", " ")
         print(f"[{_state_name(task.status.state)}] task {task.id} is not finished"
@@ -351,21 +342,11 @@ async def _result(args: argparse.Namespace) -> int:
     return _report(task, args)
 
 
-# --------------------------------------------------------------------------- tasks / cancel
-
-
 async def _tasks(args: argparse.Namespace) -> int:
-    async with _http(args) as http:
-        client = await _client(http, args.url, streaming=False)
-        request = pb.ListTasksRequest(page_size=args.limit)
-        if args.state:
-            request.status = pb.TaskState.Value("TASK_STATE_" + args.state.upper())
-        try:
-            page = await client.list_tasks(request)
-        except A2AError as e:
-            return _failed(e, args)
-        finally:
-            await client.close()
+    request = pb.ListTasksRequest(page_size=args.limit)
+    if args.state:
+        request.status = pb.TaskState.Value("TASK_STATE_" + args.state.upper())
+    page = await _call(args, lambda c: c.list_tasks(request))
     if not page.tasks:
         print("no tasks")
         return 0
@@ -380,25 +361,23 @@ async def _tasks(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    async with _http(args) as http:
-        client = await _client(http, args.url, streaming=False)
+    async def cancel(client: Client) -> pb.Task | A2AError:
         try:
-            task = await client.cancel_task(pb.CancelTaskRequest(id=args.id))
-        except A2AError as e:
-            _say(args, f"cannot cancel {args.id}: {describe(e, args.url)}")
-            return EXIT_FAILED
-        finally:
-            await client.close()
+            return await client.cancel_task(pb.CancelTaskRequest(id=args.id))
+        except A2AError as e:  # the task's refusal; an agent not reached goes up as usual
+            return e
+
+    task = await _call(args, cancel)
+    if isinstance(task, A2AError):
+        _say(args, f"cannot cancel {args.id}: {describe(task, args.url)}")
+        return EXIT_FAILED
     print(f"[{_state_name(task.status.state)}] task {task.id}")
     return 0 if task.status.state == pb.TaskState.TASK_STATE_CANCELED else EXIT_FAILED
 
 
 async def _capacity(args: argparse.Namespace) -> int:
     async with _http(args) as http:
-        try:
-            response = await http.get(args.url.rstrip("/") + "/capacity")
-        except httpx.HTTPError as e:
-            return _failed(e, args)
+        response = await http.get(args.url.rstrip("/") + "/capacity")
     if response.status_code != 200:
         return _err(args, status_line(response.status_code, args.url.rstrip("/"),
                                       server_message(response)))
@@ -424,37 +403,31 @@ def _runner(coro_fn: Command) -> Callable[[argparse.Namespace], int]:
 
 def _run_send(args: argparse.Namespace) -> int:
     """``send``, whose Ctrl-C names the task it leaves running and how to reach it."""
-    seen = _Seen()
+    seen = _Stream(is_verbose=args.stream)
     try:
-        return int(asyncio.run(_send(args, seen)))
+        return _runner(functools.partial(_send, seen=seen))(args)
     except KeyboardInterrupt:
         return _interrupted(args, seen.task_id)
-    except (httpx.HTTPError, A2AError, OSError) as e:
-        return _failed(e, args)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="the agent's base URL, e.g. http://127.0.0.1:8700")
     parser.add_argument("--token", help="bearer token (default: $MESH_TOKEN)")
-    parser.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds to wait for a reply (default 600)"
-    )
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds to wait for a reply (default 600)")
 
 
 def register(subparsers: Any) -> None:
     """Add ``send``, ``result``, ``tasks``, ``cancel`` and ``capacity`` to the ``mesh``
     command."""
-    send = subparsers.add_parser(
-        "send",
-        help="send a message to an A2A agent and print the answer",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    send = subparsers.add_parser("send",
+                                 help="send a message to an A2A agent and print the answer",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(send)
     send.add_argument("text", help="the message text")
-    send.add_argument(
-        "--stream", action="store_true", help="stream status and generated text as they arrive"
-    )
+    send.add_argument("--stream", action="store_true",
+                      help="stream status and generated text as they arrive")
     send.add_argument("--context", default=None, metavar="ID",
                       help="continue this conversation (a contextId an earlier send printed)")
     send.add_argument("--task", default=None, metavar="ID",
@@ -470,11 +443,8 @@ def register(subparsers: Any) -> None:
     tasks = subparsers.add_parser("tasks", help="list the tasks an agent holds for you")
     _common(tasks)
     tasks.add_argument("--limit", type=int, default=50, help="most tasks to list (1..100)")
-    tasks.add_argument(
-        "--state",
-        choices=["submitted", "working", "completed", "failed", "canceled", "rejected"],
-        help="only tasks in this state",
-    )
+    tasks.add_argument("--state", help="only tasks in this state", choices=[
+        "submitted", "working", "completed", "failed", "canceled", "rejected"])
     tasks.set_defaults(func=_runner(_tasks), client_command="tasks")
 
     cancel = subparsers.add_parser("cancel", help="cancel a task")

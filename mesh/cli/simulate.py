@@ -55,83 +55,38 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def _scenario_args(p: argparse.ArgumentParser, *, url: bool) -> None:
-    p.add_argument(
-        "--template", default="light", help="light, heavy or a template folder (default: light)"
-    )
-    p.add_argument(
-        "--packages",
-        type=int,
-        default=None,
-        metavar="K",
-        help="packages submitted at once (default: the template's)",
-    )
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        metavar="S",
-        help="generate + tool steps per package (default: the template's)",
-    )
-    p.add_argument(
-        "--tokens-per-step",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tokens generated per step (default: the template's)",
-    )
+    p.add_argument("--template", default="light",
+                   help="light, heavy or a template folder (default: light)")
+    p.add_argument("--packages", type=int, default=None, metavar="K",
+                   help="packages submitted at once (default: the template's)")
+    p.add_argument("--steps", type=int, default=None, metavar="S",
+                   help="generate + tool steps per package (default: the template's)")
+    p.add_argument("--tokens-per-step", type=int, default=None, metavar="N",
+                   help="tokens generated per step (default: the template's)")
     p.add_argument("--seed", type=int, default=0, help="scenario seed (default: 0)")
-    p.add_argument(
-        "--plan",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="send each package as plain text so the coordinator plans it (planner, real "
-        "workers, synthesis); default: the template's scenario.plan (false)",
-    )
+    p.add_argument("--plan", action=argparse.BooleanOptionalAction, default=None,
+                   help="send each package as plain text so the coordinator plans it "
+                        "(planner, real workers, synthesis); default: the template's "
+                        "scenario.plan (false)")
     p.add_argument("--policy", default="floor", help=f"gate policy: {POLICIES_HELP}")
-    p.add_argument(
-        "--pool",
-        choices=("shared", "naive"),
-        default="shared",
-        help="shared prefix (default) or a private copy per worker (baseline)",
-    )
+    p.add_argument("--pool", choices=("shared", "naive"), default="shared",
+                   help="shared prefix (default) or a private copy per worker (baseline)")
     target = p.add_mutually_exclusive_group()
     # mesh sweep starts a coordinator per floor: --url stays out of its --help, and names
     # the reason when given anyway.
     target.add_argument("--url", default=None,
                         help="drive the coordinator at this URL" if url else argparse.SUPPRESS)
-    target.add_argument(
-        "--model", default=None, help="model for the coordinator started here (GGUF path or 'tiny')"
-    )
-    p.add_argument(
-        "--token",
-        "--auth-token",
-        dest="token",
-        default=None,
-        metavar="T",
-        help="bearer token for a server with auth on (default: $MESH_TOKEN, else the first "
-        "of $MESH_AUTH_TOKEN)",
-    )
-    p.add_argument(
-        "--serve-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for the `mesh serve` started here (repeatable)",
-    )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=300.0,
-        metavar="S",
-        help="seconds to wait for the started coordinator (default: 300)",
-    )
-    p.add_argument(
-        "--interval",
-        type=float,
-        default=0.25,
-        metavar="S",
-        help="seconds between /capacity samples (default: 0.25)",
-    )
+    target.add_argument("--model", default=None,
+                        help="model for the coordinator started here (GGUF path or 'tiny')")
+    p.add_argument("--token", "--auth-token", dest="token", default=None, metavar="T",
+                   help="bearer token for a server with auth on (default: $MESH_TOKEN, else "
+                        "the first of $MESH_AUTH_TOKEN)")
+    p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for the `mesh serve` started here (repeatable)")
+    p.add_argument("--startup-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds to wait for the started coordinator (default: 300)")
+    p.add_argument("--interval", type=float, default=0.25, metavar="S",
+                   help="seconds between /capacity samples (default: 0.25)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_neighbour_args(p)
     add_scenario_kind_args(p)
@@ -139,47 +94,27 @@ def _scenario_args(p: argparse.ArgumentParser, *, url: bool) -> None:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "simulate",
-        help="run the seeded scenario over A2A and report",
-        description="Exit status: 0 when every package was delivered, 3 when some were not.",
-    )
+        "simulate", help="run the seeded scenario over A2A and report",
+        description="Exit status: 0 when every package was delivered, 3 when some were not.")
     _scenario_args(p, url=True)
-    p.add_argument(
-        "--floor-tps",
-        type=float,
-        default=None,
-        metavar="F",
-        help="floor tokens/s per worker (default: the server's)",
-    )
-    p.add_argument(
-        "--compare",
-        default=None,
-        metavar="KEY=V1,V2",
-        help="run once per value of policy, pool, floor or template",
-    )
-    p.add_argument(
-        "--out", type=Path, default=Path("sim-report"), help="report folder (default: ./sim-report)"
-    )
+    p.add_argument("--floor-tps", type=float, default=None, metavar="F",
+                   help="floor tokens/s per worker (default: the server's)")
+    p.add_argument("--compare", default=None, metavar="KEY=V1,V2",
+                   help="run once per value of policy, pool, floor or template")
+    p.add_argument("--out", type=Path, default=Path("sim-report"),
+                   help="report folder (default: ./sim-report)")
     p.set_defaults(func=run_simulate)
 
     s = sub.add_parser(
-        "sweep",
-        help="run the scenario at several floors; find the sweet spot",
+        "sweep", help="run the scenario at several floors; find the sweet spot",
         description="Starts its own coordinator for each floor (the floor is a `mesh serve` "
-        "flag), so it drives no --url.",
-    )
+                    "flag), so it drives no --url.")
     _scenario_args(s, url=False)
     s.add_argument("--floors", default="2,4,6,8,12", help="comma-separated floors (tok/s)")
-    s.add_argument(
-        "--max-under",
-        type=float,
-        default=0.05,
-        metavar="SHARE",
-        help="most time under the floor the sweet spot may have (default: 0.05)",
-    )
-    s.add_argument(
-        "--out", type=Path, default=Path("sim-sweep"), help="report folder (default: ./sim-sweep)"
-    )
+    s.add_argument("--max-under", type=float, default=0.05, metavar="SHARE",
+                   help="most time under the floor the sweet spot may have (default: 0.05)")
+    s.add_argument("--out", type=Path, default=Path("sim-sweep"),
+                   help="report folder (default: ./sim-sweep)")
     s.set_defaults(func=run_sweep_cmd)
 
 
@@ -189,26 +124,14 @@ def _config(args: argparse.Namespace, floor: float | None) -> SimConfig:
     if planned and not args.url:  # every planned package runs workers (no ask, no answer)
         serve += ("--plan", "auto", "--plan-actions", "delegate")
     config = SimConfig(
-        template=args.template,
-        packages=args.packages,
-        steps=args.steps,
-        tokens_per_step=args.tokens_per_step,
-        plan=args.plan,
-        seed=args.seed,
-        floor_tps=floor,
-        policy=args.policy,
-        pool=args.pool,
-        url=args.url,
-        token=_token(args),
-        model=args.model,
-        sample_interval_s=args.interval,
+        template=args.template, packages=args.packages, steps=args.steps,
+        tokens_per_step=args.tokens_per_step, plan=args.plan, seed=args.seed,
+        floor_tps=floor, policy=args.policy, pool=args.pool, url=args.url,
+        token=_token(args), model=args.model, sample_interval_s=args.interval,
         startup_timeout_s=args.startup_timeout,
         # The server started here runs the scenario, so it honours scenario params.
-        serve_args=(*serve, *args.serve_arg),
-        neighbour=neighbour_config(args),
-        scenario=args.scenario,
-        idle=idle_config(args),
-    )
+        serve_args=(*serve, *args.serve_arg), neighbour=neighbour_config(args),
+        scenario=args.scenario, idle=idle_config(args))
     config.validate()
     return config
 
