@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
 
 from a2a.server.context import ServerCallContext
 from a2a.server.routes import DefaultServerCallContextBuilder
@@ -39,6 +41,8 @@ __all__ = [
     "Shapes", "check_jsonrpc", "check_rest", "checked_message", "rest_error", "send_json",
 ]
 
+T = TypeVar("T")
+
 
 # -------------------- fields --------------------------------------------------
 
@@ -48,18 +52,6 @@ class Invalid(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind  # parse | request | method | params | version
-
-
-def check_json_depth(value: Any, max_depth: int) -> None:
-    """Raise ``Invalid('parse')`` if ``value`` nests deeper than ``max_depth`` (iterative)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > max_depth:
-                raise Invalid("parse", f"JSON nests deeper than {max_depth} levels")
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
 
 
 def parse_json(body: bytes, max_depth: int) -> Any:
@@ -109,45 +101,39 @@ def type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _typed(obj: dict[str, Any], key: str, at: str, noun: str, is_ok: Callable[[Any], bool],
-           *, required: bool = False) -> Any:
-    """The field ``key`` if ``is_ok`` (None when absent and not ``required``)."""
+def _typed(obj: dict[str, Any], key: str, at: str, noun: str, kind: type[T],
+           *, required: bool = False) -> T | None:
+    """The field ``key`` if it is a ``kind`` (None when absent and not ``required``)."""
     value = field(obj, key)
     if value is None:
         if required:
             raise Invalid("params", f"{at}.{key} is required ({noun})")
         return None
-    if not is_ok(value):
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise Invalid("params", f"{at}.{key} must be {noun}, got {type_name(value)}")
     return value
 
 
 def string(obj: dict[str, Any], key: str, at: str, *, required: bool = False) -> str | None:
-    value: str | None = _typed(obj, key, at, "a string", lambda v: isinstance(v, str),
-                               required=required)
+    value = _typed(obj, key, at, "a string", str, required=required)
     if required and not value:
         raise Invalid("params", f"{at}.{key} must not be empty")
     return value
 
 
 def integer(obj: dict[str, Any], key: str, at: str, lo: int, hi: int | None = None) -> None:
-    value = _typed(obj, key, at, "an integer",
-                   lambda v: isinstance(v, int) and not isinstance(v, bool))
+    value = _typed(obj, key, at, "an integer", int)
     if value is not None and (value < lo or (hi is not None and value > hi)):
         bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
         raise Invalid("params", f"{at}.{key} must be {bound}, got {value}")
 
 
 def boolean(obj: dict[str, Any], key: str, at: str) -> None:
-    _typed(obj, key, at, "true or false", lambda v: isinstance(v, bool))
+    _typed(obj, key, at, "true or false", bool)
 
 
-def obj(
-    obj: dict[str, Any], key: str, at: str, *, required: bool = False
-) -> dict[str, Any] | None:
-    value: dict[str, Any] | None = _typed(obj, key, at, "an object",
-                                          lambda v: isinstance(v, dict), required=required)
-    return value
+def obj(obj: dict[str, Any], key: str, at: str, *, required: bool = False) -> dict[str, Any] | None:
+    return _typed(obj, key, at, "an object", dict, required=required)
 
 
 def str_list(obj: dict[str, Any], key: str, at: str) -> None:
@@ -245,12 +231,9 @@ def replay_body(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def send_json(
-    send: Send,
-    status: int,
-    payload: dict[str, Any],
-    extra_headers: list[tuple[bytes, bytes]] | None = None,
-) -> None:
+async def send_json(send: Send, status: int, payload: dict[str, Any],
+                    extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer ``payload`` as JSON with ``status`` (and ``extra_headers``)."""
     body = json.dumps(payload).encode("utf-8")
     headers = [
         (b"content-type", b"application/json"),
@@ -354,9 +337,8 @@ class Shapes:
         if not isinstance(parts, list) or not parts:
             raise Invalid("params", f"{at}.parts must be a non-empty list of part objects")
         if len(parts) > self.config.max_parts:
-            raise Invalid(
-                "params", f"{at}.parts has {len(parts)} parts; at most {self.config.max_parts}"
-            )
+            raise Invalid("params",
+                          f"{at}.parts has {len(parts)} parts; at most {self.config.max_parts}")
         num_chars = 0
         has_content = False
         specs: list[SubtaskSpec] | None = None
@@ -600,21 +582,28 @@ def check_jsonrpc(body: bytes, *, version: str, content_type: str, shapes: Shape
 
 def is_v0_3(version: str) -> bool:
     """Whether the SDK's 0.3 adapter accepts an ``A2A-Version`` header (none means 0.3)."""
-    text = version.strip()
-    if not text:
-        return True
-    major = text.split(".")[0]
-    return major.isdigit() and int(major) == 0
+    major = version.strip().split(".")[0]
+    return not major or (major.isdigit() and int(major) == 0)
 
 # -------------------- rest ----------------------------------------------------
 
 class RestInvalid(Exception):
-    """A client mistake on the HTTP+JSON surface: its status and gRPC status name."""
+    """A client mistake on the HTTP+JSON surface, answered with ``status`` and the gRPC
+    status ``INVALID_ARGUMENT``."""
 
-    def __init__(self, status: int, grpc_status: str, message: str) -> None:
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.grpc_status = grpc_status
+
+
+@contextmanager
+def _refused_as(status: int) -> Iterator[None]:
+    """Raise an ``Invalid`` from the block as ``RestInvalid(status)``; an unaccepted media
+    type is 415 (A2A's ContentTypeNotSupportedError) wherever it is found."""
+    try:
+        yield
+    except Invalid as e:
+        raise RestInvalid(415 if e.kind == "content_type" else status, str(e)) from None
 
 
 def rest_error(status: int, grpc_status: str, message: str) -> dict[str, Any]:
@@ -634,55 +623,39 @@ def check_rest(method: str, rest: str, headers: dict[str, str], body: bytes, sco
     ):
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in JSON_TYPES:
-            raise RestInvalid(
-                415,
-                "INVALID_ARGUMENT",
-                f"Content-Type must be application/json, got {ctype or 'none'}",
-            )
+            raise RestInvalid(415, f"Content-Type must be application/json, got {ctype or 'none'}")
         doc = _rest_doc(body, max_depth)
         sends = op.startswith("/message:")
-        try:
+        with _refused_as(422):
             if legacy and sends:
                 message = doc.get("message", doc.get("request"))
                 return shapes.legacy_message(message, "body.message", rest=True)
-            if legacy:
-                return None
             if sends:
                 return shapes.send(doc, "body")
-            shapes.push_config(doc, "body", need_task=False)
-        except Invalid as e:
-            if e.kind == "content_type":  # A2A's ContentTypeNotSupportedError
-                raise RestInvalid(415, "INVALID_ARGUMENT", str(e)) from None
-            raise RestInvalid(422, "INVALID_ARGUMENT", str(e)) from None
-        return None
+            if not legacy:
+                shapes.push_config(doc, "body", need_task=False)
     elif method == "POST" and body:
         _rest_doc(body, max_depth)
     elif method == "GET" and not legacy:
         query = query_params(scope)
-        try:
+        with _refused_as(400):
             if op == "/tasks":
                 shapes.list_tasks(query, "query")
             elif op.startswith("/tasks/"):
                 integer(query, "historyLength", "query", 0)
                 integer(query, "pageSize", "query", 1, 100)
-        except Invalid as e:
-            raise RestInvalid(400, "INVALID_ARGUMENT", str(e)) from None
     return None
 
 
 def _rest_doc(body: bytes, max_depth: int) -> dict[str, Any]:
-    try:
+    with _refused_as(400):
         doc = parse_json(body, max_depth)
-    except Invalid as e:
-        raise RestInvalid(400, "INVALID_ARGUMENT", str(e)) from None
     if not isinstance(doc, dict):
-        raise RestInvalid(400, "INVALID_ARGUMENT", "body must be a JSON object")
+        raise RestInvalid(400, "body must be a JSON object")
     return doc
 
 
 def query_params(scope: Scope) -> dict[str, Any]:
-    from urllib.parse import parse_qsl
-
     out: dict[str, Any] = {}
     raw = scope.get("query_string", b"").decode("latin-1")
     for key, value in parse_qsl(raw, keep_blank_values=True):
@@ -704,13 +677,9 @@ class RequestGuard:
     (:meth:`~mesh.gate.queue.Admission.check_queue`), asked for the request's places and
     its caller (``scope["user"]``, set by the auth middleware in front of this one)."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        config: CoordinatorConfig,
-        check_queue: Callable[..., QueueCheck] | None = None,
-        jsonrpc_path: str = "/",
-    ) -> None:
+    def __init__(self, app: ASGIApp, config: CoordinatorConfig,
+                 check_queue: Callable[..., QueueCheck] | None = None,
+                 jsonrpc_path: str = "/") -> None:
         self.app = app
         self.config = config
         self.check_queue = check_queue
@@ -733,26 +702,19 @@ class RequestGuard:
 
         limit = self.config.max_body_bytes
         declared = headers.get("content-length")
-        if declared is not None:
-            try:
-                too_big = int(declared) > limit
-            except ValueError:
-                bad = rest_error(400, "INVALID_ARGUMENT", "Content-Length is not a number")
-                await send_json(send, 400, bad)
-                return
-            if too_big:
-                await self._too_large(send, surface)
-                return
-        has_body = (declared not in (None, "0")) or "chunked" in headers.get(
-            "transfer-encoding", ""
-        )
-        body = b""
-        if has_body:
-            read = await read_body(receive, limit)
-            if read is None:
-                await self._too_large(send, surface)
-                return
-            body = read
+        try:
+            too_big = declared is not None and int(declared) > limit
+        except ValueError:
+            bad = rest_error(400, "INVALID_ARGUMENT", "Content-Length is not a number")
+            await send_json(send, 400, bad)
+            return
+        has_body = declared not in (None, "0") or "chunked" in headers.get("transfer-encoding", "")
+        body: bytes | None = b""
+        if has_body and not too_big:
+            body = await read_body(receive, limit)
+        if too_big or body is None:
+            await self._too_large(send, surface)
+            return
 
         request_id: Any = None
         checked: CheckedMessage | None = None  # what a send sends
@@ -769,7 +731,7 @@ class RequestGuard:
             await send_json(send, 200, e.payload)
             return
         except RestInvalid as e:
-            await send_json(send, e.status, rest_error(e.status, e.grpc_status, str(e)))
+            await send_json(send, e.status, rest_error(e.status, "INVALID_ARGUMENT", str(e)))
             return
         if checked is not None:
             if self.check_queue is not None:
