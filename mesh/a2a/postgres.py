@@ -46,7 +46,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +71,7 @@ from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.tasks import DatabasePushNotificationConfigStore, PushNotificationSender
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
-from sqlalchemy import and_, select, text
+from sqlalchemy import Executable, and_, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -310,6 +310,12 @@ async def _execute(engine: AsyncEngine, *statements: str, **params: Any) -> None
             await conn.execute(text(statement), params)
 
 
+async def _rows(engine: AsyncEngine, query: str | Executable, **params: Any) -> Sequence[Any]:
+    """The rows ``query`` (SQL text or a SQLAlchemy statement) returns for ``params``."""
+    async with engine.connect() as conn:
+        return (await conn.execute(text(query) if isinstance(query, str) else query, params)).all()
+
+
 # --------------------------------------------------------------------------- events
 
 
@@ -346,13 +352,10 @@ class NotifiedEventStream(TaskEventStream):
             cursor = await self._start_seq(task_id, after)
             while True:
                 watcher.clear()  # before the read: a NOTIFY during it is not lost
-                async with self._engine.connect() as conn:
-                    rows = (await conn.execute(
-                        select(TaskEventModel.seq, TaskEventModel.task_version,
-                               TaskEventModel.event_data)
-                        .where(and_(TaskEventModel.task_id == task_id,
-                                    TaskEventModel.seq > cursor))
-                        .order_by(TaskEventModel.seq.asc()))).all()
+                rows = await _rows(self._engine, select(
+                    TaskEventModel.seq, TaskEventModel.task_version, TaskEventModel.event_data)
+                    .where(and_(TaskEventModel.task_id == task_id, TaskEventModel.seq > cursor))
+                    .order_by(TaskEventModel.seq.asc()))
                 for seq, task_version, data in rows:
                     cursor = seq
                     version = TaskVersion(task_version)
@@ -376,13 +379,11 @@ class NotifiedEventStream(TaskEventStream):
         """The last ``seq`` at or before version ``after`` (0: from the start)."""
         if after.is_missing:
             return 0
-        async with self._engine.connect() as conn:
-            seq = (await conn.execute(
-                select(TaskEventModel.seq)
-                .where(and_(TaskEventModel.task_id == task_id,
-                            TaskEventModel.task_version <= _version_int(after)))
-                .order_by(TaskEventModel.seq.desc()).limit(1))).scalar_one_or_none()
-        return int(seq or 0)
+        rows = await _rows(self._engine, select(TaskEventModel.seq)
+                           .where(and_(TaskEventModel.task_id == task_id,
+                                       TaskEventModel.task_version <= _version_int(after)))
+                           .order_by(TaskEventModel.seq.desc()).limit(1))
+        return int(rows[0][0]) if rows else 0
 
     async def destroy(self, task_id: str) -> None:
         del task_id  # the log is kept; tails stop at a terminal event
@@ -507,18 +508,16 @@ class PostgresStores:
             event_stream=self.events, stores=self)
         return self._handler
 
-    async def mark_interrupted(self, *, is_shutdown: bool = False,
-                               reason: str = INTERRUPTED_REASON) -> list[str]:
+    async def mark_interrupted(self, *, is_shutdown: bool = False) -> list[str]:
         """The restart sweep across coordinators; returns the ids it marked failed. At start:
         every non-terminal task whose runner is not alive, then (every ``sweep_s``) the
         runs of every coordinator that died since. At shutdown: this coordinator's own."""
         if is_shutdown:
             await self._stop_sweeper()
-            return await self._mark_runs_of({self.membership.id}, reason)
-        marked = await self._mark_orphans(reason)
+            return await self._mark_runs_of({self.membership.id})
+        marked = await self._mark_orphans()
         if self._sweeper is None:
-            self._sweeper = asyncio.create_task(self._sweep_forever(reason),
-                                                name="task-store-sweeper")
+            self._sweeper = asyncio.create_task(self._sweep_forever(), name="task-store-sweeper")
         return marked
 
     async def announce_cancel(self, task_id: str) -> None:
@@ -528,10 +527,8 @@ class PostgresStores:
 
     async def owner_of_task(self, task_id: str) -> str | None:
         """The owner column of ``task_id`` (``None``: no such task)."""
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(select(TaskModel.owner).where(TaskModel.id == task_id))
-                   ).first()
-        return None if row is None else (row[0] or "")
+        rows = await _rows(self.engine, select(TaskModel.owner).where(TaskModel.id == task_id))
+        return (rows[0][0] or "") if rows else None
 
     async def aclose(self) -> None:
         await self._stop_sweeper()
@@ -545,25 +542,23 @@ class PostgresStores:
 
     # ------------------------------------------------------------------ the sweep
 
-    async def _mark_orphans(self, reason: str) -> list[str]:
+    async def _mark_orphans(self) -> list[str]:
         """Every non-terminal task whose runner is not alive (none, or its lock is free)."""
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(
-                text("SELECT t.id, t.owner, r.coordinator_id FROM tasks t "
-                     "LEFT JOIN mesh_task_runs r ON r.task_id = t.id "
-                     "WHERE NOT ((t.status ->> 'state') = ANY(:terminal))"),
-                {"terminal": sorted(TERMINAL_NAMES)})).all()
+        rows = await _rows(self.engine, "SELECT t.id, t.owner, r.coordinator_id FROM tasks t "
+                           "LEFT JOIN mesh_task_runs r ON r.task_id = t.id "
+                           "WHERE NOT ((t.status ->> 'state') = ANY(:terminal))",
+                           terminal=sorted(TERMINAL_NAMES))
         seats = {int(seat) for _, _, seat in rows if seat is not None}
         seats.discard(self.membership.id)
         dead = await _dead_among(self.engine, seats)
         live = (seats - dead) | {self.membership.id}
         marked = [task_id for task_id, owner, seat in rows
                   if (seat is None or seat not in live)
-                  and await self._fail(task_id, owner or "", reason)]
+                  and await self._fail(task_id, owner or "")]
         await self._forget_seats(dead)
         return marked
 
-    async def _sweep_forever(self, reason: str) -> None:
+    async def _sweep_forever(self) -> None:
         loop = asyncio.get_running_loop()
         next_prune = loop.time() + _PRUNE_EVERY_S
         while True:
@@ -572,15 +567,14 @@ class PostgresStores:
                 if loop.time() >= next_prune:
                     next_prune = loop.time() + _PRUNE_EVERY_S
                     await self._prune_events()
-                async with self.engine.connect() as conn:
-                    seats = {int(seat) for (seat,) in await conn.execute(
-                        text("SELECT id FROM mesh_coordinators WHERE id <> :me"),
-                        {"me": self.membership.id})}
+                seats = {int(seat) for (seat,) in await _rows(
+                    self.engine, "SELECT id FROM mesh_coordinators WHERE id <> :me",
+                    me=self.membership.id)}
                 dead = await _dead_among(self.engine, seats)
                 if dead:
-                    marked = await self._mark_runs_of(dead, reason)
+                    marked = await self._mark_runs_of(dead)
                     logger.warning("coordinator(s) %s gone: marked %d task(s) failed: %s",
-                                   sorted(dead), len(marked), reason)
+                                   sorted(dead), len(marked), INTERRUPTED_REASON)
                     await self._forget_seats(dead)
                 if self.membership.is_lost:
                     self.events.wake_all()
@@ -599,15 +593,11 @@ class PostgresStores:
             "AND t.last_updated < (now() AT TIME ZONE 'utc') - make_interval(secs => :s)",
             terminal=sorted(TERMINAL_NAMES), s=_PRUNE_AFTER_S)
 
-    async def _mark_runs_of(self, seats: set[int], reason: str) -> list[str]:
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(
-                text("SELECT r.task_id, t.owner FROM mesh_task_runs r "
-                     "JOIN tasks t ON t.id = r.task_id "
-                     "WHERE r.coordinator_id = ANY(:seats)"),
-                {"seats": sorted(seats)})).all()
-        return [task_id for task_id, owner in rows
-                if await self._fail(task_id, owner or "", reason)]
+    async def _mark_runs_of(self, seats: set[int]) -> list[str]:
+        rows = await _rows(self.engine, "SELECT r.task_id, t.owner FROM mesh_task_runs r "
+                           "JOIN tasks t ON t.id = r.task_id "
+                           "WHERE r.coordinator_id = ANY(:seats)", seats=sorted(seats))
+        return [task_id for task_id, owner in rows if await self._fail(task_id, owner or "")]
 
     async def _forget_seats(self, seats: set[int]) -> None:
         if not seats:
@@ -615,9 +605,9 @@ class PostgresStores:
         await _execute(self.engine, "DELETE FROM mesh_task_runs WHERE coordinator_id = ANY(:s)",
                        "DELETE FROM mesh_coordinators WHERE id = ANY(:s)", s=sorted(seats))
 
-    async def _fail(self, task_id: str, owner: str, reason: str) -> bool:
-        """Write ``task_id`` failed with ``reason`` unless it is terminal already; the
-        event goes to ``task_events`` with it, so tails elsewhere see the end."""
+    async def _fail(self, task_id: str, owner: str) -> bool:
+        """Write ``task_id`` failed (interrupted) unless it is terminal already; the event
+        goes to ``task_events`` with it, so tails elsewhere see the end."""
         context = owner_context(owner)
         for _ in range(5):
             stored = await self.tasks.get(task_id, context)
@@ -625,7 +615,7 @@ class PostgresStores:
                 return False
             task = pb.Task()
             task.CopyFrom(stored.task)
-            status = interrupted_status(task, reason)
+            status = interrupted_status(task)
             task.status.CopyFrom(status)
             event = pb.TaskStatusUpdateEvent(task_id=task_id, context_id=task.context_id,
                                              status=status)

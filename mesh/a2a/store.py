@@ -261,15 +261,8 @@ class WriteBehindTaskStore(DatabaseTaskStore):
     """The SDK's SQLite task store with coalesced, batched writes (see module docstring);
     ``engine`` and ``table`` must address the same SQLite file."""
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        table: TaskTable,
-        *,
-        coalesce_s: float = 0.5,
-        cache_size: int = 2048,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, table: TaskTable, *, coalesce_s: float = 0.5,
+                 cache_size: int = 2048, **kwargs: Any) -> None:
         super().__init__(engine, table_name=table.table, **kwargs)
         self._table = table
         self._coalesce_s = coalesce_s
@@ -489,12 +482,6 @@ _BOARD_TERMINAL = frozenset(name.removeprefix(_PREFIX).lower() for name in TERMI
 _QUEUED = frozenset({"submitted", "unspecified"})
 
 
-def state_name(task: pb.Task) -> str:
-    """``TASK_STATE_WORKING`` -> ``working``."""
-    name: str = pb.TaskState.Name(task.status.state)
-    return name.removeprefix(_PREFIX).lower()
-
-
 @dataclass(slots=True)
 class _Row:
     id: str
@@ -513,13 +500,8 @@ class TaskBoard:
     """The dashboard's view (fed by a task store's ``on_saved``): live tasks (at most
     ``max_live``) and the last ``max_recent`` finished ones."""
 
-    def __init__(
-        self,
-        *,
-        max_live: int = 256,
-        max_recent: int = 20,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, *, max_live: int = 256, max_recent: int = 20,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if max_live < 1 or max_recent < 1:
             raise ValueError("TaskBoard needs max_live >= 1 and max_recent >= 1")
         self._max_live = max_live
@@ -530,7 +512,7 @@ class TaskBoard:
 
     def observe(self, task: pb.Task) -> None:
         """Record the state ``task`` was just saved in."""
-        self.update(task.id, state_name(task))
+        self.update(task.id, pb.TaskState.Name(task.status.state).removeprefix(_PREFIX).lower())
 
     def update(self, task_id: str, state: str) -> None:
         """Record ``task_id`` in ``state`` (a lower-case A2A state name)."""
@@ -605,12 +587,8 @@ class CachedPushConfigStore(DatabasePushNotificationConfigStore):
             # Merged, not assigned: a concurrent first call may have loaded and grown it.
             self._with_configs = loaded | (self._with_configs or set())
 
-    async def set_info(
-        self,
-        task_id: str,
-        notification_config: pb.TaskPushNotificationConfig,
-        context: ServerCallContext,
-    ) -> pb.TaskPushNotificationConfig:
+    async def set_info(self, task_id: str, notification_config: pb.TaskPushNotificationConfig,
+                       context: ServerCallContext) -> pb.TaskPushNotificationConfig:
         await self.initialize()
         if self._with_configs is not None:
             self._with_configs.add(task_id)
@@ -688,18 +666,12 @@ class Stores:
     ) -> DefaultRequestHandler:
         if board is not None:
             self.tasks.on_saved = board.observe
-        return DefaultRequestHandler(
-            executor,
-            self.tasks,
-            card,
-            push_config_store=self.push_configs,
-            push_sender=push_sender,
-            push_url_validator=push_url_validator,
-        )
+        return DefaultRequestHandler(executor, self.tasks, card,
+                                     push_config_store=self.push_configs,
+                                     push_sender=push_sender, push_url_validator=push_url_validator)
 
-    async def mark_interrupted(self, *, is_shutdown: bool = False,
-                               reason: str = INTERRUPTED_REASON) -> list[str]:
-        """Mark every non-terminal task (of every owner) failed with ``reason``, keeping its
+    async def mark_interrupted(self, *, is_shutdown: bool = False) -> list[str]:
+        """Mark every non-terminal task (of every owner) failed (interrupted), keeping its
         artifacts and history; returns the ids marked. This process is the file's only
         writer: at start and at shutdown alike, no executor runs behind such a task."""
         del is_shutdown
@@ -717,7 +689,7 @@ class Stores:
             task = await self.tasks.get(task_id, context)
             if task is None:
                 continue
-            task.status.CopyFrom(interrupted_status(task, reason))
+            task.status.CopyFrom(interrupted_status(task))
             await self.tasks.save(task, context)
             marked.append(task_id)
         return marked
@@ -747,20 +719,15 @@ def open_stores(data_dir: str | Path, *, coalesce_s: float = 0.05) -> Stores:
         pool_reset_on_return=None,
     )
     event.listen(engine.sync_engine, "connect", _tune_sqlite)
-    return Stores(
-        engine=engine,
-        tasks=WriteBehindTaskStore(
-            engine, TaskTable(db_path), coalesce_s=coalesce_s, owner_resolver=owner_of
-        ),
-        push_configs=CachedPushConfigStore(engine, owner_resolver=owner_of),
-        db_path=db_path,
-    )
+    tasks = WriteBehindTaskStore(engine, TaskTable(db_path), coalesce_s=coalesce_s,
+                                 owner_resolver=owner_of)
+    return Stores(engine, tasks, CachedPushConfigStore(engine, owner_resolver=owner_of), db_path)
 
 
-def interrupted_status(task: pb.Task, reason: str) -> pb.TaskStatus:
-    """``task`` failed now, ``reason`` its agent's status message (the restart sweeps)."""
+def interrupted_status(task: pb.Task) -> pb.TaskStatus:
+    """``task`` failed now with :data:`INTERRUPTED_REASON` (the restart sweeps)."""
     status = pb.TaskStatus(state=pb.TaskState.TASK_STATE_FAILED, message=pb.Message(
         message_id=f"{task.id}-interrupted", role=pb.Role.ROLE_AGENT, task_id=task.id,
-        context_id=task.context_id, parts=[pb.Part(text=reason)]))
+        context_id=task.context_id, parts=[pb.Part(text=INTERRUPTED_REASON)]))
     status.timestamp.FromDatetime(datetime.now(UTC))
     return status
