@@ -109,9 +109,7 @@ class BearerAuth:
         self._public = frozenset(public_paths)
 
     def _match(self, header: str | None) -> str | None:
-        if not header:
-            return None
-        scheme, _, presented = header.partition(" ")
+        scheme, _, presented = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not presented:
             return None
         candidate = presented.strip().encode("utf-8")
@@ -126,11 +124,8 @@ class BearerAuth:
         if scope["type"] != "http" or not self._tokens or scope["path"] in self._public:
             await self.app(scope, receive, send)
             return
-        header: str | None = None
-        for key, value in scope.get("headers", ()):
-            if key == b"authorization":
-                header = value.decode("latin-1")
-                break
+        header = next((value.decode("latin-1") for key, value in scope.get("headers", ())
+                       if key == b"authorization"), None)
         name = self._match(header)
         if name is None:
             why = "invalid" if header is not None else "missing"
@@ -238,15 +233,8 @@ async def serve_app(app: Any, config: uvicorn.Config,
     return 0 if server.started else 1
 
 
-def run_server(
-    app: Any,
-    host: str,
-    port: int,
-    *,
-    log_level: str = "info",
-    graceful_s: int = 5,
-    sock: socket.socket | None = None,
-) -> int:
+def run_server(app: Any, host: str, port: int, *, log_level: str = "info", graceful_s: int = 5,
+               sock: socket.socket | None = None) -> int:
     """Serve ``app`` until SIGINT/SIGTERM on a new event loop (:func:`serve_app`); returns
     an exit status. ``sock``: a bound, listening socket (``mesh serve`` binds before its
     slow start-up, so a port in use fails at once); without it uvicorn binds ``host:port``."""
@@ -302,10 +290,9 @@ class Coordinator:
 
 
 class _Live:
-    """The parts of the running lifespan, for the middleware built before it started."""
+    """The gate of the running lifespan, for the middleware built before it started."""
 
     admission: Admission | None = None
-    coordinator: Coordinator | None = None
 
     def check_queue(self, *, places: int = 1, caller: str = "") -> QueueCheck:
         if self.admission is None:
@@ -314,12 +301,8 @@ class _Live:
         return self.admission.check_queue(places=places, caller=caller)
 
 
-def create_app(
-    config: CoordinatorConfig,
-    compose: Compose | AppParts,
-    *,
-    public_paths: Sequence[str] = (),
-) -> Starlette:
+def create_app(config: CoordinatorConfig, compose: Compose | AppParts, *,
+               public_paths: Sequence[str] = ()) -> Starlette:
     """The A2A coordinator as a Starlette app (see the module docstring). ``compose`` builds
     the parts in the lifespan (or is the parts); ``public_paths`` are served without auth
     too. Raises ``ValueError`` if ``config`` does not validate; does no I/O."""
@@ -336,7 +319,7 @@ def create_app(
             # Invariant: no request is served before this (uvicorn and run_server serve
             # after the lifespan started), so the routes may be filled in here.
             app.router.routes[:] = _routes(config, coordinator, parts)
-            live.admission, live.coordinator = parts.admission, coordinator
+            live.admission = parts.admission
             app.state.coordinator = coordinator
             async with _running(coordinator, parts, push_sender):
                 yield
@@ -351,35 +334,21 @@ def create_app(
         grpc = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(status, "INVALID_ARGUMENT")
         return JSONResponse(rest_error(status, grpc, text), status_code=status)
 
+    public = (CARD_PATH, LEGACY_CARD_PATH, HEALTH_PATH, *public_paths)
     return Starlette(
         routes=[],
-        middleware=[
-            Middleware(
-                BearerAuth,
-                tokens=config.tokens,
-                public_paths=(CARD_PATH, LEGACY_CARD_PATH, HEALTH_PATH, *public_paths),
-            ),
-            Middleware(RequestGuard, config=config, check_queue=live.check_queue),
-        ],
+        middleware=[Middleware(BearerAuth, tokens=config.tokens, public_paths=public),
+                    Middleware(RequestGuard, config=config, check_queue=live.check_queue)],
         exception_handlers={404: http_error, 405: http_error},
         lifespan=lifespan,
     )
 
 
-def build_app(
-    config: CoordinatorConfig,
-    *,
-    worker_factory: WorkerFactory,
-    admission: Admission,
-    pool_info: PoolInfo | None,
-    extra_routes: Sequence[BaseRoute] = (),
-    skills: Sequence[Skill | Mapping[str, Any]] = (),
-    task_board: TaskBoard | None = None,
-    public_paths: Sequence[str] = (),
-    on_shutdown: Sequence[Hook] = (),
-    on_startup: Sequence[Hook] = (),
-    agent: Agent | None = None,
-) -> Starlette:
+def build_app(config: CoordinatorConfig, *, worker_factory: WorkerFactory, admission: Admission,
+              pool_info: PoolInfo | None, extra_routes: Sequence[BaseRoute] = (),
+              skills: Sequence[Skill | Mapping[str, Any]] = (), task_board: TaskBoard | None = None,
+              public_paths: Sequence[str] = (), on_shutdown: Sequence[Hook] = (),
+              on_startup: Sequence[Hook] = (), agent: Agent | None = None) -> Starlette:
     """:func:`create_app` with parts the caller built (tests, benchmarks); see
     :class:`AppParts` for each argument."""
     parts = AppParts(worker_factory, admission, pool_info, extra_routes, skills, task_board,

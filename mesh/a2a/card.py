@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
@@ -42,7 +42,7 @@ class Skill:
     name: str
     description: str
     tags: tuple[str, ...] = ()
-    examples: tuple[str, ...] = field(default_factory=tuple)
+    examples: tuple[str, ...] = ()
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Skill:
@@ -50,13 +50,9 @@ class Skill:
         missing = [k for k in ("id", "name", "description") if not data.get(k)]
         if missing:
             raise ValueError(f"skill {dict(data)!r} lacks {', '.join(missing)}")
-        return cls(
-            id=str(data["id"]),
-            name=str(data["name"]),
-            description=str(data["description"]),
-            tags=tuple(str(t) for t in data.get("tags", ())),
-            examples=tuple(str(e) for e in data.get("examples", ())),
-        )
+        return cls(str(data["id"]), str(data["name"]), str(data["description"]),
+                   tags=tuple(str(t) for t in data.get("tags", ())),
+                   examples=tuple(str(e) for e in data.get("examples", ())))
 
 
 DEFAULT_SKILL = Skill(
@@ -78,11 +74,8 @@ def _pool_params(info: PoolInfo) -> Struct:
     return params
 
 
-def build_agent_card(
-    config: CoordinatorConfig,
-    skills: Sequence[Skill | Mapping[str, Any]] = (),
-    pool_info: PoolInfo | None = None,
-) -> pb.AgentCard:
+def build_agent_card(config: CoordinatorConfig, skills: Sequence[Skill | Mapping[str, Any]] = (),
+                     pool_info: PoolInfo | None = None) -> pb.AgentCard:
     """The public card: interfaces (JSON-RPC at ``/``, HTTP+JSON under the REST prefix,
     1.0 and 0.3), capabilities, skills, and the bearer scheme when auth is on."""
     base = config.base_url
@@ -97,17 +90,11 @@ def build_agent_card(
     ]
     capabilities = pb.AgentCapabilities(streaming=True, push_notifications=True)
     if pool_info is not None:
-        capabilities.extensions.append(
-            pb.AgentExtension(
-                uri=POOL_EXTENSION_URI,
-                description="The shared KV pool behind this agent: its immutable prefix.",
-                required=False,
-                params=_pool_params(pool_info),
-            )
-        )
+        capabilities.extensions.append(pb.AgentExtension(
+            uri=POOL_EXTENSION_URI, required=False, params=_pool_params(pool_info),
+            description="The shared KV pool behind this agent: its immutable prefix."))
     resolved = [s if isinstance(s, Skill) else Skill.from_mapping(s) for s in skills]
-    if not resolved:
-        resolved = [DEFAULT_SKILL]
+    resolved = resolved or [DEFAULT_SKILL]
     card = pb.AgentCard(
         name=config.name,
         description=config.description,
@@ -126,9 +113,7 @@ def build_agent_card(
         card.security_schemes[BEARER_SCHEME].http_auth_security_scheme.CopyFrom(
             pb.HTTPAuthSecurityScheme(
                 scheme="Bearer",
-                description="Pass the coordinator's token as 'Authorization: Bearer TOKEN'.",
-            )
-        )
+                description="Pass the coordinator's token as 'Authorization: Bearer TOKEN'."))
         requirement = pb.SecurityRequirement()
         requirement.schemes[BEARER_SCHEME].CopyFrom(pb.StringList())
         card.security_requirements.append(requirement)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from mesh.fleet.peers import parse_peer
@@ -45,7 +45,7 @@ class CoordinatorConfig:
     allow_private_push: bool = False
     simulation: bool = False
     max_hops: int = 4  # a delegated message past this many hops is refused at the door
-    peers: tuple[str, ...] = field(default_factory=tuple)
+    peers: tuple[str, ...] = ()
     rest_prefix: str = "/a2a"
     card_max_age_s: int = 60
     text_flush_s: float = 0.05  # coalesce streamed text pieces into chunks this often
@@ -85,8 +85,7 @@ class CoordinatorConfig:
         if self.auth_token is not None:
             if not self.tokens:
                 raise ValueError("auth_token is set but empty; pass --auth-token TOKEN or omit it")
-            short = [t for t in self.tokens if len(t) < 8]
-            if short:
+            if any(len(t) < 8 for t in self.tokens):
                 raise ValueError("every auth token must be at least 8 characters long")
         for name, lo in (("max_body_bytes", 1024), ("max_parts", 1), ("max_message_chars", 1),
                          ("max_subtasks", 1), ("card_max_age_s", 0), ("text_flush_s", 0),

@@ -87,9 +87,8 @@ class _Run:
             await self.updater.update_status(state, message=message)
 
     async def progress(self, text: str, metadata: dict[str, Any]) -> None:
-        state = pb.TaskState.TASK_STATE_WORKING if self.is_working else (
-            pb.TaskState.TASK_STATE_SUBMITTED
-        )
+        state = (pb.TaskState.TASK_STATE_WORKING if self.is_working
+                 else pb.TaskState.TASK_STATE_SUBMITTED)
         await self.status(state, text, metadata)
 
     async def artifact(self, parts: list[pb.Part], **kwargs: Any) -> None:
@@ -166,13 +165,9 @@ class _TextStream:
         self.num_chunks += 1
 
     async def _write(self, text: str, last: bool) -> None:
-        await self.run.artifact(
-            [pb.Part(text=text)] if text else [],
-            artifact_id=self.artifact_id,
-            name=self.name,
-            append=self.num_chunks > 0,
-            last_chunk=last,
-        )
+        await self.run.artifact([pb.Part(text=text)] if text else [],
+                                artifact_id=self.artifact_id, name=self.name,
+                                append=self.num_chunks > 0, last_chunk=last)
 
 
 @dataclass
@@ -192,15 +187,9 @@ class CoordinatorExecutor(AgentExecutor):
     """The SDK's executor over the one task path (see the module docstring). ``agent``
     (optional) plans messages without explicit subtasks."""
 
-    def __init__(
-        self,
-        worker_factory: WorkerFactory,
-        admission: Admission,
-        *,
-        text_flush_s: float = 0.05,
-        clock: Callable[[], float] = time.monotonic,
-        agent: Agent | None = None,
-    ) -> None:
+    def __init__(self, worker_factory: WorkerFactory, admission: Admission, *,
+                 text_flush_s: float = 0.05, clock: Callable[[], float] = time.monotonic,
+                 agent: Agent | None = None) -> None:
         self._agent = agent
         self._worker_factory = worker_factory
         self._admission = admission
@@ -221,14 +210,9 @@ class CoordinatorExecutor(AgentExecutor):
         task_id = context.task_id
         context_id = task.context_id if task is not None else (context.context_id or "")
         if task is None:
-            await event_queue.enqueue_event(
-                pb.Task(
-                    id=task_id,
-                    context_id=context_id,
-                    status=pb.TaskStatus(state=pb.TaskState.TASK_STATE_SUBMITTED),
-                    history=[message],
-                )
-            )
+            await event_queue.enqueue_event(pb.Task(
+                id=task_id, context_id=context_id, history=[message],
+                status=pb.TaskStatus(state=pb.TaskState.TASK_STATE_SUBMITTED)))
         run = _Run(TaskUpdater(event_queue, task_id, context_id), self._text_flush_s,
                    self._clock)
         checked = checked_message(context.call_context)
@@ -244,10 +228,8 @@ class CoordinatorExecutor(AgentExecutor):
                             f"{caller}\x00{context_id}", checked.text, self._worker_factory,
                             checked.subtasks, caller=caller, hops=checked.hops).run()
         except QueueFull as e:
-            await run.finish(
-                pb.TaskState.TASK_STATE_REJECTED,
-                f"rejected: over capacity ({e}); retry after {e.retry_after_s:.0f} s",
-            )
+            await run.finish(pb.TaskState.TASK_STATE_REJECTED,
+                             f"rejected: over capacity ({e}); retry after {e.retry_after_s:.0f} s")
         except Exception as e:  # any failure point (admit, a flush, an error group, ...)
             await self._fail(run, task_id, e)
         finally:

@@ -121,17 +121,9 @@ _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 class BackgroundPushSender(BasePushNotificationSender):
     """The SDK's sender, delivering off the event path (see the module docstring)."""
 
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        config_store: PushNotificationConfigStore,
-        validator: PushUrlValidator,
-        *,
-        max_pending: int = 10_000,
-        allow_private: bool = False,
-        retries: int = 3,
-        backoff_s: float = 0.5,
-    ) -> None:
+    def __init__(self, client: httpx.AsyncClient, config_store: PushNotificationConfigStore,
+                 validator: PushUrlValidator, *, max_pending: int = 10_000,
+                 allow_private: bool = False, retries: int = 3, backoff_s: float = 0.5) -> None:
         super().__init__(client, config_store, push_url_validator=validator)
         self.max_pending = max_pending
         self.allow_private = allow_private
@@ -143,11 +135,6 @@ class BackgroundPushSender(BasePushNotificationSender):
         self._pending: dict[str, deque[Event]] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._num_pending = 0
-
-    @property
-    def num_pending(self) -> int:
-        """Events queued and not yet handed to the SDK's sender."""
-        return self._num_pending
 
     def _worth_pushing(self, task_id: str, event: Event) -> bool:
         """One push per state change and per closed artifact (see the module docstring)."""
@@ -175,8 +162,7 @@ class BackgroundPushSender(BasePushNotificationSender):
         self._num_pending += 1
         if task_id not in self._loops:
             self._loops[task_id] = asyncio.get_running_loop().create_task(
-                self._deliver(task_id), name=f"push-{task_id}"
-            )
+                self._deliver(task_id), name=f"push-{task_id}")
 
     async def _deliver(self, task_id: str) -> None:
         queue = self._pending[task_id]
@@ -218,9 +204,8 @@ class BackgroundPushSender(BasePushNotificationSender):
         extensions = {"sni_hostname": sni} if url.startswith("https") else {}
         for attempt in range(self.retries + 1):
             try:
-                response = await self._client.post(
-                    target, json=body, headers=headers, extensions=extensions
-                )
+                response = await self._client.post(target, json=body, headers=headers,
+                                                   extensions=extensions)
                 if response.status_code < 400:
                     self.num_sent += 1
                     return True
