@@ -56,14 +56,9 @@ class Skill:
 
 
 DEFAULT_SKILL = Skill(
-    id="delegate",
-    name="Delegated work",
-    description=(
-        "Send plain text for one task, or a data part {'subtasks': [{'instructions': ..., "
-        "'params': {...}}, ...]} to fan work out to pooled workers."
-    ),
-    tags=("agent", "fan-out"),
-)
+    id="delegate", name="Delegated work", tags=("agent", "fan-out"),
+    description="Send plain text for one task, or a data part {'subtasks': [{'instructions': "
+                "..., 'params': {...}}, ...]} to fan work out to pooled workers.")
 
 
 def _pool_params(info: PoolInfo) -> Struct:
@@ -95,20 +90,14 @@ def build_agent_card(config: CoordinatorConfig, skills: Sequence[Skill | Mapping
             description="The shared KV pool behind this agent: its immutable prefix."))
     resolved = [s if isinstance(s, Skill) else Skill.from_mapping(s) for s in skills]
     resolved = resolved or [DEFAULT_SKILL]
+    modes = ["text/plain", "application/json"]
     card = pb.AgentCard(
-        name=config.name,
-        description=config.description,
-        version=config.version,
-        supported_interfaces=interfaces,
-        capabilities=capabilities,
-        default_input_modes=["text/plain", "application/json"],
-        default_output_modes=["text/plain", "application/json"],
-        skills=[
-            pb.AgentSkill(id=s.id, name=s.name, description=s.description,
-                          tags=list(s.tags) or ["general"], examples=list(s.examples))
-            for s in resolved
-        ],
-    )
+        name=config.name, description=config.description, version=config.version,
+        supported_interfaces=interfaces, capabilities=capabilities,
+        default_input_modes=modes, default_output_modes=modes,
+        skills=[pb.AgentSkill(id=s.id, name=s.name, description=s.description,
+                              tags=list(s.tags) or ["general"], examples=list(s.examples))
+                for s in resolved])
     if config.tokens:
         card.security_schemes[BEARER_SCHEME].http_auth_security_scheme.CopyFrom(
             pb.HTTPAuthSecurityScheme(

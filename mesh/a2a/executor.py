@@ -71,10 +71,8 @@ class _Run:
     def _message(self, text: str, metadata: dict[str, Any] | None = None) -> pb.Message:
         return self.updater.new_agent_message([pb.Part(text=text)], metadata=metadata)
 
-    async def status(
-        self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None,
-        *, task_metadata: dict[str, Any] | None = None,
-    ) -> None:
+    async def status(self, state: pb.TaskState, text: str, metadata: dict[str, Any] | None = None,
+                     *, task_metadata: dict[str, Any] | None = None) -> None:
         # ``metadata`` rides on the status message; ``task_metadata`` on the event, which
         # the SDK merges into the task's own metadata (what a finished task keeps).
         if self.closed:

@@ -206,11 +206,8 @@ def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
 def _to_row(data: bytes, owner: str) -> tuple[Any, ...]:
     """The SDK's row for a task (``DatabaseTaskStore._to_orm`` as SQLAlchemy stores it)."""
     task = pb.Task.FromString(data)
-    last_updated = (
-        _sqlite_datetime(task.status.timestamp.ToDatetime())
-        if task.status.HasField("timestamp")
-        else None
-    )
+    last_updated = (_sqlite_datetime(task.status.timestamp.ToDatetime())
+                    if task.status.HasField("timestamp") else None)
     metadata = MessageToDict(task.metadata) if task.metadata.fields else None
     return (task.id, task.context_id, "task", owner, last_updated,
             json.dumps(MessageToDict(task.status)),
@@ -347,9 +344,8 @@ class WriteBehindTaskStore(DatabaseTaskStore):
         task: pb.Task = pb.Task.FromString(snapshot.data)
         return task
 
-    async def list(
-        self, params: pb.ListTasksRequest, context: ServerCallContext
-    ) -> pb.ListTasksResponse:
+    async def list(self, params: pb.ListTasksRequest,
+                   context: ServerCallContext) -> pb.ListTasksResponse:
         """The SDK's own listing, over a table with nothing pending."""
         await self._ensure_open()
         await self.flush()
@@ -430,11 +426,8 @@ class WriteBehindTaskStore(DatabaseTaskStore):
             self._urgent.clear()
             now = loop.time()
             take_all, self._take_all = self._take_all, False
-            batch = {
-                task_id: snapshot
-                for task_id, snapshot in self._pending.items()
-                if take_all or snapshot.due <= now
-            }
+            batch = {task_id: snapshot for task_id, snapshot in self._pending.items()
+                     if take_all or snapshot.due <= now}
             for task_id in batch:
                 del self._pending[task_id]
             if self._pending:
@@ -598,9 +591,8 @@ class CachedPushConfigStore(DatabasePushNotificationConfigStore):
         finally:
             self._dispatch.pop(task_id, None)
 
-    async def delete_info(
-        self, task_id: str, context: ServerCallContext, config_id: str | None = None
-    ) -> None:
+    async def delete_info(self, task_id: str, context: ServerCallContext,
+                          config_id: str | None = None) -> None:
         self._dispatch.pop(task_id, None)
         try:
             await super().delete_info(task_id, context, config_id)

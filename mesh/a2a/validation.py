@@ -305,11 +305,9 @@ class Shapes:
         hops = hops_of(meta)
         if hops.count > self.config.max_hops:
             path = " -> ".join([*hops.chain, self.config.name]) or "unknown"
-            raise Invalid(
-                "params",
-                f"{at}.metadata.{HOPS_KEY} is {hops.count}, past this agent's limit of "
-                f"{self.config.max_hops} delegation hops (--max-hops); chain: {path}",
-            )
+            raise Invalid("params", f"{at}.metadata.{HOPS_KEY} is {hops.count}, past this "
+                          f"agent's limit of {self.config.max_hops} delegation hops "
+                          f"(--max-hops); chain: {path}")
         return hops
 
     def subtask_list(self, value: Any, at: str) -> list[SubtaskSpec]:
@@ -373,17 +371,13 @@ class Shapes:
                 string(part, key, pat)
             media = field(part, "mediaType")
             if media and not accepted_media(kind, media):
-                raise Invalid(
-                    "content_type",
-                    f"{pat}.mediaType {media!r} is not accepted; this agent takes "
-                    f"{', '.join(ACCEPTED_MEDIA_TYPES)} (and text/* in text parts)",
-                )
+                raise Invalid("content_type", f"{pat}.mediaType {media!r} is not accepted; this "
+                              f"agent takes {', '.join(ACCEPTED_MEDIA_TYPES)} (and text/* in "
+                              "text parts)")
             obj(part, "metadata", pat)
         if num_chars > self.config.max_message_chars:
-            raise Invalid(
-                "params",
-                f"{at} carries {num_chars} characters; at most {self.config.max_message_chars}",
-            )
+            raise Invalid("params", f"{at} carries {num_chars} characters; at most "
+                          f"{self.config.max_message_chars}")
         if not has_content:
             raise Invalid("params", f"{at} has no text and no subtasks; send a text part")
         return CheckedMessage.of_parts(pieces, specs, hops)
@@ -394,11 +388,9 @@ class Shapes:
             if not spec.params.get("scenario"):
                 continue
             if not self.config.simulation:
-                raise Invalid(
-                    "params",
-                    f"{at}[{i}].params.scenario: scenario params are off on this server; "
-                    "start it with `mesh serve --simulation` (or use `mesh simulate`)",
-                )
+                raise Invalid("params", f"{at}[{i}].params.scenario: scenario params are off "
+                              "on this server; start it with `mesh serve --simulation` (or use "
+                              "`mesh simulate`)")
             try:
                 check_scenario_bounds(spec.params)
             except ValueError as e:
@@ -558,19 +550,13 @@ def check_jsonrpc(body: bytes, *, version: str, content_type: str, shapes: Shape
         if not isinstance(method, str) or not method:
             raise Invalid("request", "'method' must be a non-empty string")
         if method not in JSONRPC_METHODS:
-            raise Invalid(
-                "method",
-                f"method {method!r} not found; A2A 1.0 methods: "
-                + ", ".join(sorted(m for m in JSONRPC_METHODS if "/" not in m)),
-            )
+            raise Invalid("method", f"method {method!r} not found; A2A 1.0 methods: "
+                          + ", ".join(sorted(m for m in JSONRPC_METHODS if "/" not in m)))
         if "/" in method and not is_v0_3(version):
             # The SDK's 0.3 adapter answers this with -32603 (internal error).
-            raise Invalid(
-                "version",
-                f"method {method!r} is an A2A 0.3 name but the request says "
-                f"A2A-Version: {version}; use the 1.0 method names, or send "
-                "A2A-Version: 0.3",
-            )
+            raise Invalid("version", f"method {method!r} is an A2A 0.3 name but the request "
+                          f"says A2A-Version: {version}; use the 1.0 method names, or send "
+                          "A2A-Version: 0.3")
         params = doc.get("params", {})
         if not isinstance(params, dict):
             raise Invalid("params", "params must be an object")
