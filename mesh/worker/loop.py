@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -65,7 +65,14 @@ from mesh.worker.evidence import (
     outline_lines,
     unknown_files,
 )
-from mesh.worker.grammar import ProjectPaths, ToolCall, parse_turn, sentence_grammar, turn_grammar
+from mesh.worker.grammar import (
+    ParsedTurn,
+    ProjectPaths,
+    ToolCall,
+    parse_turn,
+    sentence_grammar,
+    turn_grammar,
+)
 from mesh.worker.text import (
     NO_ANSWER,
     LoopGuard,
@@ -82,7 +89,7 @@ from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResul
 
 __all__ = [
     "PLACE_EVERY_S", "PLACE_POLL_S", "SESSION_SYSTEM", "AgentWorker", "Tally", "WorkerFailed",
-    "WorkerLimits", "closed_text", "place_text", "release", "stream_turn"
+    "WorkerLimits", "attached", "closed_text", "place_text", "release", "stream_turn"
 ]
 
 
@@ -134,6 +141,30 @@ async def _say_places(place: Callable[[], int | None], emit: Emit, turn: int,
         logger.debug("turn %d: its place in line is no longer said", turn, exc_info=True)
 
 
+@contextlib.asynccontextmanager
+async def _places_said(place: Callable[[], int | None] | None, emit: Emit,
+                       turn: int) -> AsyncIterator[Emit]:
+    """``emit``, with ``place`` made one write at a time beside a :func:`_say_places` watch
+    that ends with the block, at its next look (never cut mid-write)."""
+    if place is None:
+        yield emit
+        return
+    lock = asyncio.Lock()
+    stop = asyncio.Event()
+
+    async def say(event: WorkerEvent) -> None:
+        async with lock:
+            await emit(event)
+
+    watch = asyncio.create_task(_say_places(place, say, turn, stop))
+    try:
+        yield say
+    finally:
+        stop.set()
+        with anyio.CancelScope(shield=True):
+            await watch
+
+
 async def stream_turn(
     session: Session, params: SamplingParams, emit: Emit, turn: int, *,
     loop_stop: bool = False, place: Callable[[], int | None] | None = None,
@@ -155,36 +186,22 @@ async def stream_turn(
     guard = LoopGuard() if loop_stop else None
     generated = 0
     finished = False
-    stop = asyncio.Event()
-    watch: asyncio.Task[None] | None = None
-    say = emit
-    if place is not None:
-        lock = asyncio.Lock()
-
-        async def say(event: WorkerEvent) -> None:  # one write at a time
-            async with lock:
-                await emit(event)
-
-        watch = asyncio.create_task(_say_places(place, say, turn, stop))
     try:
-        async for piece in pieces:
-            generated += piece.token >= 0
-            if piece.paused_s:  # the decode gate paused the turn: waiting, not decoding
-                await say(WorkerEvent(
-                    EventKind.STATUS,
-                    f"paused {piece.paused_s:.2f} s by the decode gate to keep the floor",
-                    turn, {"paused_s": round(piece.paused_s, 4)}))
-            if piece.text:
-                await say(WorkerEvent(EventKind.TEXT, piece.text, turn))
-                if guard is not None and guard.feed(piece.text) is not None:
-                    break
-        else:
-            finished = True
+        async with _places_said(place, emit, turn) as say:
+            async for piece in pieces:
+                generated += piece.token >= 0
+                if piece.paused_s:  # the decode gate paused the turn: waiting, not decoding
+                    await say(WorkerEvent(
+                        EventKind.STATUS,
+                        f"paused {piece.paused_s:.2f} s by the decode gate to keep the floor",
+                        turn, {"paused_s": round(piece.paused_s, 4)}))
+                if piece.text:
+                    await say(WorkerEvent(EventKind.TEXT, piece.text, turn))
+                    if guard is not None and guard.feed(piece.text) is not None:
+                        break
+            else:
+                finished = True
     finally:
-        if watch is not None:  # it ends at its next look (never cut mid-write)
-            stop.set()
-            with anyio.CancelScope(shield=True):
-                await watch
         if not finished:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await generation.aclose()
@@ -205,6 +222,20 @@ async def release(session: Session) -> None:
         await session.detach()
 
 
+@contextlib.asynccontextmanager
+async def attached(engine: Engine, subtask: Subtask) -> AsyncIterator[Session]:
+    """A fresh session for ``subtask``, released (:func:`release`) whatever the exit; an
+    engine that cannot attach one fails the subtask (:class:`WorkerFailed`)."""
+    try:
+        session = await engine.attach()
+    except EngineError as exc:
+        raise WorkerFailed(f"subtask {subtask.id}: no session: {exc}") from exc
+    try:
+        yield session
+    finally:
+        await release(session)
+
+
 def closed_text(result: EngineTurn, stops: tuple[str, ...]) -> str:
     """The turn's text with its matched stop string, as the session's context holds it
     (an engine that names no stop may have left its first pieces in: completed here)."""
@@ -220,9 +251,17 @@ def closed_text(result: EngineTurn, stops: tuple[str, ...]) -> str:
 
 @dataclass
 class Tally:
-    """What a subtask's turns produced so far; :meth:`result` is the worker's result."""
+    """One subtask's run on its session: the conversation so far, what the tools showed
+    and what its turns produced; :meth:`result` is the worker's result."""
 
-    session_id: str
+    session: Session
+    subtask: Subtask
+    emit: Emit
+    messages: list[Message]
+    hinted: bool = False  # the first message showed outline lines that match the request
+    seen: dict[str, int] = field(default_factory=dict)  # each call made -> its turn
+    shown: list[Evidence] = field(default_factory=list)  # what the tools showed, in order
+    answer_now: bool = False  # the next turn offers only the answer
     turns: int = 0
     generated: int = 0
     tool_calls: int = 0
@@ -236,7 +275,7 @@ class Tally:
         return WorkerResult(
             answer=answer, num_turns=self.turns, num_generated=self.generated,
             num_tool_calls=self.tool_calls, finish_reason=finish,
-            data={"session_id": self.session_id, "parse_errors": self.parse_errors,
+            data={"session_id": self.session.id, "parse_errors": self.parse_errors,
                   "repeated_calls": self.repeated_calls, "compactions": self.compactions,
                   "turn_finishes": list(self.finishes), **extra})
 
@@ -307,131 +346,138 @@ class AgentWorker:
         self._sentences = template_sentences(template)
 
     async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
-        try:
-            session = await self._engine.attach()
-        except EngineError as exc:
-            raise WorkerFailed(f"subtask {subtask.id}: no session: {exc}") from exc
-        try:
+        async with attached(self._engine, subtask) as session:
             await emit(WorkerEvent(EventKind.STATUS, f"session {session.id} attached"))
-            return await self._turns(session, subtask, emit)
-        finally:
-            await release(session)
+            return await self._turns(self._start(session, subtask, emit))
 
-    async def _turns(self, session: Session, subtask: Subtask, emit: Emit) -> WorkerResult:
-        syntax = self._template.manifest.tool_calls
-        lim = self.limits
-        state = Tally(session.id)
-        chat = self._chat
-        # The outline's lines that match the request, repeated next to it: a small model
-        # copies what is near its question far better than what is 5K tokens back.
+    def _start(self, session: Session, subtask: Subtask, emit: Emit) -> Tally:
+        """The run, its first message written: the instructions and the outline's lines
+        that match the request, repeated next to it (a small model copies what is near its
+        question far better than what is 5K tokens back)."""
         lines = [e.line(_HINT_NAMES) for e in matching(subtask.instructions,
                                                         self._template.outline)]
         first = self._template.instructions(subtask.id, subtask.instructions,
                                             lines).strip("\n")
-        messages: list[Message] = [{"role": "user", "content": first}]
-        seen: dict[str, int] = {}  # each call made (name and arguments) -> its turn
-        answer_now = False  # the next turn offers only the answer
-        shown: list[Evidence] = []  # what the tools showed, in order
+        return Tally(session, subtask, emit, [{"role": "user", "content": first}],
+                     hinted=bool(lines))
 
-        async def done(text: str, finish: str, **extra: object) -> WorkerResult:
-            return await self._answer(session, messages, state, emit, text, finish,
-                                      shown, subtask.priority, bool(lines), **extra)
-
+    async def _turns(self, run: Tally) -> WorkerResult:
+        syntax = self._template.manifest.tool_calls
+        lim = self.limits
         try:
-            session.append(chat.continuation(SESSION_SYSTEM, messages))
+            run.session.append(self._chat.continuation(SESSION_SYSTEM, run.messages))
             for turn in range(1, lim.max_turns + 1):
-                state.turns = turn
-                budget = min(lim.max_tokens_per_turn, lim.max_total_tokens - state.generated)
-                await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {turn}", turn))
-                params = self._params(
-                    budget, subtask.priority, (syntax.close, syntax.answer_close),
-                    self._grammar(budget, answer_only=answer_now or turn == lim.max_turns,
-                                  call_only=self._first_call and turn == 1), first=True)
-                result = await self._stream(session, params, emit, turn)
-                state.generated += result.num_generated
-                state.last_text = result.text
-                state.finishes.append(result.finish_reason)
-                reply = closed_text(result, params.stop)
+                result, reply = await self._generate(run, turn)
                 if result.finish_reason == "context_full":
-                    return await self._whole(state, result.text, "context_full", shown)
+                    return await self._whole(run, result.text, "context_full")
                 cut = result.finish_reason not in ("stop", "eos", "loop")
                 parsed = parse_turn(reply, syntax)
-                state.parse_errors += len(parsed.errors)
+                run.parse_errors += len(parsed.errors)
                 if not cut and (parsed.answer is not None
                                 or (not parsed.calls and not parsed.errors)):
                     # The turn's text as a whole, not the tail after the answer tag.
-                    return await done(reply, "answer")
+                    return await self._answer(run, reply, "answer")
                 if turn == lim.max_turns:
                     break
-                if state.generated >= lim.max_total_tokens:
-                    return await done(reply, "max_tokens")
-                results: list[str] = []
-                if cut:
-                    results.append(self._template.tool_result(
-                        call="(turn cut)", is_error=True, turn=turn,
-                        output=f"your turn was cut after {result.num_generated} tokens "
-                        f"({result.finish_reason}); write one short tool call or the "
-                        f"answer between {syntax.answer_open} and {syntax.answer_close}"))
-                for call in parsed.calls if not cut else ():
-                    key = call.display()
-                    if key in seen:
-                        answer_now = True
-                        state.repeated_calls += 1
-                        output = (f"you already called {key} on turn {seen[key]}; its result "
-                                  f"is above. Do not call it again: write the answer now "
-                                  f"between {syntax.answer_open} and {syntax.answer_close}")
-                        await emit(WorkerEvent(EventKind.TOOL_RESULT, output, turn,
-                                               {"error": True, "repeated": True}))
-                        results.append(self._template.tool_result(
-                            call=key, output=output, is_error=True, turn=turn))
-                        continue
-                    seen[key] = turn
-                    output, is_error = await self._call(call, emit, turn)
-                    state.tool_calls += 1
-                    if not is_error:
-                        shown.extend(evidence_of(call.name, output))
-                    results.append(self._template.tool_result(
-                        call=key, output=output, is_error=is_error, turn=turn))
-                for error in parsed.errors if not cut else ():
-                    await emit(WorkerEvent(EventKind.TOOL_RESULT, error, turn, {"error": True}))
-                    results.append(self._template.tool_result(
-                        call="(unreadable call)", output=error, is_error=True, turn=turn))
-                user = "\n\n".join(r.strip("\n") for r in results)
-                tail = chat.reply_tail(messages, user)
-                if self._near_budget(session, tail):
-                    summary = self._summary(subtask, seen, shown, user)
-                    compacted = [{"role": "user", "content": summary}]
-                    text = chat.continuation(SESSION_SYSTEM, compacted)
-                    freed = session.context_len - self._engine.info.prefix_tokens
-                    try:
-                        done_compacting = await session.compact(text)
-                    except ContextOverflow:  # not even the summary fits: as before
-                        done_compacting = False
-                    if done_compacting:
-                        state.compactions += 1
-                        messages[:] = compacted
-                        await emit(WorkerEvent(
-                            EventKind.STATUS, f"compacted {freed} tokens of turns into a "
-                            f"summary", turn, {"compaction": state.compactions}))
-                        continue
-                session.append(tail)
-                messages += [{"role": "assistant", "content": reply},
-                             {"role": "user", "content": user}]
+                if run.generated >= lim.max_total_tokens:
+                    return await self._answer(run, reply, "max_tokens")
+                await self._follow(run, reply, await self._results(run, turn, result, parsed,
+                                                                   cut))
         except ContextOverflow as exc:
-            if state.generated == 0:
+            if run.generated == 0:
                 # Nothing was produced: the input itself does not fit the session.
                 raise WorkerFailed(
-                    f"subtask {subtask.id}: the message does not fit the session's context "
-                    f"budget ({exc}); send a shorter message or raise --session-budget"
+                    f"subtask {run.subtask.id}: the message does not fit the session's "
+                    f"context budget ({exc}); send a shorter message or raise --session-budget"
                 ) from exc
             # No room for a repair turn: the text as it stands, if whole.
-            return await self._whole(state, state.last_text, "max_tokens", shown,
-                               context_overflow=str(exc))
+            return await self._whole(run, run.last_text, "max_tokens",
+                                     context_overflow=str(exc))
         except ChatFormatError as exc:
-            raise WorkerFailed(f"subtask {subtask.id}: chat format {chat.name}: {exc}") from exc
+            raise WorkerFailed(f"subtask {run.subtask.id}: chat format {self._chat.name}: "
+                               f"{exc}") from exc
         except EngineError as exc:
-            raise WorkerFailed(f"subtask {subtask.id} failed on turn {state.turns}: {exc}") from exc
-        return await done(state.last_text, "max_turns")
+            raise WorkerFailed(f"subtask {run.subtask.id} failed on turn {run.turns}: "
+                               f"{exc}") from exc
+        return await self._answer(run, run.last_text, "max_turns")
+
+    async def _generate(self, run: Tally, turn: int) -> tuple[EngineTurn, str]:
+        """Turn ``turn`` under its grammar: its result, and its text as the session holds
+        it (:func:`closed_text`)."""
+        syntax = self._template.manifest.tool_calls
+        lim = self.limits
+        run.turns = turn
+        budget = min(lim.max_tokens_per_turn, lim.max_total_tokens - run.generated)
+        await run.emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {turn}", turn))
+        grammar = self._grammar(budget, answer_only=run.answer_now or turn == lim.max_turns,
+                                call_only=self._first_call and turn == 1)
+        params = self._params(budget, run.subtask.priority, (syntax.close, syntax.answer_close),
+                              grammar, first=True)
+        result = await self._stream(run.session, params, run.emit, turn)
+        run.generated += result.num_generated
+        run.last_text = result.text
+        run.finishes.append(result.finish_reason)
+        return result, closed_text(result, params.stop)
+
+    async def _results(self, run: Tally, turn: int, result: EngineTurn, parsed: ParsedTurn,
+                       cut: bool) -> str:
+        """The next user message: a cut turn is told so (its calls are not run); else each
+        call's result (a call made before is not run again, and the next turn may only
+        answer), then each unreadable call's error."""
+        syntax = self._template.manifest.tool_calls
+        report = partial(self._template.tool_result, turn=turn)
+        if cut:
+            return report(
+                call="(turn cut)", is_error=True,
+                output=f"your turn was cut after {result.num_generated} tokens "
+                f"({result.finish_reason}); write one short tool call or the "
+                f"answer between {syntax.answer_open} and {syntax.answer_close}").strip("\n")
+        results: list[str] = []
+        for call in parsed.calls:
+            key = call.display()
+            if key in run.seen:
+                run.answer_now = True
+                run.repeated_calls += 1
+                output, is_error = (f"you already called {key} on turn {run.seen[key]}; its "
+                                    f"result is above. Do not call it again: write the answer "
+                                    f"now between {syntax.answer_open} and "
+                                    f"{syntax.answer_close}"), True
+                await run.emit(WorkerEvent(EventKind.TOOL_RESULT, output, turn,
+                                           {"error": True, "repeated": True}))
+            else:
+                run.seen[key] = turn
+                output, is_error = await self._call(call, run.emit, turn)
+                run.tool_calls += 1
+                if not is_error:
+                    run.shown.extend(evidence_of(call.name, output))
+            results.append(report(call=key, output=output, is_error=is_error))
+        for error in parsed.errors:
+            await run.emit(WorkerEvent(EventKind.TOOL_RESULT, error, turn, {"error": True}))
+            results.append(report(call="(unreadable call)", output=error, is_error=True))
+        return "\n\n".join(r.strip("\n") for r in results)
+
+    async def _follow(self, run: Tally, reply: str, user: str) -> None:
+        """Append ``reply``'s closing and ``user`` as the next message; near the budget
+        (:meth:`_near_budget`) compact the turns into :meth:`_summary` instead, if it fits."""
+        tail = self._chat.reply_tail(run.messages, user)
+        if self._near_budget(run.session, tail):
+            compacted: list[Message] = [{"role": "user", "content": self._summary(run, user)}]
+            text = self._chat.continuation(SESSION_SYSTEM, compacted)
+            freed = run.session.context_len - self._engine.info.prefix_tokens
+            try:
+                is_compacted = await run.session.compact(text)
+            except ContextOverflow:  # not even the summary fits: as before
+                is_compacted = False
+            if is_compacted:
+                run.compactions += 1
+                run.messages[:] = compacted
+                await run.emit(WorkerEvent(
+                    EventKind.STATUS, f"compacted {freed} tokens of turns into a summary",
+                    run.turns, {"compaction": run.compactions}))
+                return
+        run.session.append(tail)
+        run.messages += [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": user}]
 
     def _params(self, budget: int, priority: float | None, stop: tuple[str, ...],
                 grammar: str | None, *, first: bool = False) -> SamplingParams:
@@ -455,15 +501,14 @@ class AgentWorker:
         need = self._engine.count_tokens(tail) + self.limits.max_tokens_per_turn
         return session.context_len - info.prefix_tokens + need > COMPACT_AT * info.session_budget
 
-    def _summary(self, subtask: Subtask, seen: Mapping[str, int], shown: list[Evidence],
-                 latest: str) -> str:
+    def _summary(self, run: Tally, latest: str) -> str:
         """The turns so far as one message: the task, the calls made, the evidence found
         (not its text), the latest tool results whole, and the open question. Built, not
         generated: a small model's summary loses exactly what matters."""
         syntax = self._template.manifest.tool_calls
-        calls = ", ".join(f"{key} (turn {turn})" for key, turn in seen.items()) or "none"
-        found = "; ".join(dict.fromkeys(e.label() for e in shown)) or "nothing yet"
-        return (f"{subtask.instructions}\n\n"
+        calls = ", ".join(f"{key} (turn {turn})" for key, turn in run.seen.items()) or "none"
+        found = "; ".join(dict.fromkeys(e.label() for e in run.shown)) or "nothing yet"
+        return (f"{run.subtask.instructions}\n\n"
                 f"(Earlier turns, compacted.) Calls made: {calls}. Evidence found: {found}.\n\n"
                 f"The latest results:\n{latest.strip()}\n\n"
                 f"The open question is the request above: answer it between "
@@ -478,8 +523,7 @@ class AgentWorker:
         echoes = len(echoed(text, self._sentences))
         return (without_echo(text, self._sentences) if echoes else text), echoes
 
-    async def _whole(self, state: Tally, text: str, finish: str, shown: list[Evidence],
-                     **extra: object) -> WorkerResult:
+    async def _whole(self, run: Tally, text: str, finish: str, **extra: object) -> WorkerResult:
         """The result for ``text`` with no repair turn left: the text if it is whole,
         else a line saying that no whole answer was written."""
         answer, echoes = self._readable(text)
@@ -488,52 +532,50 @@ class AgentWorker:
         if why:  # never passed on: the answer says so, the fragment stays in the data
             data["fragment"] = answer
             answer = f"No complete answer: the model's text was {why}."
-        evidence = await self._evidence(answer, shown)
-        return state.result(answer, finish, evidence=evidence, **data, **extra)
+        evidence = await self._evidence(answer, run.shown)
+        return run.result(answer, finish, evidence=evidence, **data, **extra)
 
-    async def _answer(self, session: Session, messages: list[Message], state: Tally,
-                      emit: Emit, text: str, finish: str, shown: list[Evidence],
-                      priority: float | None, hinted: bool, **extra: object) -> WorkerResult:
+    async def _answer(self, run: Tally, text: str, finish: str, **extra: object) -> WorkerResult:
         """The subtask's result for the final ``text``: whole, or repaired by one more turn
-        under the sentence grammar (see the module doc); ``hinted``: the first message
-        showed outline lines that match the request."""
+        under the sentence grammar (see the module doc)."""
         answer, _ = self._readable(text)
         why = fragment(answer)
         files = self._paths.files if self._paths is not None else ()
         made_up = unknown_files(answer, files)
+        named = named_files(answer, files)
         if made_up and not why:  # a file the project does not have
             why = f"it names {', '.join(made_up[:3])}, which the project does not have"
-        if hinted and not why and files and not named_files(answer, files):
+        if run.hinted and not why and files and not named:
             # The request matched the outline (its lines were shown): an answer grounded
             # in the project names one of its files.
             why = "it names none of the project's files, though the request is about them"
-        # An answer that meant to name a file, or a request the outline matched (its
-        # lines were shown): the repair names one of the project's files.
-        name_path = bool(made_up or named_files(answer, files) or hinted)
         if not why or answer == NO_ANSWER:  # NO_ANSWER: says itself what went wrong
-            return await self._whole(state, text, finish, shown, **extra)
+            return await self._whole(run, text, finish, **extra)
         syntax = self._template.manifest.tool_calls
-        await emit(WorkerEvent(EventKind.STATUS, f"the answer is not whole ({why}); asking "
-                               "for one complete sentence", state.turns, {"fragment": why}))
+        await run.emit(WorkerEvent(EventKind.STATUS, f"the answer is not whole ({why}); asking "
+                                   "for one complete sentence", run.turns, {"fragment": why}))
         ask = _REPAIR.format(why=why, answer=repr(answer[:200]), open=syntax.answer_open,
                              close=syntax.answer_close)
-        params = self._params(REPAIR_TOKENS, priority, (syntax.answer_close,),
-                              sentence_grammar(syntax, REPAIR_TOKENS, self._paths,
-                                               name_path=name_path))
+        # An answer that meant to name a file, or a request the outline matched (its
+        # lines were shown): the repair names one of the project's files.
+        grammar = sentence_grammar(syntax, REPAIR_TOKENS, self._paths,
+                                   name_path=bool(made_up or named or run.hinted))
+        params = self._params(REPAIR_TOKENS, run.subtask.priority, (syntax.answer_close,),
+                              grammar)
         try:
-            session.append(self._chat.reply_tail(messages, ask))
-            messages += [{"role": "assistant", "content": text},
-                         {"role": "user", "content": ask}]
-            state.turns += 1
-            await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {state.turns}", state.turns))
-            result = await self._stream(session, params, emit, state.turns)
+            run.session.append(self._chat.reply_tail(run.messages, ask))
+            run.messages += [{"role": "assistant", "content": text},
+                             {"role": "user", "content": ask}]
+            run.turns += 1
+            await run.emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {run.turns}", run.turns))
+            result = await self._stream(run.session, params, run.emit, run.turns)
         except (ContextOverflow, EngineError, WorkerFailed):
-            return await self._whole(state, text, finish, shown, **extra)  # no room to repair
-        state.generated += result.num_generated
-        state.finishes.append(result.finish_reason)
-        if echoed(result.text, _REPAIR_SENTENCES):  # the request read back: no answer
-            return await self._whole(state, text, finish, shown, repaired=why, **extra)
-        return await self._whole(state, result.text, finish, shown, repaired=why, **extra)
+            return await self._whole(run, text, finish, **extra)  # no room to repair
+        run.generated += result.num_generated
+        run.finishes.append(result.finish_reason)
+        # The request read back is no answer: the first text stands.
+        repaired = text if echoed(result.text, _REPAIR_SENTENCES) else result.text
+        return await self._whole(run, repaired, finish, repaired=why, **extra)
 
     async def _evidence(self, answer: str, shown: list[Evidence]) -> list[dict[str, object]]:
         """The evidence ``answer`` names (:func:`mesh.worker.evidence.cited`); a named

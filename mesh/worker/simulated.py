@@ -32,9 +32,10 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mesh.engine.config import SamplingParams
-from mesh.engine.interface import ContextOverflow, Engine, EngineError
+from mesh.engine.interface import ContextOverflow, Engine, EngineError, Session
 from mesh.template.loader import Distribution, FixedDist, LogNormalDist, Template, UniformDist
-from mesh.worker.loop import WorkerFailed, release, stream_turn
+from mesh.worker.grammar import ToolCall
+from mesh.worker.loop import WorkerFailed, attached, stream_turn
 from mesh.worker.types import Emit, EventKind, Subtask, WorkerEvent, WorkerResult
 
 __all__ = ["SCENARIO_BOUNDS", "ScenarioParams", "ScenarioWorker", "StepPlan",
@@ -54,13 +55,6 @@ SCENARIO_BOUNDS: Mapping[str, float] = {"steps": 64, "tokens_per_step": 2048, "t
                                         "tool_latency_s": 60.0, "tool_output_tokens": 4096}
 
 
-def _dist_max(dist: Distribution) -> float:
-    """The largest value a distribution can draw."""
-    if isinstance(dist, FixedDist):
-        return dist.value
-    return dist.max
-
-
 def _check_bounds(knobs: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` naming the first knob over :data:`SCENARIO_BOUNDS`."""
     for key in ("steps", "tokens_per_step"):
@@ -75,9 +69,9 @@ def _check_bounds(knobs: Mapping[str, Any]) -> None:
     for key in ("tool_latency_s", "tool_output_tokens"):
         dist = knobs.get(key)
         if isinstance(dist, FixedDist | UniformDist | LogNormalDist):
-            top = _dist_max(dist)
+            # the largest value the distribution can draw
+            field, top = ("value", dist.value) if isinstance(dist, FixedDist) else ("max", dist.max)
             if top > SCENARIO_BOUNDS[key]:
-                field = "value" if isinstance(dist, FixedDist) else "max"
                 raise ValueError(f"scenario params: {key}.{field} is {top:g}; the bound is "
                                  f"{SCENARIO_BOUNDS[key]:g} (lower it)")
 
@@ -209,49 +203,46 @@ class ScenarioWorker:
     async def run(self, subtask: Subtask, emit: Emit) -> WorkerResult:
         params = ScenarioParams.from_subtask(subtask.params, self._template)
         schedule = plan_schedule(params)
-        try:
-            session = await self._engine.attach()
-        except EngineError as exc:
-            raise WorkerFailed(f"subtask {subtask.id}: no session: {exc}") from exc
-        syntax = self._template.manifest.tool_calls
         generated = 0
         done = 0
         last = ""
-        data: dict[str, Any] = {"session_id": session.id, "seed": params.seed}
         finish = "answer"
-        try:
-            session.append(self._template.instructions(subtask.id, subtask.instructions))
-            for step in schedule:
-                await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {step.index}", step.index))
-                sampling = SamplingParams(
-                    max_tokens=step.tokens, temperature=self._template.manifest.turns.temperature,
-                    seed=params.seed + step.index, stop_at_eos=False, priority=subtask.priority)
-                result = await stream_turn(session, sampling, emit, step.index,
-                                           place=partial(self._engine.turn_place, session.id))
-                generated += result.num_generated
-                last = result.text
-                call = syntax.format(step.tool, dict(step.arguments))
-                shown = f"{step.tool}({', '.join(f'{k}={v!r}' for k, v in step.arguments.items())})"
-                await emit(WorkerEvent(EventKind.TOOL_CALL, shown, step.index,
-                                       {"latency_s": step.latency_s, "simulated": True,
-                                        "wait_s": round(result.wait_s, 4)}))
-                session.append(call)
-                await self._sleep(step.latency_s)
-                # Off the event loop: building (and tokenizing) thousands of tokens of
-                # output would stall every other request served by this loop.
-                output = await anyio.to_thread.run_sync(
-                    simulated_output, step, self._engine.count_tokens)
-                await emit(WorkerEvent(EventKind.TOOL_RESULT, output, step.index,
-                                       {"output_tokens": step.output_tokens}))
-                session.append(self._template.tool_result(
-                    call=shown, output=output, is_error=False, turn=step.index))
-                done += 1
-        except ContextOverflow as exc:
-            finish = "max_tokens"
-            data["context_overflow"] = str(exc)
-        except EngineError as exc:
-            raise WorkerFailed(f"subtask {subtask.id} failed on step {done + 1}: {exc}") from exc
-        finally:
-            await release(session)
+        async with attached(self._engine, subtask) as session:
+            data: dict[str, Any] = {"session_id": session.id, "seed": params.seed}
+            try:
+                session.append(self._template.instructions(subtask.id, subtask.instructions))
+                for step in schedule:
+                    await emit(WorkerEvent(EventKind.TURN_STARTED, f"turn {step.index}",
+                                           step.index))
+                    sampling = SamplingParams(
+                        max_tokens=step.tokens, seed=params.seed + step.index,
+                        temperature=self._template.manifest.turns.temperature,
+                        stop_at_eos=False, priority=subtask.priority)
+                    result = await stream_turn(session, sampling, emit, step.index,
+                                               place=partial(self._engine.turn_place, session.id))
+                    generated += result.num_generated
+                    last = result.text
+                    await self._call(session, step, result.wait_s, emit)
+                    done += 1
+            except ContextOverflow as exc:
+                finish = "max_tokens"
+                data["context_overflow"] = str(exc)
+            except EngineError as exc:
+                raise WorkerFailed(f"subtask {subtask.id} failed on step {done + 1}: "
+                                   f"{exc}") from exc
         return WorkerResult(answer=last.strip(), num_turns=done, num_generated=generated,
                             num_tool_calls=done, finish_reason=finish, data=data)
+
+    async def _call(self, session: Session, step: StepPlan, wait_s: float, emit: Emit) -> None:
+        """The step's scripted call, its latency and its seeded output (see the module doc)."""
+        shown = ToolCall(step.tool, step.arguments).display()
+        await emit(WorkerEvent(EventKind.TOOL_CALL, shown, step.index,
+                               {"latency_s": step.latency_s, "simulated": True,
+                                "wait_s": round(wait_s, 4)}))
+        session.append(self._template.manifest.tool_calls.format(step.tool, dict(step.arguments)))
+        await self._sleep(step.latency_s)
+        output = await anyio.to_thread.run_sync(simulated_output, step, self._engine.count_tokens)
+        await emit(WorkerEvent(EventKind.TOOL_RESULT, output, step.index,
+                               {"output_tokens": step.output_tokens}))
+        session.append(self._template.tool_result(call=shown, output=output, is_error=False,
+                                                  turn=step.index))

@@ -1,21 +1,11 @@
 """What a user reads of a turn: loops cut, echoed instructions caught, turn markup removed.
 
 Small models fall into loops (the same clause until ``max_tokens``), restate their own
-instructions, or write the turn format's tags inside their prose. Everything here is pure
-and linear in the text's length:
-
-* :data:`PROSE` is the repetition control free text is sampled with (llama.cpp's DRY
-  sampler through the engine's adapter; :func:`prose_params` adds it to a turn's
-  :class:`~mesh.engine.interface.SamplingParams`, prose regions included under a grammar);
-* :class:`LoopGuard` watches a streamed turn and says where to cut it once a phrase of
-  :data:`LOOP_WORDS` words comes a :data:`LOOP_TIMES`-th time (:func:`cut_loop` on a
-  whole text; :func:`has_loop` is the bench's measure of the same);
-* :func:`echoed` finds the sentences (of at least :data:`ECHO_WORDS` words) of an
-  instruction text (:func:`template_texts`: a template's own) that an answer reproduces;
-  :func:`without_echo` drops them;
-* :func:`strip_markup` removes tool-call and answer tags;
-* :func:`fragment` says why a text is not a whole answer (markup, part of a tool call,
-  brackets left open, cut mid-sentence), '' when it is one.
+instructions, or write the turn format's tags inside their prose: :data:`PROSE` (sampling)
+and :class:`LoopGuard` (streaming) keep loops short, :func:`echoed`/:func:`without_echo`
+catch restated instructions, :func:`strip_markup` removes tags and :func:`fragment` says why
+a text is not a whole answer. Everything here is pure and linear in the text's length
+(:func:`has_loop` is the bench's measure of loops).
 """
 
 from __future__ import annotations

@@ -70,9 +70,10 @@ def _fs_error_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _tool(fn: Callable[[ProjectTools, Mapping[str, Any]], str]) -> Callable[
-    [ProjectTools, Mapping[str, Any]], str
-]:
+_Method = Callable[["ProjectTools", Mapping[str, Any]], str]
+
+
+def _tool(fn: _Method) -> _Method:
     """A tool method that raises only :class:`ToolError`: any file-system error left
     becomes one (the worker reports it to the model; the subtask goes on)."""
 
@@ -134,9 +135,8 @@ class ProjectTools:
 
     def _is_visible(self, real: Path) -> bool:
         """``real`` (symlinks resolved) is inside the root and not hidden there."""
-        if not real.is_relative_to(self.root):
-            return False
-        return not any(p.startswith(".") for p in real.relative_to(self.root).parts)
+        return real.is_relative_to(self.root) and not any(
+            p.startswith(".") for p in real.relative_to(self.root).parts)
 
     def _rel(self, real: Path) -> str:
         return real.relative_to(self.root).as_posix()
