@@ -123,8 +123,6 @@ class ChatFormat:
             return self._template.render(
                 messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token, eos_token=self.eos_token, tools=None)
-        except ChatFormatError:
-            raise
         except jinja2.TemplateError as exc:
             raise ChatFormatError(f"the chat template of {self.name} failed: {exc}") from exc
 

@@ -9,16 +9,12 @@ scenario's defaults. Every model forbids unknown keys: a typo is an error naming
 the loader reads only inside the folder) and strict: a name the context lacks is a
 :class:`TemplateError` naming the file.
 
-**The outline** is pure, so the prefix stays deterministic: :func:`outline` (a ``files``
-section in ``outline`` mode), :func:`file_entry` (a file's line in the project outline),
-:func:`reference_counts` (how often the project names each file) and :func:`matching`
-(outline entries ranked by the words of a request).
+**The outline** (:func:`outline`, :func:`file_entry`, :func:`reference_counts`,
+:func:`matching`) is pure, so the prefix stays deterministic.
 
-**Loading**: ``load_template("light")`` / ``("heavy")`` load the shipped folders in
-``mesh/template/builtin/``; anything else is a path to a user's folder (see
-:func:`export_template`). All that can be checked without a project is checked at load:
-TOML, manifest, every named file inside the folder, Jinja syntax, and a render of every file
-with a sample context.
+**Loading** (:func:`load_template`) checks all that can be checked without a project: TOML,
+manifest, every named file inside the folder, Jinja syntax, and a render of every file with
+a sample context.
 """
 
 from __future__ import annotations
@@ -378,10 +374,7 @@ def _node(node: ast.stmt, indent: str) -> list[str]:
             else:
                 out.extend(_node(child, indent + "    "))
     elif isinstance(node, ast.Assign | ast.AnnAssign) and not indent:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for target in targets:
-            if isinstance(target, ast.Name) and target.id.isupper():
-                out.append(f"{target.id} = ...")
+        out.extend(f"{name} = ..." for name in _constants(node))
     return out
 
 
@@ -492,6 +485,12 @@ def _literal(node: ast.expr | None) -> str:
     return ""
 
 
+def _constants(node: ast.Assign | ast.AnnAssign) -> list[str]:
+    """The upper-case names an assignment binds."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper()]
+
+
 def _python_definitions(text: str) -> tuple[str, tuple[Definition, ...]] | None:
     tree = _parse(text)
     if tree is None:
@@ -503,11 +502,9 @@ def _python_definitions(text: str) -> tuple[str, tuple[Definition, ...]] | None:
                 kind = "class" if isinstance(node, ast.ClassDef) else "def"
                 defs.append(Definition(kind, node.name, node.lineno))
         elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             value = _literal(node.value)
-            defs.extend(Definition("const", t.id, node.lineno, value) for t in targets
-                        if isinstance(t, ast.Name) and t.id.isupper() and t.id[0] != "_"
-                        and len(t.id) > 1)
+            defs.extend(Definition("const", name, node.lineno, value) for name in _constants(node)
+                        if name[0] != "_" and len(name) > 1)
     return _summary(ast.get_docstring(tree) or ""), tuple(defs)
 
 

@@ -8,17 +8,11 @@ build/cache folders are left out unless the template asks for hidden ones. Glob 
 anchored at the root: ``*`` and ``?`` stay inside one path component, ``**/`` matches any
 number of directories (``**/*.py`` is every Python file, ``*.md`` only the top-level ones).
 
-**The prefix** follows the template's ``prefix.sections`` in order, within a token budget
-(``prefix.target_tokens`` or the ``target_tokens`` argument):
-
-* ``text``: a template file rendered with Jinja (always in full);
-* ``tree``: the file tree, capped at ``max_entries`` lines and the section's share;
-* ``outline``: one line per project file; over the section's share, the folders the project
-  names least are folded into a line each (:attr:`Prefix.outlined`, :attr:`Prefix.folded`);
-* ``files``: matching files in full or outlined, each capped at ``max_tokens_per_file``, in
-  pattern then path order (or, with ``order = "referenced"``, the most named first), each
-  once. A file that does not fit is cut to what is left (if at least ``_MIN_PIECE_TOKENS``)
-  or skipped; binary and too-large files are skipped; :attr:`Prefix.skipped` lists why.
+**The prefix** follows the template's ``prefix.sections`` in order (each kind is described
+on its model in :mod:`mesh.template.loader`), within a token budget (``prefix.target_tokens``
+or the ``target_tokens`` argument): a text section in full, the others within their share.
+A file that does not fit is cut to what is left (if at least ``_MIN_PIECE_TOKENS``) or
+skipped; binary and too-large files are skipped; :attr:`Prefix.skipped` lists why.
 
 With ``prefix.fill`` on, a prefix under its target gets a labelled appendix of project text
 (files repeated in path order) up to the target. Same template, same project bytes, same
