@@ -122,14 +122,12 @@ class AgentConfig:
             raise ValueError(f"plan must be one of {PLAN_MODES}, got {self.plan!r}")
         if self.style not in PLAN_STYLES:
             raise ValueError(f"style must be one of {PLAN_STYLES}, got {self.style!r}")
-        if self.max_subtasks < 1:
-            raise ValueError(f"max_subtasks must be >= 1, got {self.max_subtasks}")
         if self.history_tokens < 0:
             raise ValueError(f"history_tokens must be >= 0, got {self.history_tokens}")
         if self.synthesis_max_tokens < 1:
             raise ValueError("synthesis_max_tokens must be >= 1")
-        plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max,
-                    files=self.files)  # checks
+        # checks max_subtasks, text_max, actions and files
+        plan_schema(self.max_subtasks, self.tools, self.actions, self.text_max, files=self.files)
 
     def parts(self, message: str) -> tuple[str, ...]:
         """The request's parts a guided plan follows (none for a free plan)."""
