@@ -266,14 +266,8 @@ class ProjectTools:
 
     def as_tools(self) -> dict[str, ToolFn]:
         """The three tools as async callables (file I/O runs in a worker thread)."""
-
-        def wrap(fn: Callable[[Mapping[str, Any]], str]) -> ToolFn:
-            async def call(args: Mapping[str, Any]) -> str:
-                return await anyio.to_thread.run_sync(fn, args)
-
-            return call
-
-        return {name: wrap(getattr(self, name)) for name in ("list_files", "read_file", "grep")}
+        return {name: functools.partial(anyio.to_thread.run_sync, getattr(self, name))
+                for name in ("list_files", "read_file", "grep")}
 
 
 class DelegateTool:
