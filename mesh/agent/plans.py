@@ -343,7 +343,6 @@ class Plan:
         return out
 
 
-
 def _string(max_len: int, min_len: int = 1) -> dict[str, Any]:
     return {"type": "string", "minLength": min_len, "maxLength": max_len}
 
@@ -403,7 +402,6 @@ def plan_schema(max_subtasks: int, tools: Sequence[str] = (), actions: Sequence[
             "action": {"const": "ask"}, "question": _string(2 * text_max)}},
     }
     return {"oneOf": [shapes[a] for a in actions]}
-
 
 
 def plan_prompt(message: str, history: str, tools: Sequence[str], max_subtasks: int,
