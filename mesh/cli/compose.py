@@ -1,22 +1,17 @@
-"""Everything ``mesh serve`` builds from its flags, in the order it builds it. Read top to
-bottom:
+"""Everything ``mesh serve`` builds from its flags, in the order it builds it:
 
-* **Engine flags**: the native step, GPU offload, flash and shared-prefix attention, the KV
-  cache type, and the KV tier picked from a memory size (``--kv-memory GiB|auto``).
+* **Engine flags**: the native step, GPU offload, attention, the KV cache type, and the KV
+  tier picked from a memory size (``--kv-memory GiB|auto``).
 * **The engine**: the local pool, pools as Ray actors (``--ray``) or ``--engine openai:URL``.
-* **The project prefix**: template, project folder, model, prefix size, chat format (the
-  model's vocabulary only, no weights). When the template's default prefix plus one session
-  does not fit the model's trained context, the prefix is scaled down to fit (an explicit
-  ``--prefix-tokens`` is kept and checked as given). Ray's pool actors get this same prefix.
-* **Preflight**: every check that needs no model. Each operator mistake is a ``ValueError``
-  whose one-line message names the flag that fixes it (``mesh serve`` prints it, exits 2).
-  The listening socket is bound here, before the slow work, and handed to uvicorn later: a
-  port in use fails in milliseconds and nothing can take the port in between.
-* **Composition**: :func:`local_app` runs in the CLI before any event loop (checks the
-  gate's flags, resolves the prefix) and returns the app of
+* **The project prefix**: template, project, model, prefix size, chat format (the model's
+  vocabulary only, no weights). A default prefix that, with one session, does not fit the
+  model's trained context is scaled down to fit (an explicit ``--prefix-tokens`` is kept).
+* **Preflight**: every check that needs no model; each operator mistake is a ``ValueError``
+  naming the flag that fixes it. The listening socket is bound here, before the slow work,
+  and handed to uvicorn: a port in use fails in milliseconds and nothing can take it after.
+* **Composition**: :func:`local_app` runs before any event loop and returns the app of
   :func:`mesh.a2a.app.create_app`, whose lifespan runs :func:`compose_local` on the serving
-  loop: peers, the pool (started), the gate and its seed, tools, the session and OpenAI
-  APIs, the dashboard's history, the agent. What compose opens that lifespan closes, once.
+  loop. What compose opens that lifespan closes, once.
 """
 
 from __future__ import annotations
@@ -56,7 +51,9 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from mesh.a2a.app import AppParts
+    from mesh.agent.task import Agent
     from mesh.engine.models import ResolvedModel
+    from mesh.fleet.peers import PeerClient
     from mesh.gate.admission import FloorGate
     from mesh.template.chat import ChatFormat
     from mesh.template.loader import Template
@@ -321,14 +318,14 @@ def build_project_prefix(args: argparse.Namespace) -> ProjectPrefix:
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def coordinator_config(args: argparse.Namespace, *, plan: str | None = None) -> CoordinatorConfig:
+def coordinator_config(args: argparse.Namespace) -> CoordinatorConfig:
     """The coordinator's config from ``mesh serve``'s flags, validated (ValueError)."""
     coord = CoordinatorConfig(host=args.host, port=args.port, public_url=args.public_url,
                               data_dir=args.data_dir, auth_token=args.auth_token,
                               peers=tuple(args.peer),
                               allow_private_push=args.allow_private_push,
                               simulation=args.simulation, max_hops=args.max_hops,
-                              plan=plan or args.plan, max_body_bytes=args.max_body_bytes,
+                              plan=args.plan, max_body_bytes=args.max_body_bytes,
                               task_store=args.task_store)
     coord.validate()
     return coord
@@ -428,8 +425,8 @@ class Checked:
     policy."""
 
     coordinator: CoordinatorConfig
-    gate: GateConfig | None = None
-    rule: WorkerRule | None = None
+    gate: GateConfig
+    rule: WorkerRule | None
 
 
 def preflight(args: argparse.Namespace) -> tuple[socket.socket, Checked]:
@@ -481,19 +478,13 @@ class _StderrLine(logging.Handler):
             self.handleError(record)
 
 
-# Loggers whose warnings an operator must see at start-up (a warm start that became a
-# cold one, and why).
-_START_UP_LOGGERS = ("mesh.engine.build",)
-
-
 def print_cache_warnings() -> None:
-    """Print the warm-start cache's warnings (a corrupt prefix snapshot) as one stderr
-    line each; idempotent."""
-    for name in _START_UP_LOGGERS:
-        log = logging.getLogger(name)
-        if not any(isinstance(h, _StderrLine) for h in log.handlers):
-            log.addHandler(_StderrLine(logging.WARNING))
-            log.propagate = False
+    """Print the warm-start cache's warnings (a corrupt prefix snapshot: a warm start that
+    became a cold one, and why) as one stderr line each; idempotent."""
+    log = logging.getLogger("mesh.engine.build")
+    if not any(isinstance(h, _StderrLine) for h in log.handlers):
+        log.addHandler(_StderrLine(logging.WARNING))
+        log.propagate = False
 
 
 def floor_arg(text: str) -> float | str:
@@ -570,11 +561,9 @@ def local_app(args: argparse.Namespace, checked: Checked) -> Starlette:
     from mesh.a2a.app import create_app
     from mesh.api.dashboard import DASHBOARD_PUBLIC_PATHS
 
-    coord, gate_cfg, rule = checked.coordinator, checked.gate, checked.rule
-    assert gate_cfg is not None, "preflight builds the gate's configuration"
-    built = build_project_prefix(args)
-    return create_app(coord, functools.partial(compose_local, args, coord, gate_cfg, rule, built),
-                      public_paths=DASHBOARD_PUBLIC_PATHS)
+    compose = functools.partial(compose_local, args, checked.coordinator, checked.gate,
+                                checked.rule, build_project_prefix(args))
+    return create_app(checked.coordinator, compose, public_paths=DASHBOARD_PUBLIC_PATHS)
 
 
 async def _seed_gate(gate: FloorGate, pool: Any, cache: Path) -> str:
@@ -600,13 +589,13 @@ async def _seed_gate(gate: FloorGate, pool: Any, cache: Path) -> str:
     return "a probe of this machine" if source == "benchmark" else "cache"
 
 
-def _project_paths(template: Any, project: Path) -> ProjectScan:
+def _project_paths(built: ProjectPrefix) -> ProjectScan:
     """The project's files and folders as the prefix's scan sees them: the names a plan
     and a worker's tool call may give."""
     from mesh.template.prefix import scan_project
 
-    spec = template.manifest.prefix
-    return scan_project(Path(project).resolve(), tuple(spec.exclude), spec.include_hidden)
+    spec = built.template.manifest.prefix
+    return scan_project(built.project.resolve(), tuple(spec.exclude), spec.include_hidden)
 
 
 def _progress(done: int, total: int) -> None:
@@ -677,64 +666,93 @@ async def compose_local(args: argparse.Namespace, coord: CoordinatorConfig,
                         stack: AsyncExitStack) -> AppParts:
     """Build and start everything ``mesh serve`` serves, on the running (serving) loop;
     each thing with a life is registered on ``stack`` as soon as it exists."""
-    from mesh.a2a.app import AppParts
-    from mesh.a2a.push import make_push_url_validator
-    from mesh.a2a.store import TaskBoard
-    from mesh.agent.task import Agent, AgentConfig
-    from mesh.api.dashboard import DashboardHistory, dashboard_routes
-    from mesh.api.openai_api import OpenAIAPI
-    from mesh.api.sessions import SessionAPI, api_routes
-    from mesh.fleet.peers import PeerClient
-    from mesh.worker.dispatch import DispatchWorker
-    from mesh.worker.grammar import ProjectPaths
-    from mesh.worker.text import template_texts
-    from mesh.worker.tools import ProjectTools, delegate_tool
-
-    template, chat = built.template, built.chat
-    peers = None
-    if args.peer:
-        peers = PeerClient(args.peer, tokens=peer_tokens(args.peer), origin=coord.name,
-                           url_validator=make_push_url_validator(args.allow_private_push))
-        stack.push_async_callback(peers.aclose)
+    peers = _open_peers(args, coord, stack)
     system_text = built.prefix.text
     if peers is not None:
         system_text += "\n\n" + await peers.describe()
-    pool, cfg = await _start_pool(args, built, chat.prefix_text(system_text), stack)
-    info = pool.info
-    gate = await _start_gate(pool, gate_cfg, rule,
-                             Path(cfg.cache_dir or args.data_dir) / "gate")
+    pool, cfg = await _start_pool(args, built, built.chat.prefix_text(system_text), stack)
+    gate = await _start_gate(pool, gate_cfg, rule, Path(cfg.cache_dir or args.data_dir) / "gate")
+    tools = _tools(built, peers)
+    scan = _project_paths(built)
+    agent = _agent(args, coord, built, pool, tools, system_text, scan.files)
+    base = args.public_url or f"http://{args.host}:{args.port}"
+    print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)
+    print(f"dashboard: {base}/dashboard", file=sys.stderr)
+    return _app_parts(args, built, pool, gate, tools, system_text, agent, scan)
+
+
+def _open_peers(args: argparse.Namespace, coord: CoordinatorConfig,
+                stack: AsyncExitStack) -> PeerClient | None:
+    """The client of ``--peer`` agents (None without one), closed on ``stack``."""
+    if not args.peer:
+        return None
+    from mesh.a2a.push import make_push_url_validator
+    from mesh.fleet.peers import PeerClient
+
+    peers = PeerClient(args.peer, tokens=peer_tokens(args.peer), origin=coord.name,
+                       url_validator=make_push_url_validator(args.allow_private_push))
+    stack.push_async_callback(peers.aclose)
+    return peers
+
+
+def _tools(built: ProjectPrefix, peers: PeerClient | None) -> dict[str, Any]:
+    """The workers' tools: the project's, and ``delegate`` when there are peers."""
+    from mesh.worker.tools import ProjectTools, delegate_tool
+
     tools: dict[str, Any] = dict(ProjectTools(built.project).as_tools())
     if peers is not None:
         tools["delegate"] = delegate_tool(peers.send)
-    board = TaskBoard()
-    history = DashboardHistory(gate)  # the dashboard's last 5 minutes
-    sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
-    scan = _project_paths(template, built.project)
-    paths = ProjectPaths.of(scan.files, scan.dirs)
+    return tools
+
+
+def _agent(args: argparse.Namespace, coord: CoordinatorConfig, built: ProjectPrefix,
+           pool: Any, tools: dict[str, Any], system_text: str,
+           files: tuple[str, ...]) -> Agent:
+    """The planning agent, its plan style and actions printed."""
+    from mesh.agent.task import Agent, AgentConfig
+    from mesh.worker.text import template_texts
+
+    info, chat = pool.info, built.chat
     style = plan_style(args.plan_style, info.n_params)
     actions = args.plan_actions or default_plan_actions(style)
     print(f"planner: {coord.plan}, {style} plans ({', '.join(actions)})"
           + ("; workers' first turn must call a tool" if args.first_turn == "call" else "")
           + (f"; {info.n_params / 1e6:.0f}M parameters" if info.n_params else ""),
           file=sys.stderr)
-    agent = Agent(pool, AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
-                                    text_max=160, actions=actions, style=style,
-                                    files=scan.files,
-                                    tools=tuple(sorted(tools)),
-                                    instructions=tuple(template_texts(template))),
-                  # planner and synthesis turns in the model's own chat format
-                  render=lambda prompt: chat.continuation(
-                      system_text, [{"role": "user", "content": prompt}]))
+    config = AgentConfig(plan=coord.plan, max_subtasks=min(4, coord.max_subtasks),
+                         text_max=160, actions=actions, style=style,
+                         files=files, tools=tuple(sorted(tools)),
+                         instructions=tuple(template_texts(built.template)))
+    # planner and synthesis turns in the model's own chat format
+    return Agent(pool, config, render=lambda prompt: chat.continuation(
+        system_text, [{"role": "user", "content": prompt}]))
+
+
+def _app_parts(args: argparse.Namespace, built: ProjectPrefix, pool: Any, gate: FloorGate,
+               tools: dict[str, Any], system_text: str, agent: Agent,
+               scan: ProjectScan) -> AppParts:
+    """The workers, the session, OpenAI and dashboard routes, and the agent, as the app
+    takes them."""
+    from mesh.a2a.app import AppParts
+    from mesh.a2a.store import TaskBoard
+    from mesh.api.dashboard import DashboardHistory, dashboard_routes
+    from mesh.api.openai_api import OpenAIAPI
+    from mesh.api.sessions import SessionAPI, api_routes
+    from mesh.worker.dispatch import DispatchWorker
+    from mesh.worker.grammar import ProjectPaths
+
+    template, chat = built.template, built.chat
+    board = TaskBoard()
+    history = DashboardHistory(gate)  # the dashboard's last 5 minutes
+    sessions = SessionAPI(pool, gate, idle_s=args.session_idle_s)
+    paths = ProjectPaths.of(scan.files, scan.dirs)
     openai_api = OpenAIAPI(pool, gate, chat, system_text, tokenize=pool.tokenize)
-    base = args.public_url or f"http://{args.host}:{args.port}"
-    print(f"agent card: {base}/.well-known/agent-card.json  (Ctrl-C to stop)", file=sys.stderr)
-    print(f"dashboard: {base}/dashboard", file=sys.stderr)
     return AppParts(
         worker_factory=lambda: DispatchWorker(pool, template, tools, chat,
                                               simulation=args.simulation,
                                               paths=paths, first_call=args.first_turn == "call"),
         admission=gate,
-        pool_info=info,
+        pool_info=pool.info,
         extra_routes=[*api_routes(pool, gate, sessions),
                       *dashboard_routes(gate, tasks=board, history=history),
                       *openai_api.routes],
