@@ -311,12 +311,23 @@ class Shapes:
         return hops
 
     def subtask_list(self, value: Any, at: str) -> list[SubtaskSpec]:
-        """A ``subtasks`` list, checked (its scenario params too)."""
+        """A ``subtasks`` list, checked; scenario params are refused unless simulation is on,
+        and bounded when it is."""
         try:
             specs = check_subtask_list(value, self.config.max_subtasks, at)
         except ValueError as e:
             raise Invalid("params", str(e)) from None
-        self._scenarios(specs, at)
+        for i, spec in enumerate(specs):
+            if not spec.params.get("scenario"):
+                continue
+            if not self.config.simulation:
+                raise Invalid("params", f"{at}[{i}].params.scenario: scenario params are off "
+                              "on this server; start it with `mesh serve --simulation` (or use "
+                              "`mesh simulate`)")
+            try:
+                check_scenario_bounds(spec.params)
+            except ValueError as e:
+                raise Invalid("params", f"{at}[{i}].params: {e}") from None
         return specs
 
     def message(self, msg: dict[str, Any], at: str) -> CheckedMessage:
@@ -381,20 +392,6 @@ class Shapes:
         if not has_content:
             raise Invalid("params", f"{at} has no text and no subtasks; send a text part")
         return CheckedMessage.of_parts(pieces, specs, hops)
-
-    def _scenarios(self, specs: list[SubtaskSpec], at: str) -> None:
-        """Scenario params: refused unless simulation is on, and bounded when it is."""
-        for i, spec in enumerate(specs):
-            if not spec.params.get("scenario"):
-                continue
-            if not self.config.simulation:
-                raise Invalid("params", f"{at}[{i}].params.scenario: scenario params are off "
-                              "on this server; start it with `mesh serve --simulation` (or use "
-                              "`mesh simulate`)")
-            try:
-                check_scenario_bounds(spec.params)
-            except ValueError as e:
-                raise Invalid("params", f"{at}[{i}].params: {e}") from None
 
     def send(self, params: dict[str, Any], at: str = "params") -> CheckedMessage:
         """Check SendMessage params; returns the message as checked."""
