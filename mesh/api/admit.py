@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from mesh.gate.queue import ANONYMOUS, Admission, Hold, NotAdmitted, QueueFull, Ticket
 
-__all__ = ["Periodic", "Refusal", "admit", "admit_within", "caller_of", "queue_refusal", "release"]
+__all__ = ["Periodic", "Refusal", "admit", "caller_of", "queue_refusal", "release"]
 
 
 def caller_of(request: Request) -> str:
@@ -46,18 +46,6 @@ def queue_refusal(admission: Admission, caller: str = "") -> Refusal | None:
     if check.ok:
         return None
     return Refusal("queue_full", check.reason or "the queue is full", check.retry_after_s)
-
-
-async def admit_within(admission: Admission, key: str, timeout_s: float | None,
-                       caller: str = "") -> Hold | None:
-    """A hold, or None when ``timeout_s`` passed first (None: wait in the queue);
-    raises Refusal("queue_full") when the queue (or ``caller``'s share) refuses the wait."""
-    try:
-        return await admit(admission, key, timeout_s, caller, check=False)
-    except Refusal as exc:
-        if exc.code == "not_admitted":
-            return None
-        raise
 
 
 async def admit(admission: Admission, key: str, timeout_s: float | None,

@@ -64,9 +64,8 @@ class CapacityCollector(Collector):
         self._admission = admission
         self._ns = namespace
 
-    def _labelled(
-        self, name: str, doc: str, label: str, values: Mapping[str, Any]
-    ) -> GaugeMetricFamily:
+    def _labelled(self, name: str, doc: str, label: str,
+                  values: Mapping[str, Any]) -> GaugeMetricFamily:
         g = GaugeMetricFamily(f"{self._ns}_{name}", doc, labels=[label])
         for key, value in values.items():
             v = _num(value)
@@ -80,10 +79,8 @@ class CapacityCollector(Collector):
             value = _num(_at(cap, path))
             if value is not None:
                 yield GaugeMetricFamily(f"{self._ns}_{name}", doc, value=value)
-        sessions = dict(cap.get("sessions", {}))
-        sessions.pop("total", None)
-        kv = dict(cap.get("kv_cells", {}))
-        kv.pop("reduction", None)
+        sessions = {k: v for k, v in cap.get("sessions", {}).items() if k != "total"}
+        kv = {k: v for k, v in cap.get("kv_cells", {}).items() if k != "reduction"}
         yield self._labelled("sessions", "Sessions by state.", "state", sessions)
         yield self._labelled("kv_cells", "KV cells by kind.", "kind", kv)
         yield self._labelled("kv_bytes", "KV cache bytes: allocated, used, per cell.", "kind",

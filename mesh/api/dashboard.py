@@ -35,6 +35,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from importlib import resources
 from typing import Any, Protocol
 
@@ -65,25 +66,19 @@ def _num(value: Any) -> float | int | None:
     return value if math.isfinite(value) else None
 
 
+def _part(cap: dict[str, Any], key: str) -> dict[str, Any]:
+    part = cap.get(key)
+    return part if isinstance(part, dict) else {}
+
+
 def sample_of(cap: dict[str, Any], t: float, max_workers: int = 64) -> dict[str, Any]:
     """One history sample from a ``/capacity`` document (see the module docstring)."""
-    kv = cap.get("kv_cells")
-    kv = kv if isinstance(kv, dict) else {}
-    turns = cap.get("turns")
-    waiting = _num(turns.get("waiting")) if isinstance(turns, dict) else None
-    workers: list[list[Any]] = []
+    kv, parking = _part(cap, "kv_cells"), _part(cap, "parking")
     rows = cap.get("workers")
-    for row in rows if isinstance(rows, list) else ():
-        if not isinstance(row, dict):
-            continue
-        tps = _num(row.get("decodeTps"))
-        if tps is not None and len(workers) < max_workers:
-            workers.append([str(row.get("id")), tps])
+    rows = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    tps = [(row.get("id"), _num(row.get("decodeTps"))) for row in rows]
+    workers = [[str(i), v] for i, v in tps if v is not None][:max_workers]
     verdict = cap.get("verdict")
-    parking = cap.get("parking")
-    parking = parking if isinstance(parking, dict) else {}
-    sessions = cap.get("sessions")
-    attached = _num(sessions.get("total")) if isinstance(sessions, dict) else None
     return {
         "t": t,
         "floor": _num(cap.get("floor_tps")),
@@ -92,9 +87,10 @@ def sample_of(cap: dict[str, Any], t: float, max_workers: int = 64) -> dict[str,
         "refused": _num(cap.get("refused_total")),
         "queue": _num(cap.get("queue_len")),
         "maxQueue": _num(cap.get("max_queue")),
-        "waiting": waiting,
+        "waiting": _num(_part(cap, "turns").get("waiting")),
         "cells": {k: _num(kv.get(k)) for k in ("used", "prefix", "total")},
-        "parking": {"attached": attached, "resident": _num(parking.get("resident")),
+        "parking": {"attached": _num(_part(cap, "sessions").get("total")),
+                    "resident": _num(parking.get("resident")),
                     "parked": _num(parking.get("parked")),
                     "parkedCells": _num(parking.get("parked_tokens")),
                     "parkedBytes": _num(parking.get("parked_bytes"))},
@@ -205,9 +201,7 @@ def _static(name: str) -> bytes:
 def _busy(message: str, retry_s: int) -> Response:
     return JSONResponse(
         {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": message}},
-        status_code=429,
-        headers={"Retry-After": str(retry_s)},
-    )
+        status_code=429, headers={"Retry-After": str(retry_s)})
 
 
 def dashboard_routes(
@@ -300,19 +294,13 @@ def dashboard_routes(
     async def html(request: Request) -> Response:
         return Response(page, media_type="text/html; charset=utf-8")
 
-    def asset(name: str) -> Callable[[Request], Awaitable[Response]]:
-        async def serve(request: Request) -> Response:
-            return Response(
-                assets[name],
-                media_type=f"{_ASSETS[name]}; charset=utf-8",
-                headers={"Cache-Control": "no-cache"},
-            )
-
-        return serve
+    async def asset(name: str, request: Request) -> Response:
+        return Response(assets[name], media_type=f"{_ASSETS[name]}; charset=utf-8",
+                        headers={"Cache-Control": "no-cache"})
 
     return [
         Route("/dashboard", html, methods=["GET"]),
         Route("/dashboard/events", events, methods=["GET"]),
         Route("/dashboard/history", past, methods=["GET"]),
-        *(Route(f"/dashboard/assets/{n}", asset(n), methods=["GET"]) for n in _ASSETS),
+        *(Route(f"/dashboard/assets/{n}", partial(asset, n), methods=["GET"]) for n in _ASSETS),
     ]

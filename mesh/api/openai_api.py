@@ -1,39 +1,17 @@
 """The OpenAI-compatible API (``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-``/v1/prefix``): models, cached conversations, turns, rendering, replies and the routes.
-docs/openai-api.md says what a client sees (the drop-in rule, callers, the queue share,
-tools and their limits). Read top to bottom:
+``/v1/prefix``), read top to bottom: the model's name, cached conversations, turns,
+rendering, replies and the routes. docs/openai-api.md says what a client sees (the drop-in
+rule, callers, the queue share, tools and their limits).
 
-**Models.** The model's name: its GGUF ``general.name``, read from the header's first keys
-only (the scan stops at the first array of strings, the vocabulary, or after
-:data:`_MAX_KEYS` keys).
-
-**Conversations.** Idle conversations kept as live pooled sessions, each with the exact
-text it holds after the pool's prefix, scoped by caller (:attr:`Conversation.owner`). A
-request whose text after the prefix extends one of its caller's cached conversations
-continues that session, so only its new messages are prefilled. A conversation in a turn
-is out of the cache; idle ones are evicted least-recently-used when the pool needs room.
-
-**Turns.** A new conversation is a new worker: :meth:`OpenAITurns.admit` waits for the
-gate's ticket (a :class:`~mesh.gate.queue.Hold`) in its caller's place in the queue while
-idle conversations give way; :meth:`OpenAITurns.start` attaches, appends and starts the
-generation; :meth:`OpenAITurns.end` caches the conversation if its text is exact (else
-detaches it) and releases the ticket. A continued conversation resumes a worker the gate
-already counts, so it is not admitted again. Refusals are :class:`Bad`.
-
-**Rendering.** The request's text after the pool's prefix (:class:`Prompter`), by one of
-two rules (:func:`is_strict`): *drop-in* (the default) serves any messages on top of the
-prefix, a client's own system text leading the first user message; *strict* (a model name
-ending in ``:strict``, or ``OpenAIAPI(strict_prefix=True)``) requires the prefix, else a
-400 ``prefix_mismatch`` naming the first differing token.
-
-**Replies.** The completion body, the SSE chunks and usage (cached plus prefilled). With
-tools, the reply's text is parsed into ``tool_calls``; a streamed turn with tools sends
-its content and calls in one chunk at the end, once the whole reply is known.
-
-**Routes.** Parsing, checking ``tools``, rendering and tokenizing grow with the request, so
-they run in a worker thread (:meth:`OpenAIAPI._prepare_chat`); every request passes the
-gate's queue check for one of its caller's places, at the door and again once prepared.
-Not supported: ``n > 1``, ``logprobs``, non-text parts.
+A request whose text after the pool's prefix extends one of its caller's idle
+conversations (:attr:`Conversation.owner`) continues that live session, so only its new
+messages are prefilled; a conversation in a turn is out of the cache, and idle ones are
+evicted least-recently-used when the pool needs room. A new conversation is a new worker
+the gate admits (:meth:`OpenAITurns.admit`); a continued one resumes a worker the gate
+already counts. Every request passes the gate's queue check for one of its caller's places,
+at the door and again once prepared (parsing, tools, rendering and tokenizing grow with the
+request, so they run in a worker thread). Not supported: ``n > 1``, ``logprobs``,
+non-text parts.
 """
 
 from __future__ import annotations
@@ -46,6 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -56,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from mesh.api.admit import Periodic, Refusal, admit_within, caller_of, queue_refusal, release
+from mesh.api.admit import Periodic, Refusal, admit, caller_of, queue_refusal, release
 from mesh.api.openai_tools import (
     ChatMessage,
     ChatRequest,
@@ -90,7 +69,7 @@ from mesh.template.chat import ChatFormat, ChatFormatError, Tokenize
 
 __all__ = [
     "STRICT_SUFFIX", "Bad", "ChatTurn", "Conversation", "ConversationCache", "OpenAIAPI",
-    "OpenAITurns", "Prompter", "chunk_line", "engine_error", "error_code", "gguf_name",
+    "OpenAITurns", "Prompter", "chunk_line", "error_code", "gguf_name",
     "is_strict", "model_names", "oa_error", "reply_body", "reply_stream", "template_messages",
     "usage",
 ]
@@ -145,9 +124,7 @@ def gguf_name(path: Path) -> str | None:
 
 
 def _u(f: BinaryIO, fmt: str) -> int:
-    data = f.read(struct.calcsize(fmt))
-    value: int = struct.unpack(fmt, data)[0]
-    return value
+    return int(struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0])
 
 
 def _string(f: BinaryIO) -> str:
@@ -172,7 +149,7 @@ class ConversationCache:
     def __init__(self, max_idle: int) -> None:
         self.max_idle = max(1, max_idle)
         self._idle: dict[str, Conversation] = {}
-        self.hits = self.misses = self.evictions = 0
+        self.hits = self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._idle)
@@ -187,7 +164,6 @@ class ConversationCache:
             if fits and (best is None or len(conv.text) > len(best.text)):
                 best = conv
         if best is None:
-            self.misses += 1
             return None
         self.hits += 1
         del self._idle[best.session.id]
@@ -251,16 +227,13 @@ class Bad(Exception):
         return cls(429, refusal.message, refusal.code, retry_after_s=refusal.retry_after_s)
 
     def response(self) -> JSONResponse:
-        headers = None
-        if self.retry_after_s is not None:
-            headers = {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+        headers = None if self.retry_after_s is None else {
+            "Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
         return oa_error(self.status, self.message, self.code, param=self.param, headers=headers)
 
 
-def oa_error(
-    status: int, message: str, code: str, *, param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
+def oa_error(status: int, message: str, code: str, *, param: str | None = None,
+             headers: dict[str, str] | None = None) -> JSONResponse:
     kind = {400: "invalid_request_error", 404: "not_found_error", 422: "invalid_request_error",
             429: "rate_limit_exceeded", 503: "server_error"}.get(status, "invalid_request_error")
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
@@ -303,8 +276,8 @@ class OpenAITurns:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._give_way)
                 try:
-                    hold = await admit_within(self.admission, "openai", self.max_wait_s,
-                                              caller)
+                    hold = await admit(self.admission, "openai", self.max_wait_s, caller,
+                                       check=False)
                 except Refusal as exc:
                     refusal = exc
                 finally:
@@ -315,12 +288,13 @@ class OpenAITurns:
             if hold is not None:
                 await hold.aclose()
             raise
-        if refusal is not None:
+        if hold is not None:
+            return hold
+        assert refusal is not None
+        if refusal.code != "not_admitted":
             raise Bad.refused(refusal)
-        if hold is None:
-            raise Bad(429, f"not admitted within {self.max_wait_s:g} s", "not_admitted",
-                      retry_after_s=self.admission.check_queue(caller=caller).retry_after_s)
-        return hold
+        raise Bad(429, f"not admitted within {self.max_wait_s:g} s", "not_admitted",
+                  retry_after_s=self.admission.check_queue(caller=caller).retry_after_s)
 
     async def _give_way(self) -> None:
         """While a new conversation waits: detach one idle conversation (the least
@@ -395,11 +369,6 @@ def error_code(exc: EngineError) -> str:
         return "session_failed"
     return "engine_error"
 
-
-def engine_error(exc: EngineError) -> JSONResponse:
-    status = 400 if isinstance(exc, ContextOverflow) else 503
-    return oa_error(status, str(exc), error_code(exc))
-
 # -------------------- rendering -----------------------------------------------
 
 STRICT_SUFFIX = ":strict"
@@ -437,7 +406,10 @@ def template_messages(messages: Sequence[ChatMessage], specs: tuple[ToolSpec, ..
 
 
 class Prompter:
-    """The pool's prefix rule over one chat format and system text."""
+    """The pool's prefix rule over one chat format and system text: *drop-in* serves any
+    messages on top of the prefix, a client's own system text leading the first user
+    message; *strict* (:func:`is_strict`) requires the prefix, else a 400
+    ``prefix_mismatch`` naming the first differing token."""
 
     def __init__(self, chat: ChatFormat, system_text: str, tokenize: Tokenize) -> None:
         self.chat, self.system_text, self.tokenize = chat, system_text, tokenize
@@ -634,11 +606,8 @@ class OpenAIAPI:
         self.engine, self.admission, self.chat = engine, admission, chat
         self.system_text = system_text
         self.prompter = Prompter(chat, system_text, tokenize)
-        self.prefix = self.prompter.prefix
-        self.tokenize = tokenize
         self.strict_prefix = strict_prefix
         self.model_id, self.model_file = model_names(engine.info)
-        self.max_wait_s = max_wait_s
         self.cache = ConversationCache(max_idle or engine.info.max_sessions)
         self.idle_ttl_s = idle_ttl_s
         self.turns = OpenAITurns(engine, admission, self.cache, max_wait_s)
@@ -651,8 +620,10 @@ class OpenAIAPI:
     @property
     def routes(self) -> list[BaseRoute]:
         return [
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/v1/completions", self._completion, methods=["POST"]),
+            Route("/v1/chat/completions", partial(self._serve, self._prepare_chat, chat=True),
+                  methods=["POST"]),
+            Route("/v1/completions", partial(self._serve, self._prepare_completion, chat=False),
+                  methods=["POST"]),
             Route("/v1/prefix", self._prefix, methods=["GET"]),
             Route("/v1/models", self._models, methods=["GET"]),
         ]
@@ -668,7 +639,7 @@ class OpenAIAPI:
         info = self.engine.info
         return JSONResponse({
             "system": self.system_text,
-            "prefix_text": self.prefix,
+            "prefix_text": self.prompter.prefix,
             "prefix_tokens": info.prefix_tokens,
             "prefix_hash": info.prefix_hash,
             "chat_format": self.chat.name,
@@ -684,13 +655,7 @@ class OpenAIAPI:
             entry(self.model_id, self.strict_prefix),
             entry(self.model_id + STRICT_SUFFIX, True)]})
 
-    async def _chat(self, request: Request) -> Response:
-        return await self._serve(request, self._prepare_chat, chat=True)
-
-    async def _completion(self, request: Request) -> Response:
-        return await self._serve(request, self._prepare_completion, chat=False)
-
-    async def _serve(self, request: Request, prepare: Callable[[bytes], _Prepared], *,
+    async def _serve(self, prepare: Callable[[bytes], _Prepared], request: Request, *,
                      chat: bool) -> Response:
         caller = caller_of(request)
         # The door, as the A2A guard's: a caller over its share of the gate's queue (or a
@@ -796,7 +761,8 @@ class OpenAIAPI:
                 pass
         except EngineError as exc:
             turn.failed = True
-            return engine_error(exc)
+            status = 400 if isinstance(exc, ContextOverflow) else 503
+            return oa_error(status, str(exc), error_code(exc))
         except ValueError as exc:  # nothing new to read: the same conversation sent again
             turn.failed = True
             return oa_error(400, f"{exc}; the request adds nothing to the conversation",

@@ -167,9 +167,8 @@ class ChatMessage(BaseModel):
         return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
 
     def has_non_text(self) -> bool:
-        return isinstance(self.content, list) and any(
-            p.get("type") != "text" for p in self.content
-        )
+        return isinstance(self.content, list) and any(p.get("type") != "text"
+                                                      for p in self.content)
 
 
 class ChatRequest(SamplingFields):

@@ -119,9 +119,8 @@ class BadRequest(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
+def error_response(status: int, code: str, message: str,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status, headers)
 
 
@@ -194,11 +193,8 @@ class EventStream(StreamingResponse):
     (even never iterated)."""
 
     def __init__(self, events: AsyncIterator[str], cleanup: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(
-            events,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
         self._cleanup = cleanup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -268,24 +264,14 @@ class SessionAPI:
     ``max_per_caller``: sessions one authenticated caller may hold (default: half of
     :attr:`capacity`); the anonymous caller may hold all of them."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        admission: Admission,
-        *,
-        idle_s: float = DEFAULT_IDLE_S,
-        max_per_caller: int | None = None,
-        clock: Any = time.monotonic,
-    ) -> None:
+    def __init__(self, engine: Engine, admission: Admission, *, idle_s: float = DEFAULT_IDLE_S,
+                 max_per_caller: int | None = None, clock: Any = time.monotonic) -> None:
         if idle_s <= 0:
             raise ValueError(f"session idle timeout must be > 0 s, got {idle_s}")
-        self.engine = engine
-        self.admission = admission
-        self.idle_s = idle_s
+        self.engine, self.admission, self.idle_s = engine, admission, idle_s
         self.capacity = attachable(engine)
-        self.max_per_caller = (
-            max(1, self.capacity // 2) if max_per_caller is None else max_per_caller
-        )
+        self.max_per_caller = max(1, self.capacity // 2) if max_per_caller is None else (
+            max_per_caller)
         if self.max_per_caller < 1:
             raise ValueError(f"max_per_caller must be >= 1, got {self.max_per_caller}")
         self._clock = clock
@@ -315,10 +301,8 @@ class SessionAPI:
     async def expire_idle(self) -> list[str]:
         """Expire every session idle longer than ``idle_s`` (the reaper calls this)."""
         now = self._clock()
-        stale = [
-            sid for sid, e in self._entries.items()
-            if e.generation is None and now - e.last_used > self.idle_s
-        ]
+        stale = [sid for sid, e in self._entries.items()
+                 if e.generation is None and now - e.last_used > self.idle_s]
         for sid in stale:
             entry = self._entries[sid]
             why = (f"session {sid} expired after {now - entry.last_used:.0f} s idle "
@@ -362,10 +346,8 @@ class SessionAPI:
                 f"{share}. Delete one (DELETE /v1/sessions/{{id}}) or let it expire")
 
     def _give_back(self, caller: str) -> None:
-        left = self._held[caller] - 1
-        if left > 0:
-            self._held[caller] = left
-        else:
+        self._held[caller] -= 1
+        if not self._held[caller]:
             del self._held[caller]
 
     async def _attach(self, key: str, max_wait_s: float | None, caller: str
@@ -492,9 +474,8 @@ class SessionAPI:
             return error_response(*_status_code(exc), str(exc))
         if isinstance(exc, ValueError):
             return error_response(400, "empty_input", f"{exc} (send non-empty \"text\")")
-        return error_response(
-            409, "session_busy", f"{exc}; the previous turn is still stopping, retry shortly"
-        )
+        return error_response(409, "session_busy",
+                              f"{exc}; the previous turn is still stopping, retry shortly")
 
     async def _events(self, sid: str, entry: Entry) -> AsyncIterator[str]:
         assert entry.iterator is not None and entry.generation is not None
@@ -539,9 +520,8 @@ class SessionAPI:
                 await entry.hold.aclose()  # detach, then release the ticket
 
 
-def api_routes(
-    engine: Engine, admission: Admission, sessions: SessionAPI | None = None
-) -> list[BaseRoute]:
+def api_routes(engine: Engine, admission: Admission,
+               sessions: SessionAPI | None = None) -> list[BaseRoute]:
     """Every route of this package, ready to mount in a Starlette app (pass ``sessions`` to
     keep the handle whose ``aclose`` the app's lifespan should call)."""
     api = SessionAPI(engine, admission) if sessions is None else sessions
