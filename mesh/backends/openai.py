@@ -121,9 +121,10 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-def _ratio(metrics: Mapping[str, float], total: str, count: str) -> float | None:
-    n = metrics.get(count)
-    return metrics[total] / n if n and total in metrics else None
+def _mean(metrics: Mapping[str, float], histogram: str) -> float | None:
+    """A Prometheus histogram's mean (``_sum`` over ``_count``), None without samples."""
+    n, total = metrics.get(histogram + "_count"), metrics.get(histogram + "_sum")
+    return total / n if n and total is not None else None
 
 
 def backend_gauges(metrics: Mapping[str, float]) -> dict[str, float | None]:
@@ -133,11 +134,9 @@ def backend_gauges(metrics: Mapping[str, float]) -> dict[str, float | None]:
     def first(*names: str) -> float | None:
         return next((metrics[n] for n in names if n in metrics), None)
 
-    itl = _ratio(metrics, "vllm:time_per_output_token_seconds_sum",
-                 "vllm:time_per_output_token_seconds_count")
+    itl = _mean(metrics, "vllm:time_per_output_token_seconds")
     if itl is None:
-        itl = _ratio(metrics, "vllm:inter_token_latency_seconds_sum",
-                     "vllm:inter_token_latency_seconds_count")
+        itl = _mean(metrics, "vllm:inter_token_latency_seconds")
     tps = first("llamacpp:predicted_tokens_seconds", "mesh_session_tps_p50")
     if tps is None and itl:
         tps = 1.0 / itl
