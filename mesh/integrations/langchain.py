@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import httpx
@@ -112,31 +113,25 @@ class MeshChat(BaseChatModel):
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None,
                   **kwargs: Any) -> ChatResult:
-        client = self.sync_client or httpx.Client(base_url=self.base_url, timeout=self.timeout_s)
-        try:
+        # A given client stays open (its owner closes it); one made here is closed here.
+        with nullcontext(self.sync_client) if self.sync_client else httpx.Client(
+                base_url=self.base_url, timeout=self.timeout_s) as client:
             if self._system is None:
                 self._system = _system_of(client.get("/v1/prefix", headers=self._headers()))
             r = client.post("/v1/chat/completions", headers=self._headers(),
                             json=self._body(self._system, messages, stop, **kwargs))
-        finally:
-            if self.sync_client is None:
-                client.close()
         return _result(r)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None,
                          **kwargs: Any) -> ChatResult:
-        client = self.async_client or httpx.AsyncClient(base_url=self.base_url,
-                                                         timeout=self.timeout_s)
-        try:
+        async with nullcontext(self.async_client) if self.async_client else httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s) as client:
             if self._system is None:
                 self._system = _system_of(await client.get("/v1/prefix",
                                                            headers=self._headers()))
             r = await client.post("/v1/chat/completions", headers=self._headers(),
                                   json=self._body(self._system, messages, stop, **kwargs))
-        finally:
-            if self.async_client is None:
-                await client.aclose()
         return _result(r)
 
 
