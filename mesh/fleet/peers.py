@@ -20,14 +20,10 @@ address:
   and connects to that very address (the host stays in ``Host`` and SNI), so DNS cannot
   answer differently between the check and the connect.
 
-**The peer client.** :class:`PeerClient` fetches each peer's card, lists its skills (the
-text the ``delegate`` tool shows the model), and ``send(peer, text)`` returns the final
-answer text: a ``Message``'s text, or a ``Task`` followed (streamed, or polled with
-``GetTask``) until terminal, then its ``answer`` artifact, else every text artifact, else
-the final status message. A task that fails, is canceled or rejected raises
-:class:`PeerError` with the peer's reason. ``send`` takes only a configured name, URL or
-card name. Each URL passes the push policy before its card is fetched and before each
-send; a peer may have its own bearer token (``MESH_PEER_TOKEN_<NAME>``).
+**The peer client.** :class:`PeerClient` lists each peer's skills (the ``delegate`` tool's
+description) and ``send(peer, text)`` returns the final answer text (:func:`answer_text`).
+A task that fails, is canceled or rejected raises :class:`PeerError` with the peer's
+reason. Each URL passes the push policy before its card is fetched and before each send.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ import re
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -52,7 +47,7 @@ from mesh.agent.task import ANSWER_ARTIFACT
 from mesh.worker.types import NO_HOPS, Hops
 
 __all__ = [
-    "CHAIN_KEY", "HOPS_KEY", "GuardedTransport", "Origin", "PeerClient", "PeerError", "PeerInfo",
+    "CHAIN_KEY", "HOPS_KEY", "GuardedTransport", "Origin", "PeerClient", "PeerError",
     "PeerRefused", "answer_text", "confine_card", "hops_metadata", "hops_of", "origin_of",
     "parse_peer", "peer_token_env", "within"
 ]
@@ -242,16 +237,6 @@ class PeerRefused(PeerError, ValueError):
     a ``ValueError``, so ``mesh serve`` reports it in one line at start-up)."""
 
 
-@dataclass(frozen=True)
-class PeerInfo:
-    """What a peer's card says, in the words a model needs."""
-
-    url: str
-    name: str
-    description: str
-    skills: tuple[tuple[str, str], ...]  # (name, description)
-
-
 def _text(parts: Iterable[pb.Part], sep: str = "") -> str:
     return sep.join(p.text for p in parts if p.HasField("text"))
 
@@ -261,7 +246,8 @@ def _message_text(message: pb.Message) -> str:
 
 
 def answer_text(task: pb.Task) -> str:
-    """The answer a terminal task carries (see the module docstring for the order)."""
+    """The answer a terminal task carries: its ``answer`` artifact, else every text
+    artifact, else the final status message."""
     for artifact in task.artifacts:
         if ANSWER_ARTIFACT in (artifact.artifact_id, artifact.name):
             return _text(artifact.parts)
@@ -281,17 +267,10 @@ class PeerClient:
     client was passed in: then that client's transport is the caller's business).
     """
 
-    def __init__(
-        self,
-        peers: Iterable[str],
-        *,
-        token: str | None = None,
-        tokens: Mapping[str, str] | None = None,
-        url_validator: Callable[[str], Awaitable[bool]] | None = None,
-        origin: str = "mesh",
-        timeout_s: float = 300.0,
-        httpx_client: httpx.AsyncClient | None = None,
-    ) -> None:
+    def __init__(self, peers: Iterable[str], *, token: str | None = None,
+                 tokens: Mapping[str, str] | None = None, url_validator: Validator | None = None,
+                 origin: str = "mesh", timeout_s: float = 300.0,
+                 httpx_client: httpx.AsyncClient | None = None) -> None:
         parsed = [parse_peer(p) for p in peers]
         self.urls = tuple(url for _, url in parsed)
         self.names: dict[str, str] = {name: url for name, url in parsed if name}
@@ -336,25 +315,21 @@ class PeerClient:
                 raise PeerError(f"cannot fetch the agent card of {url}: {e}") from e
         return self._cards[url]
 
-    async def refresh(self) -> list[PeerInfo]:
-        """Fetch every peer's card again; a peer that cannot be reached raises PeerError."""
+    async def refresh(self) -> list[pb.AgentCard]:
+        """Fetch every peer's card again, in ``urls`` order; a peer that cannot be reached
+        raises PeerError."""
         self._cards.clear()
-        infos: list[PeerInfo] = []
-        for url in self.urls:
-            card = await self.card(url)
-            infos.append(PeerInfo(url=url, name=card.name, description=card.description,
-                                  skills=tuple((s.name, s.description) for s in card.skills)))
-        return infos
+        return [await self.card(url) for url in self.urls]
 
     async def describe(self) -> str:
         """A plain-text list of peers and skills, for the ``delegate`` tool's description."""
         lines: list[str] = []
         names = {url: name for name, url in self.names.items()}
-        for info in await self.refresh():
-            name = names.get(info.url, info.name)
-            card = f", card {info.name!r}" if name != info.name else ""
-            lines.append(f"- {name} ({info.url}{card}): {info.description}")
-            lines.extend(f"    * {skill}: {desc}" for skill, desc in info.skills)
+        for url, card in zip(self.urls, await self.refresh(), strict=True):
+            name = names.get(url, card.name)
+            named = f", card {card.name!r}" if name != card.name else ""
+            lines.append(f"- {name} ({url}{named}): {card.description}")
+            lines.extend(f"    * {skill.name}: {skill.description}" for skill in card.skills)
         if not lines:
             return "(no peers)"
         allowed = ", ".join(self.peer_names())
@@ -367,8 +342,9 @@ class PeerClient:
         return [*self.names, *cards]
 
     async def send(self, peer: str, text: str, hops: Hops = NO_HOPS) -> str:
-        """Send ``text`` to ``peer`` (a URL or a card name) for a task that came ``hops``
-        far; return the final answer text."""
+        """Send ``text`` to ``peer`` (a configured name, URL or card name) for a task that
+        came ``hops`` far; return the answer: a ``Message``'s text, or a ``Task`` followed
+        (streamed, or polled with ``GetTask``) until terminal, then :func:`answer_text`."""
         url = await self._resolve(peer)
         await self._check(url)
         try:
