@@ -44,7 +44,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-#: The fix named by every address refusal (push URLs and peers share the policy).
+#: The fix named by every refusal of a push address.
 ALLOW_PRIVATE_HINT = "start the server with --allow-private-push to allow private addresses"
 
 

@@ -51,7 +51,7 @@ class Invalid(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # parse | request | method | params | version
+        self.kind = kind  # parse | request | method | params | version | content_type
 
 
 def parse_json(body: bytes, max_depth: int) -> Any:
