@@ -68,8 +68,7 @@ class HostedPool(Engine, Protocol):
 
 @dataclass(frozen=True)
 class Chunk:
-    """One item of a ``generate`` stream: the pieces that arrived since the last one and,
-    in the last item only, how the turn ended."""
+    """One item of a ``generate`` stream; only the last carries ``end``."""
 
     pieces: tuple[Piece, ...]
     end: TurnEnd | None = None
@@ -77,12 +76,10 @@ class Chunk:
 
 @dataclass(frozen=True)
 class TurnEnd:
-    """The end of a ``generate`` stream: how the turn ended, how long it took here
-    (from the call's arrival to its end: what the coordinator's wall time is compared
-    with to measure the hop), and the pool's report as the turn ended."""
+    """How a ``generate`` stream's turn ended, and the pool's report as it ended."""
 
     result: TurnResult
-    turn_s: float
+    turn_s: float  # from the call's arrival here: the coordinator's wall time less this is the hop
     report: PoolReport
 
 
@@ -205,12 +202,9 @@ class PoolActor:
     def report(self) -> PoolReport:
         load = self.pool.load()
         steps = load.recent_steps
-        start = 0  # a last-sent step no longer in the window: the whole window is new
-        if self._last_sent is not None:
-            for i in range(len(steps) - 1, -1, -1):
-                if steps[i] is self._last_sent:
-                    start = i + 1
-                    break
+        # After the last step sent; one no longer in the window: the whole window is new.
+        start = next((i + 1 for i in reversed(range(len(steps)))
+                      if steps[i] is self._last_sent), 0)
         if steps:
             self._last_sent = steps[-1]
         return PoolReport(replace(load, recent_steps=()), self.pool.check_attach(),

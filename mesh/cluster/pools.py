@@ -1,6 +1,7 @@
 """``mesh serve --ray``: pools as Ray actors behind the engine interface (docs/cluster.md:
 the routing rule, addresses, what happens when a pool dies, and why Ray Core rather than
-Ray Serve). The pure routing rule, connecting to a cluster, then the engine over the actors.
+Ray Serve). The pure routing rule, connecting to a cluster (:func:`connect`), then the
+engine over the actors.
 
 **Routing** (:func:`route`, pure), first rule first: a pool whose actor died is never
 chosen again; only a pool whose prefix hash equals the session's may take it; its last
@@ -9,10 +10,6 @@ coordinator holds and is attaching there; pools whose decode gate holds no turn 
 (room at the floor) come first; then the fewest running turns, the most attach room, the
 most free cells, and the name. A session stays on its pool: routing runs once, at attach
 (and again only if the pool dies).
-
-**Connecting** (:func:`connect`): ``auto`` joins the cluster this machine runs, else starts
-a local one (this process its head); ``HOST:PORT`` (or ``ray://HOST:PORT``) joins that one,
-after a TCP probe, so a wrong address fails at start in one line naming ``--ray``.
 
 **The engine** (:class:`RayPools`): an :class:`~mesh.engine.interface.Engine` over N
 :class:`~mesh.cluster.pool_actor.PoolActor` actors. Beyond the interface's contract:
@@ -45,12 +42,12 @@ import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from mesh.cluster.pool_actor import Chunk, HostedPool, PoolActor, PoolReport, TurnEnd
+from mesh.cluster.pool_actor import Budgets, Chunk, HostedPool, PoolActor, PoolReport, TurnEnd
 from mesh.engine.config import SamplingParams
 from mesh.engine.interface import (
     AttachCheck,
@@ -61,7 +58,6 @@ from mesh.engine.interface import (
     PoolLoad,
     PrefillBudget,
     SessionFailed,
-    SessionLoad,
     SessionState,
     StepSample,
     TurnAdmission,
@@ -179,8 +175,9 @@ def _probe(address: RayAddress) -> None:
 
 
 def connect(address: RayAddress, *, namespace: str = "mesh") -> str:
-    """Join (or, for ``auto`` with none running, start) the cluster; returns a line
-    saying which. ValueError naming ``--ray`` when it cannot be reached."""
+    """Join the cluster (``auto``: this machine's, else start a local one with this process
+    its head; an address after a TCP probe); returns a line saying which. ValueError naming
+    ``--ray`` when it cannot be reached, so a wrong address fails at start in one line."""
     if ray.is_initialized():
         return "Ray: already connected in this process"
     if not address.is_auto:
@@ -221,12 +218,17 @@ def disconnect() -> None:
 
 # -------------------- the engine over the actors ------------------------------
 
-T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 STEP_WINDOW = 64  # the merged step window load() carries (the pools' newest steps)
 CLOSE_TIMEOUT_S = 10.0
 MOVE_WAIT_S = 60.0  # how long a session of a dead pool waits for room on the others
+
+# The counts RayPools._merge sums: held now (live pools), totals since start (every pool).
+_HELD = ("cells_used", "cells_total", "prefix_cells", "naive_cells", "free_seq_ids",
+         "max_sessions", "max_attached", "parked_tokens", "parked_bytes", "park_memory")
+_SINCE_START = ("sessions_attached", "prefill_tokens", "sessions_reaped", "parks", "resumes",
+                "resume_tokens", "swaps", "compactions", "compacted_cells")
 
 
 @dataclass(frozen=True)
@@ -321,7 +323,7 @@ class RayPools:
         self._tag = uuid.uuid4().hex[:8]
         self.pools: list[PoolHandle] = []
         self._info: PoolInfo | None = None
-        self._budgets: tuple[PrefillBudget | None, TurnAdmission | None] = (None, None)
+        self._budgets: Budgets = (None, None)
         self._steps: deque[StepSample] = deque(maxlen=STEP_WINDOW)
         self._load: PoolLoad | None = None  # cached until a report arrives
         self._places: dict[str, int] = {}  # the cached load's held turns' places
@@ -556,36 +558,17 @@ class RayPools:
         as it last reported them."""
         loads = [(h, h.report.load) for h in self.pools if h.report is not None]
         live = [(h, ld) for h, ld in loads if h.is_alive]
-        sessions: list[SessionLoad] = []
-        for h, load in live:
-            for s in load.sessions:
-                sid = self._ids.get((h.name, s.id), f"{h.name}/{s.id}")
-                sessions.append(replace(s, id=sid))
+        sessions = tuple(replace(s, id=self._ids.get((h.name, s.id), f"{h.name}/{s.id}"))
+                         for h, load in live for s in load.sessions)
         steps_ms = [ld.step_ms for _, ld in live if ld.step_ms is not None]
-        info = self._info
-
-        def now(field: str) -> int:
-            return sum(int(getattr(ld, field)) for _, ld in live)
-
-        def total(field: str) -> int:
-            return sum(int(getattr(ld, field)) for _, ld in loads)
-
+        held = {f: sum(int(getattr(ld, f)) for _, ld in live) for f in _HELD}
+        since_start = {f: sum(int(getattr(ld, f)) for _, ld in loads) for f in _SINCE_START}
         return PoolLoad(
-            taken_at=time.monotonic(), sessions=tuple(sessions),
+            taken_at=time.monotonic(), sessions=sessions,
             step_ms=sum(steps_ms) / len(steps_ms) if steps_ms else None,
             agg_tps=sum(ld.agg_tps for _, ld in live),
-            cells_used=now("cells_used"), cells_total=now("cells_total"),
-            prefix_cells=now("prefix_cells"), naive_cells=now("naive_cells"),
-            free_seq_ids=now("free_seq_ids"), max_sessions=now("max_sessions"),
-            session_budget=info.session_budget if info is not None else 0,
-            recent_steps=tuple(self._steps),
-            sessions_attached=total("sessions_attached"),
-            prefill_tokens=total("prefill_tokens"), sessions_reaped=total("sessions_reaped"),
-            max_attached=now("max_attached"), parked_tokens=now("parked_tokens"),
-            parks=total("parks"), resumes=total("resumes"),
-            resume_tokens=total("resume_tokens"), parked_bytes=now("parked_bytes"),
-            swaps=total("swaps"), park_memory=now("park_memory"),
-            compactions=total("compactions"), compacted_cells=total("compacted_cells"))
+            session_budget=self._info.session_budget if self._info is not None else 0,
+            recent_steps=tuple(self._steps), **held, **since_start)
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenize(text)
