@@ -114,10 +114,8 @@ def describe(exc: BaseException, url: str | None = None) -> str:
         if isinstance(e, httpx.RemoteProtocolError):
             return (f"{where} closed the connection mid-answer ({e}); is it an A2A server? "
                     "check the URL and the server's log")
-    if isinstance(exc, A2AError):
-        # The server's own JSON-RPC error message: it already names the fix.
-        return f"{where}: {exc}"
-    if isinstance(exc, httpx.HTTPError):
+    if isinstance(exc, A2AError | httpx.HTTPError):
+        # An A2AError is the server's own JSON-RPC error message: it already names the fix.
         return f"{where}: {exc}"
     return f"{type(exc).__name__}: {exc}; {_DEBUG_HINT}"
 
@@ -126,15 +124,15 @@ def describe(exc: BaseException, url: str | None = None) -> str:
 EXIT_COMPLETED, EXIT_FAILED, EXIT_CANCELED, EXIT_OTHER, EXIT_ERROR = 0, 1, 2, 3, 4
 
 
+_EXITS: dict[int, int] = {pb.TaskState.TASK_STATE_COMPLETED: EXIT_COMPLETED,
+                          pb.TaskState.TASK_STATE_FAILED: EXIT_FAILED,
+                          pb.TaskState.TASK_STATE_CANCELED: EXIT_CANCELED,
+                          pb.TaskState.TASK_STATE_REJECTED: EXIT_CANCELED}
+
+
 def exit_status(state: int) -> int:
     """The exit status for a task that ended in ``state``."""
-    if state == pb.TaskState.TASK_STATE_COMPLETED:
-        return EXIT_COMPLETED
-    if state == pb.TaskState.TASK_STATE_FAILED:
-        return EXIT_FAILED
-    if state in (pb.TaskState.TASK_STATE_CANCELED, pb.TaskState.TASK_STATE_REJECTED):
-        return EXIT_CANCELED
-    return EXIT_OTHER
+    return _EXITS.get(state, EXIT_OTHER)
 
 
 def _state_name(state: int) -> str:
@@ -153,14 +151,8 @@ def _http(args: argparse.Namespace) -> httpx.AsyncClient:
 
 
 async def _client(http: httpx.AsyncClient, url: str, *, streaming: bool) -> Client:
-    config = ClientConfig(
-        httpx_client=http,
-        streaming=streaming,
-        supported_protocol_bindings=[
-            TransportProtocol.JSONRPC.value,
-            TransportProtocol.HTTP_JSON.value,
-        ],
-    )
+    config = ClientConfig(httpx_client=http, streaming=streaming, supported_protocol_bindings=[
+        TransportProtocol.JSONRPC.value, TransportProtocol.HTTP_JSON.value])
     return await ClientFactory(config).create_from_url(url.rstrip("/"))
 
 
@@ -249,17 +241,11 @@ class _Stream:
 async def _send(args: argparse.Namespace, seen: _Stream) -> int:
     async with _http(args) as http:
         client = await _client(http, args.url, streaming=args.stream)
-        request = pb.SendMessageRequest(
-            message=pb.Message(
-                role=pb.Role.ROLE_USER,
-                message_id=uuid.uuid4().hex,
-                parts=[pb.Part(text=args.text)],
-                context_id=args.context or "",
-                task_id=args.task or "",
-            )
-        )
+        message = pb.Message(role=pb.Role.ROLE_USER, message_id=uuid.uuid4().hex,
+                             parts=[pb.Part(text=args.text)], context_id=args.context or "",
+                             task_id=args.task or "")
         try:
-            async for response in client.send_message(request):
+            async for response in client.send_message(pb.SendMessageRequest(message=message)):
                 if response.HasField("message"):
                     print(_text(response.message.parts))
                     return EXIT_COMPLETED

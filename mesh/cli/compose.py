@@ -111,8 +111,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--park-memory must be >= 0 GiB, got {args.park_memory:g}")
     return {"native": native, "n_gpu_layers": args.gpu_layers, "flash_attn": args.flash_attn,
             "prefix_attention": args.prefix_attention, "kv_type": args.kv_type or "f16",
-            "weights": args.weights,
-            "max_attached": args.max_attached,
+            "weights": args.weights, "max_attached": args.max_attached,
             "park_idle_s": args.park_idle, "park_memory": int(args.park_memory * GIB)}
 
 
@@ -148,11 +147,9 @@ def kv_memory_bytes(spec: str, model_path: str) -> int:
 
 
 def pick_tier(args: argparse.Namespace, model_path: str, prefix_tokens: int,
-              shape: KVShape) -> Tier | None:
-    """The tier for ``--kv-memory`` (None without it). An explicit ``--kv-type`` is kept:
-    only the session slots are sized then."""
-    if args.kv_memory is None:
-        return None
+              shape: KVShape) -> Tier:
+    """The tier for ``--kv-memory``. An explicit ``--kv-type`` is kept: only the session
+    slots are sized then."""
     memory = kv_memory_bytes(args.kv_memory, model_path)
     types = (args.kv_type,) if args.kv_type is not None else KV_TYPES
     tier = choose_tier(shape, memory, prefix_tokens=prefix_tokens,
@@ -179,7 +176,6 @@ def apply_engine_flags(cfg: EngineConfig, args: argparse.Namespace,
         vocab.close()
     shape = KVShape(layers=layers, kv_heads=kv_heads, head_k=head_k, head_v=head_v)
     tier = pick_tier(args, cfg.model_path, prefix, shape)
-    assert tier is not None
     print(tier.describe(), file=sys.stderr)
     return dataclasses.replace(cfg, kv_type=tier.kv_type, max_sessions=tier.sessions,
                                n_ctx=tier.n_ctx)

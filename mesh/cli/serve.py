@@ -1,8 +1,7 @@
 """``mesh serve``: one process with the engine pool, the gate and the A2A coordinator.
 
-Here the flags are declared and checked; what they build is wired in :mod:`mesh.cli.compose`
-(its pools, local or Ray actors: :mod:`mesh.cli.compose`), inside the app's lifespan. The
-library never imports the CLI.
+Here the flags are declared; what they build is checked and wired in
+:mod:`mesh.cli.compose`, inside the app's lifespan.
 """
 
 from __future__ import annotations
@@ -27,6 +26,17 @@ __all__ = ["auth_line", "plan_actions", "register", "run"]
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="serve the A2A coordinator on one shared KV pool")
+    _add_prefix_flags(p)
+    _add_gate_flags(p)
+    _add_pool_flags(p)
+    _add_server_flags(p)
+    _add_agent_flags(p)
+    add_engine_flags(p)  # --native, --gpu-layers, --flash-attn, --kv-type, --kv-memory
+    add_engine_args(p)  # --engine, --prefix-cache
+    p.set_defaults(func=run)
+
+
+def _add_prefix_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", default=None,
                    help="project directory the prefix describes and tools read "
                         "(default: the current directory if it is a git checkout, "
@@ -37,6 +47,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="target prefix size (default: the template's; heavy scales to 128K)")
     p.add_argument("--model", default=None,
                    help="GGUF path, or smollm2, gemma, tiny (default: $MESH_MODEL, else smollm2)")
+
+
+def _add_gate_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--floor-tps", type=floor_arg, default=5.0,
                    help="tokens/s every running worker must keep (default 5), or 'auto': "
                         "the gate runs rows while the step's shared part (weights, prefix, "
@@ -49,6 +62,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-queue-per-caller", type=int, default=None,
                    help="queue places one authenticated caller may hold (default: half of "
                         "--max-queue; without --auth-token the one caller may use all)")
+
+
+def _add_pool_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=int, default=16, help="pool session slots")
     p.add_argument("--session-budget", type=int, default=2048,
                    help="most suffix tokens one session may hold")
@@ -59,6 +75,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--pool", choices=("shared", "naive"), default="shared",
                    help="naive: every worker prefills its own prefix copy (baseline)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all)")
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="bind address (default 127.0.0.1; anything else needs --auth-token)")
     p.add_argument("--port", type=int, default=8700)
@@ -73,6 +92,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                      "ones get 413 (default 1 MiB)")
     p.add_argument("--auth-token", default=os.environ.get("MESH_AUTH_TOKEN"),
                    help="require 'Authorization: Bearer TOKEN' (or set MESH_AUTH_TOKEN)")
+
+
+def _add_agent_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
                    help="another A2A agent workers may delegate to, by NAME (repeatable); "
                         "its token: $MESH_PEER_TOKEN_<NAME> (or a file named by "
@@ -102,9 +124,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--simulation", action="store_true",
                    help="honour (bounded) scenario params in subtasks: the load harness; "
                         "`mesh simulate` turns it on for the server it starts")
-    add_engine_flags(p)  # --native, --gpu-layers, --flash-attn, --kv-type, --kv-memory
-    add_engine_args(p)  # --engine, --prefix-cache
-    p.set_defaults(func=run)
 
 
 def plan_actions(text: str) -> tuple[str, ...]:
@@ -135,8 +154,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the flags and folders and bind the port (fast, one line and exit 2 on a
     mistake), resolve the prefix (a bad ``--model`` fails here, the same way), then serve
     on that very socket: the app's lifespan builds the pool, the gate and the rest on the
-    loop that serves them (:mod:`mesh.cli.compose`), and closes them
-    there when a signal stops the server."""
+    loop that serves them, and closes them there when a signal stops the server."""
     from mesh.a2a.app import run_server
 
     print_cache_warnings()
@@ -146,14 +164,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"mesh serve: {exc}", file=sys.stderr)
         return 2
     try:
-        # A start-up error (model, prefix, Ray, engine) is one line and exit 2,
-        # whether found here or in the lifespan before anything was served.
-        try:
-            app = local_app(args, checked)
-            print(auth_line(args, checked.coordinator.tokens), file=sys.stderr)
-            return run_server(app, args.host, args.port, sock=sock)
-        except (EngineError, ValueError, OSError) as exc:
-            print(f"mesh serve: {exc}", file=sys.stderr)
-            return 2
+        app = local_app(args, checked)
+        print(auth_line(args, checked.coordinator.tokens), file=sys.stderr)
+        return run_server(app, args.host, args.port, sock=sock)
+    except (EngineError, ValueError, OSError) as exc:
+        # A start-up error (model, prefix, Ray, engine) is one line and exit 2, whether
+        # found here or in the lifespan before anything was served.
+        print(f"mesh serve: {exc}", file=sys.stderr)
+        return 2
     finally:
         sock.close()
