@@ -251,8 +251,7 @@ def answer_text(task: pb.Task) -> str:
     for artifact in task.artifacts:
         if ANSWER_ARTIFACT in (artifact.artifact_id, artifact.name):
             return _text(artifact.parts)
-    texts = [_text(a.parts) for a in task.artifacts]
-    joined = "\n".join(t for t in texts if t)
+    joined = "\n".join(filter(None, (_text(a.parts) for a in task.artifacts)))
     return joined or _message_text(task.status.message)
 
 
@@ -277,7 +276,6 @@ class PeerClient:
         self.timeout_s = timeout_s
         self.origin = origin
         self._validate = url_validator
-        self._owns_http = httpx_client is None
         self._shared = httpx_client
         self._clients: dict[str | None, httpx.AsyncClient] = {}
         self._token_of: dict[str, str | None] = {
@@ -298,10 +296,9 @@ class PeerClient:
         return self._clients[token]
 
     async def aclose(self) -> None:
-        if self._owns_http:
-            for client in self._clients.values():
-                await client.aclose()
-            self._clients.clear()
+        for client in self._clients.values():  # none when a client was passed in
+            await client.aclose()
+        self._clients.clear()
 
     async def card(self, url: str) -> pb.AgentCard:
         """The peer's card (fetched once, then cached)."""
