@@ -63,8 +63,7 @@ class _FakeGeneration:
     async def _run(self) -> AsyncIterator[Piece]:
         s = self._session
         engine = s.engine
-        if s.detached:
-            raise SessionFailed(f"session {s.id} is detached")
+        s.check_attached()
         if engine.fail_next is not None:
             reason, engine.fail_next = engine.fail_next, None
             await s.detach()
@@ -103,10 +102,7 @@ class _FakeGeneration:
             if s.private_cells + 1 > engine.info.session_budget:
                 finish = "context_full"  # as the pool: the turn ends, the session lives
                 break
-            if engine.step_delay_s:
-                await asyncio.sleep(engine.step_delay_s)
-            else:
-                await asyncio.sleep(0)
+            await asyncio.sleep(engine.step_delay_s)  # 0: a bare yield, as sleep(0)
             s.private_cells += 1
             s.num_generated += 1
             generated += 1
@@ -123,14 +119,9 @@ class _FakeGeneration:
         if tail:
             yield Piece(token=-1, text=tail)
         s.state = SessionState.IDLE
-        self.result = TurnResult(
-            text=out.text,
-            num_prompt_tokens=prompt_tokens,
-            num_generated=generated,
-            finish_reason=finish,
-            decode_s=time.monotonic() - start,
-            stop=out.matched,
-        )
+        self.result = TurnResult(text=out.text, num_prompt_tokens=prompt_tokens,
+                                 num_generated=generated, finish_reason=finish,
+                                 decode_s=time.monotonic() - start, stop=out.matched)
 
 
 class FakeSession:
@@ -148,15 +139,16 @@ class FakeSession:
     def context_len(self) -> int:
         return self.engine.info.prefix_tokens + self.private_cells
 
-    def append(self, text: str) -> None:
+    def check_attached(self) -> None:
         if self.detached:
             raise SessionFailed(f"session {self.id} is detached")
+
+    def append(self, text: str) -> None:
+        self.check_attached()
         queued = sum(_count(t) for t in self.pending)
         if self.private_cells + queued + _count(text) > self.engine.info.session_budget:
-            raise ContextOverflow(
-                f"appending {_count(text)} tokens would exceed session {self.id}'s budget "
-                f"of {self.engine.info.session_budget} tokens"
-            )
+            raise ContextOverflow(f"appending {_count(text)} tokens would exceed session "
+                                  f"{self.id}'s budget of {self.engine.info.session_budget} tokens")
         self.pending.append(text)
         self.state = SessionState.PREFILLING
 
@@ -167,8 +159,7 @@ class FakeSession:
     async def compact(self, text: str) -> bool:
         """As the pool: the suffix becomes ``text``, queued for the next turn (False while a
         turn runs); the engine counts it in ``load()``."""
-        if self.detached:
-            raise SessionFailed(f"session {self.id} is detached")
+        self.check_attached()
         if self.state in (SessionState.WAITING, SessionState.DECODING):
             return False
         queued = sum(_count(t) for t in self.pending)
@@ -191,27 +182,14 @@ class FakeSession:
 class FakeEngine:
     """Fake pool: ``max_sessions`` slots, a word-count "tokenizer", instant or slow steps."""
 
-    def __init__(
-        self,
-        *,
-        max_sessions: int = 8,
-        session_budget: int = 4096,
-        prefix_tokens: int = 100,
-        step_delay_s: float = 0.0,
-    ) -> None:
+    def __init__(self, *, max_sessions: int = 8, session_budget: int = 4096,
+                 prefix_tokens: int = 100, step_delay_s: float = 0.0) -> None:
         self.info = PoolInfo(
-            model_path="fake",
-            model_name="fake",
-            n_ctx=prefix_tokens + max_sessions * session_budget,
-            n_seq_max=max_sessions + 1,
-            max_sessions=max_sessions,
-            session_budget=session_budget,
-            n_vocab=0,
-            prefix_tokens=prefix_tokens,
-            prefix_hash=hashlib.sha256(b"fake").hexdigest(),
-            warm_started=False,
-            build_s=0.0,
-        )
+            model_path="fake", model_name="fake",
+            n_ctx=prefix_tokens + max_sessions * session_budget, n_seq_max=max_sessions + 1,
+            max_sessions=max_sessions, session_budget=session_budget, n_vocab=0,
+            prefix_tokens=prefix_tokens, prefix_hash=hashlib.sha256(b"fake").hexdigest(),
+            warm_started=False, build_s=0.0)
         self.step_delay_s = step_delay_s
         self.sessions: dict[str, FakeSession] = {}
         self.fail_next: str | None = None  # next generate() fails with this reason
@@ -220,11 +198,10 @@ class FakeEngine:
         self.prefill_tokens = 0
         self.compactions = 0
         self.compacted_cells = 0
-        self.prefill_budget: PrefillBudget | None = None
         self.turn_line = TurnLine(lambda: self.load().cells_used, tuple)
 
     def set_prefill_budget(self, budget: PrefillBudget | None) -> None:
-        self.prefill_budget = budget  # kept for tests to read; instant prefill needs none
+        del budget  # prefill is instant: nothing to cap
 
     def set_turn_admission(self, gate: TurnAdmission | None) -> None:
         self.turn_line.gate = gate
@@ -256,39 +233,24 @@ class FakeEngine:
         now = time.monotonic()
         places = self.turn_line.places()
         sessions = tuple(
-            SessionLoad(
-                id=s.id,
-                state=s.state,
-                private_cells=s.private_cells,
-                context_len=s.context_len,
-                # Measured once it has generated, as a real pool would report it.
-                decode_tps=(1.0 / (self.step_delay_s or 0.001)) if s.num_generated else None,
-                duty_cycle=None,
-                age_s=now - s.created,
-                num_generated=s.num_generated,
-                turn_place=places.get(s.id),
-            )
-            for s in self.sessions.values()
-        )
+            SessionLoad(id=s.id, state=s.state, private_cells=s.private_cells,
+                        context_len=s.context_len,
+                        # Measured once it has generated, as a real pool would report it.
+                        decode_tps=(1.0 / (self.step_delay_s or 0.001)) if s.num_generated
+                        else None,
+                        duty_cycle=None, age_s=now - s.created, num_generated=s.num_generated,
+                        turn_place=places.get(s.id))
+            for s in self.sessions.values())
         private = sum(s.private_cells for s in sessions)
         prefix = self.info.prefix_tokens
         return PoolLoad(
-            taken_at=now,
-            sessions=sessions,
-            step_ms=None,
-            agg_tps=0.0,
-            cells_used=prefix + private,
-            cells_total=self.info.n_ctx,
-            prefix_cells=prefix,
+            taken_at=now, sessions=sessions, step_ms=None, agg_tps=0.0,
+            cells_used=prefix + private, cells_total=self.info.n_ctx, prefix_cells=prefix,
             naive_cells=private + prefix * len(sessions),
             free_seq_ids=self.info.max_sessions - len(sessions),
-            max_sessions=self.info.max_sessions,
-            session_budget=self.info.session_budget,
-            sessions_attached=self.sessions_attached,
-            prefill_tokens=self.prefill_tokens,
-            compactions=self.compactions,
-            compacted_cells=self.compacted_cells,
-        )
+            max_sessions=self.info.max_sessions, session_budget=self.info.session_budget,
+            sessions_attached=self.sessions_attached, prefill_tokens=self.prefill_tokens,
+            compactions=self.compactions, compacted_cells=self.compacted_cells)
 
     def count_tokens(self, text: str) -> int:
         return _count(text)
