@@ -113,6 +113,16 @@ def _legend(ax: Axes, loc: Literal["best", "upper right"] = "best") -> None:
         ax.legend(fontsize="small", loc=loc)
 
 
+def _figure_legend(fig: Figure, axes: Sequence[Axes], ncol: int = 5) -> None:
+    """One legend under the panels, each label once from the first panel that has it."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lbl, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
+               fontsize="small")
+
+
 def plot_tps(runs: Sequence[SimRun], path: Path) -> Path:
     fig, ax = _new("Per-worker tokens/s over time", "time (s)", "tokens/s per worker")
     single = len(runs) == 1
@@ -311,8 +321,7 @@ def plot_tps_by_run(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any
         top = percentile(rates, 98) or 0.0
         floors = [f for r in runs if (f := floor_of(r)) is not None]
         axes[0].set_ylim(0, max([top * 1.1, *(2.5 * f for f in floors), 1.0]))
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=5,
-                   fontsize="small")
+        _figure_legend(fig, axes)
     return _save(fig, path, (0, 0.04, 1, 1))
 
 
@@ -336,13 +345,8 @@ def plot_workers_by_run(runs: Sequence[SimRun], path: Path) -> Path:
         ax.set_title(_name(run), fontsize="medium")
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    if axes:
-        handles: dict[str, Any] = {}
-        for ax in axes:  # the first panel may lack a series another has
-            for h, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
-                handles.setdefault(lbl, h)
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=5,
-                   fontsize="small")
+    if axes:  # the first panel may lack a series another has
+        _figure_legend(fig, axes)
     return _save(fig, path, (0, 0.04, 1, 1))
 
 
@@ -374,8 +378,7 @@ def plot_phases(runs: Sequence[SimRun], summaries: Sequence[Mapping[str, Any]],
         ax.grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(runs)), names)
     axes[0].invert_yaxis()
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(phases),
-               fontsize="small")
+    _figure_legend(fig, axes, ncol=len(phases))
     return _save(fig, path, (0, 0.06, 1, 1))
 
 

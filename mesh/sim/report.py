@@ -171,11 +171,8 @@ def parking_summary(run: SimRun) -> dict[str, Any]:
         if rows else 0.0,
         "parked_cells_peak": max((r["parked_cells"] for r in rows), default=0),
         "parked_bytes_peak": max((r["parked_bytes"] for r in rows), default=0),
-        "parks": _last(run, "parks"),
-        "resumes": _last(run, "resumes"),
-        "swaps": _last(run, "swaps"),
-        "resume_tokens": _last(run, "resume_tokens"),
-        "max_attached": _last(run, "max_attached"),
+        **{key: _last(run, key)
+           for key in ("parks", "resumes", "swaps", "resume_tokens", "max_attached")},
         "lost_packages": sum(1 for t in run.tasks if not t.is_delivered),
         "short_packages": short,
     }
@@ -358,10 +355,18 @@ def _half(floor: float | None) -> float | None:
     return None if floor is None else floor / 2
 
 
+def _values(samples: Sequence[Sample], *keys: str) -> list[float]:
+    """``cap_num(sample, *keys)`` of every sample that has it."""
+    return [v for s in samples if (v := cap_num(s.capacity, *keys)) is not None]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return _r(sum(values) / len(values), 3) if values else None
+
+
 def _slowest(samples: Sequence[Sample]) -> list[float]:
     """The slowest measured worker's tokens/s of every sample with a worker decoding."""
-    return [v for s in samples if _decoding(s.capacity)
-            and (v := cap_num(s.capacity, "measured_tps", "min")) is not None]
+    return _values([s for s in samples if _decoding(s.capacity)], "measured_tps", "min")
 
 
 def phase_summary(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> dict[str, Any]:
@@ -392,10 +397,6 @@ def phase_summary(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> dict[st
         lat = [s for t, s in starts if inside(t)]
         samples = [s for s in run.samples if inside(s.t)]
         counts = [workers(s) for s in samples]
-        running = [v for s in samples if (v := cap_num(s.capacity, "turns", "running"))
-                   is not None]
-        waiting = [v for s in samples if (v := cap_num(s.capacity, "turns", "waiting"))
-                   is not None]
         slowest = _slowest(samples)
         generated = sum(n for t, n in tokens if inside(t))
         out[phase] = {
@@ -411,10 +412,10 @@ def phase_summary(run: SimRun, min_tokens: float = MIN_WINDOW_TOKENS) -> dict[st
             "windows_under_half_floor": _share(tps, _half(floor)),
             "samples_under_floor": _share(slowest, floor),
             "agg_tps": round(generated / time_s, 3) if time_s > 0 else None,
-            "mean_workers": _r(sum(counts) / len(counts), 3) if counts else None,
+            "mean_workers": _mean(counts),
             "max_workers": max(counts, default=None),
-            "mean_running": _r(sum(running) / len(running), 3) if running else None,
-            "mean_waiting": _r(sum(waiting) / len(waiting), 3) if waiting else None,
+            "mean_running": _mean(_values(samples, "turns", "running")),
+            "mean_waiting": _mean(_values(samples, "turns", "waiting")),
         }
     return out
 
@@ -554,7 +555,7 @@ def summarize(run: SimRun) -> Summary:
         "p50_delivery_s": overall["p50_delivery_s"],
         "p95_delivery_s": overall["p95_delivery_s"],
         "max_workers": max(counts, default=0),
-        "mean_workers": _r(sum(counts) / len(counts) if counts else 0.0, 3),
+        "mean_workers": _mean(counts) or 0.0,
         "time_under_floor": _share(speeds, floor) or 0.0,
         "deep_sub_floor": _share(speeds, _half(floor)) or 0.0,
         "windows_under_floor": overall["windows_under_floor"],
