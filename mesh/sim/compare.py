@@ -187,7 +187,7 @@ def apply_value(config: SimConfig, key: str, value: str) -> SimConfig:
     if key == "floor":
         changed = dataclasses.replace(config, floor_tps=float(value))
     elif key in ("policy", "pool", "template"):
-        field: dict[str, Any] = {key: value}
+        field: dict[str, Any] = {key: value}  # typed Any: replace checks each field's type
         changed = dataclasses.replace(config, **field)
     elif key == "neighbour":  # the same schedule, with and without the load
         changed = dataclasses.replace(
@@ -293,10 +293,8 @@ def lowest_p50(floors: Sequence[float], summaries: Sequence[Mapping[str, Any]],
 
 def sweet_spot(floors: Sequence[float], summaries: Sequence[Mapping[str, Any]],
                max_under: float = 0.05) -> float | None:
-    """The knee (see the module docstring): walking the qualifying floors from the highest
-    down, the floor whose next lower one adds under :data:`KNEE_GAIN` to the aggregate
-    tokens/s (or the lowest qualifying floor if every step adds that much); None if no
-    run qualifies."""
+    """The knee (see the module docstring; the lowest qualifying floor if every step down
+    adds :data:`KNEE_GAIN`); None if no run qualifies."""
     runs = sorted(((f, float(s.get("agg_tps") or 0.0))
                    for f, s in zip(floors, summaries, strict=True) if _qualifies(s, max_under)),
                   reverse=True)

@@ -35,7 +35,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Protocol
 
 import httpx
@@ -83,8 +82,8 @@ def serve_command(config: SimConfig, port: int, data_dir: Path) -> list[str]:
     # floor_tps then stays the reference its windows are measured against.
     auto = config.policy == "floor-auto"
     policy = "floor" if auto else config.policy
-    cmd += ["--template", config.template, "--policy", policy, "--pool", config.pool]
-    cmd += ["--data-dir", str(data_dir)]
+    cmd += ["--template", config.template, "--policy", policy, "--pool", config.pool,
+            "--data-dir", str(data_dir)]
     if auto:
         cmd += ["--floor-tps", "auto"]
     elif config.floor_tps is not None:
@@ -178,8 +177,7 @@ class ServerProcess:
     def __enter__(self) -> str:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 # -------------------- the neighbour's client ----------------------------------
@@ -417,8 +415,7 @@ class Neighbour:
             raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def begin(self, t0: float) -> None:

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TextIO
 
 import httpx
@@ -43,8 +42,7 @@ from mesh.sim.scenario import (
 )
 
 __all__ = [
-    "OnProgress", "ProgressBar", "ReportFiles", "drive", "neighbour_for",
-    "run_simulation", "write_report"
+    "OnProgress", "ProgressBar", "ReportFiles", "drive", "run_simulation", "write_report"
 ]
 
 
@@ -79,8 +77,7 @@ class ProgressBar:
     def __enter__(self) -> ProgressBar:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 # -------------------- the driver ----------------------------------------------
@@ -313,9 +310,11 @@ def run_simulation(config: SimConfig, *, on_progress: OnProgress | None = None,
     config.validate()
     scenario = plan_for(config)
     with contextlib.ExitStack() as stack:
-        neighbour = neighbour_for(config)
-        if neighbour is not None:  # before the server: its start-up is not the run's
-            stack.enter_context(neighbour)
+        neighbour = None
+        if config.neighbour.enabled:  # before the server: its start-up is not the run's
+            neighbour = stack.enter_context(Neighbour(
+                config.neighbour, config.seed, config.model,
+                startup_timeout_s=config.startup_timeout_s))
         url = config.url if config.url is not None else stack.enter_context(
             ServerProcess(config, command=server_command))
         run = asyncio.run(drive(url, config, scenario, on_progress=on_progress,
@@ -323,14 +322,6 @@ def run_simulation(config: SimConfig, *, on_progress: OnProgress | None = None,
     run.server["started_here"] = config.url is None
     run.label = label
     return run
-
-
-def neighbour_for(config: SimConfig) -> Neighbour | None:
-    """The neighbour ``config`` asks for (not set up yet), or None."""
-    if not config.neighbour.enabled:
-        return None
-    return Neighbour(config.neighbour, config.seed, config.model,
-                     startup_timeout_s=config.startup_timeout_s)
 
 
 def write_report(run: SimRun, out_dir: Path) -> ReportFiles:
