@@ -48,7 +48,7 @@ itself) keeps the controller from flapping. A floor that even one row cannot hol
 neighbour took the machine) is not held by running one row and leaving the rest idle:
 while one row is measured over the floor the rows follow the knee rule of ``auto``.
 The same object is the step's prefill budget, priced as measured: a prefill token costs
-what steps that carried prefill beside rows show (a row's cost until one did), and a step
+what steps that carried prefill beside rows show, never less than a row, and a step
 beside decoding rows carries only what keeps it within the floor.
 
 Everything here is pure: numbers in, a count out. :class:`DecodeGate` holds the step
@@ -439,9 +439,13 @@ class DecodeGate:
                            context_per_row=st.context_per_row, headroom=self.headroom,
                            auto=self.auto)
         self.last = answer
-        if answer.measured:  # a prefill token priced as measured, else as one more row
-            self._measured = (dict(answer.measured), answer.prefill_token_s or answer.slope_s,
-                              answer.slope_s)
+        if answer.measured:
+            # A prefill token priced as measured, but never under one more row: it runs the
+            # same weights over the same context (less the logits). Small chunks beside rows
+            # measure nearly free; priced so, under auto a step carried ~480 tokens beside
+            # 2-5 decoding rows and took 10-12 s (round 10, heavy).
+            price = max(answer.prefill_token_s or 0.0, answer.slope_s)
+            self._measured = (dict(answer.measured), price, answer.slope_s)
         if answer.room < 0:
             self.num_shed -= answer.room
         if answer.room > 0 and num_running > 0 and self._pending is None:
@@ -475,8 +479,8 @@ class DecodeGate:
     def __call__(self, num_decode: int, cells_used: int) -> int:
         """The prefill budget: what fits beside the decode rows within the floor (with
         ``auto``, within the knee's step), down to :data:`MIN_PREFILL_CHUNK` tokens a step
-        (progress) when they fill it; a token priced as steps with prefill measured (the
-        per-row slope until one did), once any decode steps were measured (the step at
+        (progress) when they fill it; a token priced as steps with prefill measured, never
+        under the per-row slope, once any decode steps were measured (the step at
         ``num_decode`` rows read by :func:`step_at`); the fitted model before."""
         measured = self._measured
         if measured is not None and measured[0] and measured[1] > 0:

@@ -309,3 +309,14 @@ def test_the_prefill_budget_reads_the_nearest_measured_row_count() -> None:
     fixed.turn_room(5, 0, light_cpu(3) + light_cpu(5))
     assert abs(fixed(4, 0) - (0.92 * 0.5 - 0.188) / 0.017) <= 1  # 16, floored
     assert abs(fixed(9, 0) - (0.92 * 0.5 - 0.273) / 0.017) <= 1  # 5 rows' step + 4 rows
+
+
+def test_a_prefill_token_is_never_priced_under_a_row() -> None:
+    # Steps at 3 rows that carried 16 prefill tokens measured 1 ms a token over the decode
+    # step; a row costs 17 ms. Priced at 1 ms, a 2 tok/s floor would let a step carry 289
+    # tokens (and a big chunk costs ~20 ms a token: a 6 s step); priced as a row, 17.
+    gate = DecodeGate(2.0, BudgetState(COST))
+    chunks = steps(3, 0.171 + 0.016, n=4, prefill=16)
+    gate.turn_room(5, 0, light_cpu(3, n=10) + light_cpu(5, n=10) + chunks)
+    assert gate.last is not None and gate.last.prefill_token_s == pytest.approx(0.001)
+    assert abs(gate(3, 0) - (0.92 * 0.5 - 0.171) / 0.017) <= 1
