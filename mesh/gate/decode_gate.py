@@ -48,7 +48,7 @@ itself) keeps the controller from flapping. A floor that even one row cannot hol
 neighbour took the machine) is not held by running one row and leaving the rest idle:
 while one row is measured over the floor the rows follow the knee rule of ``auto``.
 The same object is the step's prefill budget, priced as measured: a prefill token costs
-what steps that carried prefill beside rows show, never less than a row, and a step
+what steps that carried prefill beside rows show (a row's cost until one did), and a step
 beside decoding rows carries only what keeps it within the floor.
 
 Everything here is pure: numbers in, a count out. :class:`DecodeGate` holds the step
@@ -70,7 +70,7 @@ from mesh.gate.model import StepCost
 
 __all__ = [
     "MIN_CHUNK", "BudgetState", "DecodeGate", "FloorBudget", "TurnRoom", "by_rows",
-    "measured_ratio", "prefill_budget", "prefill_price", "row_slope", "step_at", "turn_room"
+    "measured_ratio", "prefill_budget", "prefill_price", "row_slope", "turn_room"
 ]
 
 
@@ -262,16 +262,6 @@ def prefill_price(recent: Sequence[StepSample], measured: dict[int, float],
     return statistics.median(prices) if prices else None
 
 
-def step_at(measured: dict[int, float], k: int, slope: float) -> float:
-    """The step at ``k`` decoding rows read off ``measured`` (the median step by row count):
-    the measured step, else the nearest measured row count's (below it first) plus
-    ``slope`` a row. ``measured`` must not be empty."""
-    if k in measured:
-        return measured[k]
-    k0 = min(measured, key=lambda r: (abs(r - k), r > k))
-    return max(0.0, measured[k0] + (k - k0) * slope)
-
-
 def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: int,
               recent: Sequence[StepSample], *, context_per_row: float | None = None,
               headroom: float = HEADROOM, max_room: int = 1 << 16,
@@ -313,8 +303,14 @@ def turn_room(cost: StepCost, floor_tps: float, num_running: int, cells_used: in
         slope = max(0.0, modelled(max(1, num_running) + 1) - modelled(max(1, num_running)))
 
     def predicted(k: int) -> float:
-        """The step at ``k`` rows: measured (see :func:`step_at`), else the fitted model."""
-        return step_at(measured, k, slope) if measured else modelled(k)
+        """The step at ``k`` rows: measured, else from the nearest measured row count
+        (below it first) plus the slope, else the fitted model."""
+        if k in measured:
+            return measured[k]
+        if not measured:
+            return modelled(k)
+        k0 = min(measured, key=lambda r: (abs(r - k), r > k))
+        return max(0.0, measured[k0] + (k - k0) * slope)
 
     now_s = predicted(num_running) if num_running else 0.0
     next_s = predicted(num_running + 1)
@@ -439,13 +435,9 @@ class DecodeGate:
                            context_per_row=st.context_per_row, headroom=self.headroom,
                            auto=self.auto)
         self.last = answer
-        if answer.measured:
-            # A prefill token priced as measured, but never under one more row: it runs the
-            # same weights over the same context (less the logits). Small chunks beside rows
-            # measure nearly free; priced so, under auto a step carried ~480 tokens beside
-            # 2-5 decoding rows and took 10-12 s (round 10, heavy).
-            price = max(answer.prefill_token_s or 0.0, answer.slope_s)
-            self._measured = (dict(answer.measured), price, answer.slope_s)
+        if answer.measured:  # a prefill token priced as measured, else as one more row
+            self._measured = (dict(answer.measured), answer.prefill_token_s or answer.slope_s,
+                              answer.slope_s)
         if answer.room < 0:
             self.num_shed -= answer.room
         if answer.room > 0 and num_running > 0 and self._pending is None:
@@ -479,17 +471,12 @@ class DecodeGate:
     def __call__(self, num_decode: int, cells_used: int) -> int:
         """The prefill budget: what fits beside the decode rows within the floor (with
         ``auto``, within the knee's step), down to :data:`MIN_PREFILL_CHUNK` tokens a step
-        (progress) when they fill it; a token priced as steps with prefill measured, never
-        under the per-row slope, once any decode steps were measured (the step at
-        ``num_decode`` rows read by :func:`step_at`); the fitted model before."""
+        (progress) when they fill it; a token priced as steps with prefill measured (the
+        per-row slope until one did), where steps at ``num_decode`` rows were measured."""
         measured = self._measured
-        if measured is not None and measured[0] and measured[1] > 0:
-            # At a row count the fresh decode steps did not show: the nearest one's step
-            # plus the slope. (Before round 10 only an exact count was read, else the fitted
-            # model at ``floor_tps``: under auto a stand-in 5 tok/s, a 200 ms step. In the
-            # heavy template most steps carry prefill, so few row counts are measured.)
+        if measured is not None and num_decode in measured[0] and measured[1] > 0:
             by_count, price, slope = measured
-            step_s = step_at(by_count, num_decode, slope)
+            step_s = by_count[num_decode]
             if self.auto:
                 shared = max(0.0, shared_share(num_decode, step_s, slope)) * step_s
                 limit = max(AUTO_PREFILL_STRETCH * step_s, shared / KNEE_SHARE) / self.headroom

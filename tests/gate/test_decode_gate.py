@@ -294,29 +294,3 @@ def test_auto_lets_prefill_fill_a_step_up_to_the_knee() -> None:
     fixed = DecodeGate(2.0, BudgetState(COST))
     fixed.turn_room(5, 0, light_cpu(4) + light_cpu(5))
     assert fixed(5, 0) in (14, 15)  # (0.92 * 0.5 - 0.205) / 0.017 = 15.0, floored
-
-
-def test_the_prefill_budget_reads_the_nearest_measured_row_count() -> None:
-    # Under auto, the step at 4 rows was never measured (steps there carried prefill); 3
-    # and 5 rows were. The budget reads 3 rows' step plus the slope (188 ms) and fills up
-    # to the knee's 480 ms step: 17 tokens at 17 ms, not what the fitted model allows
-    # within auto's stand-in floor of 5 tok/s (110 tokens with this model).
-    gate = DecodeGate(5.0, BudgetState(COST), auto=True)
-    gate.turn_room(5, 0, light_cpu(3) + light_cpu(5))
-    assert abs(gate(4, 0) - (0.480 - 0.188) / 0.017) <= 1  # 17, floored
-    # A fixed floor reads it the same way: the step may take 1/floor.
-    fixed = DecodeGate(2.0, BudgetState(COST))
-    fixed.turn_room(5, 0, light_cpu(3) + light_cpu(5))
-    assert abs(fixed(4, 0) - (0.92 * 0.5 - 0.188) / 0.017) <= 1  # 16, floored
-    assert abs(fixed(9, 0) - (0.92 * 0.5 - 0.273) / 0.017) <= 1  # 5 rows' step + 4 rows
-
-
-def test_a_prefill_token_is_never_priced_under_a_row() -> None:
-    # Steps at 3 rows that carried 16 prefill tokens measured 1 ms a token over the decode
-    # step; a row costs 17 ms. Priced at 1 ms, a 2 tok/s floor would let a step carry 289
-    # tokens (and a big chunk costs ~20 ms a token: a 6 s step); priced as a row, 17.
-    gate = DecodeGate(2.0, BudgetState(COST))
-    chunks = steps(3, 0.171 + 0.016, n=4, prefill=16)
-    gate.turn_room(5, 0, light_cpu(3, n=10) + light_cpu(5, n=10) + chunks)
-    assert gate.last is not None and gate.last.prefill_token_s == pytest.approx(0.001)
-    assert abs(gate(3, 0) - (0.92 * 0.5 - 0.171) / 0.017) <= 1
