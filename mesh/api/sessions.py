@@ -268,10 +268,13 @@ class SessionAPI:
                  max_per_caller: int | None = None, clock: Any = time.monotonic) -> None:
         if idle_s <= 0:
             raise ValueError(f"session idle timeout must be > 0 s, got {idle_s}")
-        self.engine, self.admission, self.idle_s = engine, admission, idle_s
+        self.engine = engine
+        self.admission = admission
+        self.idle_s = idle_s
         self.capacity = attachable(engine)
-        self.max_per_caller = max(1, self.capacity // 2) if max_per_caller is None else (
-            max_per_caller)
+        if max_per_caller is None:
+            max_per_caller = max(1, self.capacity // 2)
+        self.max_per_caller = max_per_caller
         if self.max_per_caller < 1:
             raise ValueError(f"max_per_caller must be >= 1, got {self.max_per_caller}")
         self._clock = clock
